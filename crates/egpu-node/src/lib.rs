@@ -1,0 +1,2 @@
+//! egpu-node (placeholder while the crate is built).
+#![forbid(unsafe_code)]

@@ -1,0 +1,2 @@
+//! egpu-place (placeholder while the crate is built).
+#![forbid(unsafe_code)]

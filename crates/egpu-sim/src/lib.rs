@@ -1,0 +1,2 @@
+//! egpu-sim (placeholder while the crate is built).
+#![forbid(unsafe_code)]

@@ -1,0 +1,2 @@
+//! `egpu`: the command-line interface (placeholder while the CLI is built).
+fn main() {}
