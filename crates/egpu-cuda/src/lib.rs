@@ -1,0 +1,88 @@
+//! The C ABI of the CUDA driver API (`cuda.h`) and NVML (`nvml.h`): scalar and
+//! handle types, `#[repr(C)]` structs, enum values and status codes.
+//!
+//! Contract:
+//! - This is the ABI of NVIDIA's public headers, written in Rust from the
+//!   published API (checked against the CUDA 12.6 `cuda.h`, `cudaTypedefs.h`
+//!   and `nvml.h`). It declares no functions that touch the world and contains
+//!   no `unsafe`; it has no dependencies and is `no_std`.
+//! - Every struct whose size is known carries a compile-time size assertion,
+//!   so a layout mistake fails the build.
+//! - C enums are `int`-sized with non-negative values; they are `u32` here
+//!   (`CUresult`, `nvmlReturn_t`, and the `c_uint` enum constants), which is
+//!   passed and returned exactly like the C enum on every supported ABI.
+//! - Opaque handles (`CUcontext`, `CUstream`, ... `nvmlDevice_t`) are
+//!   `*mut c_void` aliases. `CUmemGenericAllocationHandle` is a `u64` token.
+//! - C unions are represented as aligned raw bytes with small `const fn`
+//!   accessors, so reading them needs no `unsafe`.
+//!
+//! Used by `egpu-simgpu` (the simulated `libcuda.so.1` / `libnvidia-ml.so.1`)
+//! and `egpu-hook` (`libegpu.so`).
+#![no_std]
+#![forbid(unsafe_code)]
+#![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
+
+pub mod attr;
+pub mod consts;
+pub mod nvml;
+pub mod result;
+pub mod types;
+
+pub use attr::*;
+pub use consts::*;
+pub use nvml::*;
+pub use result::*;
+pub use types::*;
+
+/// `CUDA_VERSION` of the header this crate was checked against.
+pub const CUDA_HEADER_VERSION: i32 = 12060;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn well_known_codes() {
+        assert_eq!(CUDA_ERROR_INVALID_VALUE, 1);
+        assert_eq!(CUDA_ERROR_OUT_OF_MEMORY, 2);
+        assert_eq!(CUDA_ERROR_NO_DEVICE, 100);
+        assert_eq!(CUDA_ERROR_INVALID_HANDLE, 400);
+        assert_eq!(CUDA_ERROR_NOT_FOUND, 500);
+        assert_eq!(CUDA_ERROR_NOT_READY, 600);
+        assert_eq!(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, 704);
+        assert_eq!(CUDA_ERROR_NOT_SUPPORTED, 801);
+        assert_eq!(CUDA_ERROR_UNKNOWN, 999);
+        assert_eq!(NVML_ERROR_GPU_IS_LOST, 15);
+        assert_eq!(NVML_ERROR_UNKNOWN, 999);
+        assert_eq!(nvmlMemory_v2, 40 | (2 << 24));
+        assert_eq!(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, 5);
+        assert_eq!(CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, 115);
+    }
+
+    #[test]
+    fn name_tables_are_sorted_and_unique() {
+        for w in CU_RESULT_NAMES.windows(2) {
+            assert!(w[0].0 < w[1].0, "{:?}", w);
+        }
+        for w in NVML_RETURN_NAMES.windows(2) {
+            assert!(w[0].0 < w[1].0, "{:?}", w);
+        }
+    }
+
+    #[test]
+    fn array_formats() {
+        assert_eq!(array_format_bytes(CU_AD_FORMAT_FLOAT), Some(4));
+        assert_eq!(array_format_bytes(CU_AD_FORMAT_HALF), Some(2));
+        assert_eq!(array_format_bytes(CU_AD_FORMAT_UNSIGNED_INT8), Some(1));
+        assert_eq!(array_format_bytes(0x7777), None);
+    }
+
+    #[test]
+    fn union_accessors() {
+        let mut v = CUlaunchAttributeValue { bytes: [0; 64] };
+        v.bytes[..4].copy_from_slice(&7i32.to_ne_bytes());
+        assert_eq!(v.int_at0(), 7);
+        assert_eq!(nvmlValue_t::from_uint(42).uint(), 42);
+        assert_eq!(nvmlValue_t::from_ulonglong(1 << 40).ulonglong(), 1 << 40);
+    }
+}

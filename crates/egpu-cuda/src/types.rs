@@ -1,0 +1,396 @@
+//! Scalar and handle types, and the `#[repr(C)]` structs of the driver API.
+//!
+//! Field names follow the C headers (hence `non_snake_case`), except that the
+//! C field `type` is spelled `type_`.
+
+use core::ffi::{c_char, c_int, c_uint, c_void};
+
+/// A device ordinal (`CUdevice`).
+pub type CUdevice = c_int;
+/// A device address (`CUdeviceptr`, 64-bit on every supported platform).
+pub type CUdeviceptr = u64;
+
+/// `CU_DEVICE_CPU`: the host, where a device ordinal is expected.
+pub const CU_DEVICE_CPU: CUdevice = -1;
+/// `CU_DEVICE_INVALID`.
+pub const CU_DEVICE_INVALID: CUdevice = -2;
+
+/// Opaque handle types. The driver never lets callers look inside them, so they
+/// are untyped pointers here; the simulated driver and the hook both treat them
+/// as plain tokens.
+pub type CUcontext = *mut c_void;
+pub type CUstream = *mut c_void;
+pub type CUevent = *mut c_void;
+pub type CUmodule = *mut c_void;
+pub type CUfunction = *mut c_void;
+pub type CUarray = *mut c_void;
+pub type CUmipmappedArray = *mut c_void;
+pub type CUmemoryPool = *mut c_void;
+pub type CUgraph = *mut c_void;
+pub type CUgraphExec = *mut c_void;
+pub type CUgraphNode = *mut c_void;
+pub type CUlinkState = *mut c_void;
+pub type CUlibrary = *mut c_void;
+pub type CUkernel = *mut c_void;
+pub type CUtexref = *mut c_void;
+pub type CUsurfref = *mut c_void;
+pub type CUhostFn = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
+/// A physical allocation made by `cuMemCreate` (a 64-bit token, not a pointer).
+pub type CUmemGenericAllocationHandle = u64;
+/// `CUtexObject` / `CUsurfObject`.
+pub type CUtexObject = u64;
+pub type CUsurfObject = u64;
+
+/// The legacy default stream (`CU_STREAM_LEGACY`, `(CUstream)0x1`).
+pub const CU_STREAM_LEGACY: usize = 0x1;
+/// The per-thread default stream (`CU_STREAM_PER_THREAD`, `(CUstream)0x2`).
+pub const CU_STREAM_PER_THREAD: usize = 0x2;
+
+/// Size of an IPC handle (`CU_IPC_HANDLE_SIZE`).
+pub const CU_IPC_HANDLE_SIZE: usize = 64;
+
+/// `CUuuid`: 16 raw bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CUuuid {
+    pub bytes: [c_char; 16],
+}
+const _: () = assert!(size_of::<CUuuid>() == 16);
+
+/// `CUipcMemHandle`: 64 opaque bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CUipcMemHandle {
+    pub reserved: [c_char; CU_IPC_HANDLE_SIZE],
+}
+const _: () = assert!(size_of::<CUipcMemHandle>() == 64);
+
+/// `CUipcEventHandle`: 64 opaque bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CUipcEventHandle {
+    pub reserved: [c_char; CU_IPC_HANDLE_SIZE],
+}
+const _: () = assert!(size_of::<CUipcEventHandle>() == 64);
+
+/// `CUmemFabricHandle`: 64 opaque bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CUmemFabricHandle {
+    pub data: [u8; CU_IPC_HANDLE_SIZE],
+}
+
+/// `CUmemPoolPtrExportData`: 64 opaque bytes.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CUmemPoolPtrExportData {
+    pub reserved: [u8; 64],
+}
+
+/// `CUmemLocation`: where memory lives (`type_` is a `CU_MEM_LOCATION_TYPE_*`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CUmemLocation {
+    pub type_: c_uint,
+    pub id: c_int,
+}
+const _: () = assert!(size_of::<CUmemLocation>() == 8);
+
+/// The `allocFlags` member of [`CUmemAllocationProp`].
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CUmemAllocationPropAllocFlags {
+    pub compressionType: u8,
+    pub gpuDirectRDMACapable: u8,
+    pub usage: u16,
+    pub reserved: [u8; 4],
+}
+
+/// `CUmemAllocationProp`, the input of `cuMemCreate`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUmemAllocationProp {
+    /// `CU_MEM_ALLOCATION_TYPE_*`.
+    pub type_: c_uint,
+    /// `CU_MEM_HANDLE_TYPE_*` bits.
+    pub requestedHandleTypes: c_uint,
+    pub location: CUmemLocation,
+    pub win32HandleMetaData: *mut c_void,
+    pub allocFlags: CUmemAllocationPropAllocFlags,
+}
+const _: () = assert!(size_of::<CUmemAllocationProp>() == 32);
+
+/// `CUmemAccessDesc`: `flags` is a `CU_MEM_ACCESS_FLAGS_PROT_*`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CUmemAccessDesc {
+    pub location: CUmemLocation,
+    pub flags: c_uint,
+}
+const _: () = assert!(size_of::<CUmemAccessDesc>() == 12);
+
+/// `CUmemPoolProps`, the input of `cuMemPoolCreate`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUmemPoolProps {
+    pub allocType: c_uint,
+    pub handleTypes: c_uint,
+    pub location: CUmemLocation,
+    pub win32SecurityAttributes: *mut c_void,
+    pub maxSize: usize,
+    pub usage: u16,
+    pub reserved: [u8; 54],
+}
+const _: () = assert!(size_of::<CUmemPoolProps>() == 88);
+
+/// `CUDA_ARRAY_DESCRIPTOR` (the `_v2` layout, with `size_t` extents).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CUDA_ARRAY_DESCRIPTOR {
+    pub Width: usize,
+    pub Height: usize,
+    /// A `CU_AD_FORMAT_*` value.
+    pub Format: c_uint,
+    pub NumChannels: c_uint,
+}
+const _: () = assert!(size_of::<CUDA_ARRAY_DESCRIPTOR>() == 24);
+
+/// `CUDA_ARRAY3D_DESCRIPTOR` (the `_v2` layout).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CUDA_ARRAY3D_DESCRIPTOR {
+    pub Width: usize,
+    pub Height: usize,
+    pub Depth: usize,
+    pub Format: c_uint,
+    pub NumChannels: c_uint,
+    /// `CUDA_ARRAY3D_*` bits.
+    pub Flags: c_uint,
+}
+const _: () = assert!(size_of::<CUDA_ARRAY3D_DESCRIPTOR>() == 40);
+
+/// `CUDA_MEMCPY2D` (the `_v2` layout).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUDA_MEMCPY2D {
+    pub srcXInBytes: usize,
+    pub srcY: usize,
+    /// A `CU_MEMORYTYPE_*` value.
+    pub srcMemoryType: c_uint,
+    pub srcHost: *const c_void,
+    pub srcDevice: CUdeviceptr,
+    pub srcArray: CUarray,
+    pub srcPitch: usize,
+    pub dstXInBytes: usize,
+    pub dstY: usize,
+    pub dstMemoryType: c_uint,
+    pub dstHost: *mut c_void,
+    pub dstDevice: CUdeviceptr,
+    pub dstArray: CUarray,
+    pub dstPitch: usize,
+    pub WidthInBytes: usize,
+    pub Height: usize,
+}
+const _: () = assert!(size_of::<CUDA_MEMCPY2D>() == 128);
+
+/// `CUDA_MEMCPY3D` (the `_v2` layout).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUDA_MEMCPY3D {
+    pub srcXInBytes: usize,
+    pub srcY: usize,
+    pub srcZ: usize,
+    pub srcLOD: usize,
+    pub srcMemoryType: c_uint,
+    pub srcHost: *const c_void,
+    pub srcDevice: CUdeviceptr,
+    pub srcArray: CUarray,
+    pub reserved0: *mut c_void,
+    pub srcPitch: usize,
+    pub srcHeight: usize,
+    pub dstXInBytes: usize,
+    pub dstY: usize,
+    pub dstZ: usize,
+    pub dstLOD: usize,
+    pub dstMemoryType: c_uint,
+    pub dstHost: *mut c_void,
+    pub dstDevice: CUdeviceptr,
+    pub dstArray: CUarray,
+    pub reserved1: *mut c_void,
+    pub dstPitch: usize,
+    pub dstHeight: usize,
+    pub WidthInBytes: usize,
+    pub Height: usize,
+    pub Depth: usize,
+}
+const _: () = assert!(size_of::<CUDA_MEMCPY3D>() == 200);
+
+/// `CUlaunchAttributeValue`: a 64-byte, 8-aligned C union.
+///
+/// It is kept as raw bytes so that reading it needs no `unsafe`. The members
+/// used by the launch paths all start at offset 0: `cooperative` and
+/// `priority` (`int`), `clusterDim` (three `unsigned int`), and
+/// `launchCompletionEvent` / `programmaticEvent` (`CUevent` then `int flags` at
+/// offset 8).
+#[repr(C, align(8))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CUlaunchAttributeValue {
+    pub bytes: [u8; 64],
+}
+const _: () = assert!(size_of::<CUlaunchAttributeValue>() == 64);
+
+impl CUlaunchAttributeValue {
+    /// The `int` member at offset 0 (`cooperative`, `priority`, ...).
+    pub const fn int_at0(&self) -> i32 {
+        i32::from_ne_bytes([self.bytes[0], self.bytes[1], self.bytes[2], self.bytes[3]])
+    }
+}
+
+/// `CUlaunchAttribute`: an id (`CU_LAUNCH_ATTRIBUTE_*`), 4 bytes of padding,
+/// then the value.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUlaunchAttribute {
+    pub id: c_uint,
+    pub pad: [c_char; 4],
+    pub value: CUlaunchAttributeValue,
+}
+const _: () = assert!(size_of::<CUlaunchAttribute>() == 72);
+
+/// `CUlaunchConfig`, the input of `cuLaunchKernelEx`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUlaunchConfig {
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub hStream: CUstream,
+    pub attrs: *mut CUlaunchAttribute,
+    pub numAttrs: c_uint,
+}
+const _: () = assert!(size_of::<CUlaunchConfig>() == 56);
+const _: () = assert!(core::mem::offset_of!(CUlaunchConfig, hStream) == 32);
+
+/// `CUDA_KERNEL_NODE_PARAMS` (v1, used by `cuGraphAddKernelNode`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUDA_KERNEL_NODE_PARAMS {
+    pub func: CUfunction,
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub kernelParams: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+}
+const _: () = assert!(size_of::<CUDA_KERNEL_NODE_PARAMS>() == 56);
+
+/// `CUDA_KERNEL_NODE_PARAMS_v2` (used by `cuGraphAddKernelNode_v2`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUDA_KERNEL_NODE_PARAMS_v2 {
+    pub func: CUfunction,
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub kernelParams: *mut *mut c_void,
+    pub extra: *mut *mut c_void,
+    pub kern: CUkernel,
+    pub ctx: CUcontext,
+}
+const _: () = assert!(size_of::<CUDA_KERNEL_NODE_PARAMS_v2>() == 72);
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1): input and output of
+/// `cuGraphAddMemAllocNode` (`dptr` is written by the driver).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUDA_MEM_ALLOC_NODE_PARAMS {
+    pub poolProps: CUmemPoolProps,
+    pub accessDescs: *const CUmemAccessDesc,
+    pub accessDescCount: usize,
+    pub bytesize: usize,
+    pub dptr: CUdeviceptr,
+}
+const _: () = assert!(size_of::<CUDA_MEM_ALLOC_NODE_PARAMS>() == 120);
+
+/// `CUDA_MEMSET_NODE_PARAMS` (v1).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CUDA_MEMSET_NODE_PARAMS {
+    pub dst: CUdeviceptr,
+    pub pitch: usize,
+    pub value: c_uint,
+    pub elementSize: c_uint,
+    pub width: usize,
+    pub height: usize,
+}
+const _: () = assert!(size_of::<CUDA_MEMSET_NODE_PARAMS>() == 40);
+
+/// `CUmulticastObjectProp`, the input of `cuMulticastCreate`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CUmulticastObjectProp {
+    pub numDevices: c_uint,
+    pub size: usize,
+    pub handleTypes: u64,
+    pub flags: u64,
+}
+const _: () = assert!(size_of::<CUmulticastObjectProp>() == 32);
+
+/// `CUexecAffinityParam`: a type and (for `CU_EXEC_AFFINITY_TYPE_SM_COUNT`)
+/// an SM count.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CUexecAffinityParam {
+    pub type_: c_uint,
+    pub smCount: c_uint,
+}
+const _: () = assert!(size_of::<CUexecAffinityParam>() == 8);
+
+/// `CUctxCreateParams`, the input of `cuCtxCreate_v4` (12.5+).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUctxCreateParams {
+    pub execAffinityParams: *mut CUexecAffinityParam,
+    pub numExecAffinityParams: c_int,
+    /// `CUctxCigParam*`; unused by the simulator.
+    pub cigParams: *mut c_void,
+}
+const _: () = assert!(size_of::<CUctxCreateParams>() == 24);
+
+/// `CUdevprop` (deprecated `cuDeviceGetProperties`).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CUdevprop {
+    pub maxThreadsPerBlock: c_int,
+    pub maxThreadsDim: [c_int; 3],
+    pub maxGridSize: [c_int; 3],
+    pub sharedMemPerBlock: c_int,
+    pub totalConstantMemory: c_int,
+    pub SIMDWidth: c_int,
+    pub memPitch: c_int,
+    pub regsPerBlock: c_int,
+    pub clockRate: c_int,
+    pub textureAlign: c_int,
+}
+const _: () = assert!(size_of::<CUdevprop>() == 56);
+
+/// `CUDA_POINTER_ATTRIBUTE_P2P_TOKENS`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct CUDA_POINTER_ATTRIBUTE_P2P_TOKENS {
+    pub p2pToken: u64,
+    pub vaSpaceToken: c_uint,
+}
+const _: () = assert!(size_of::<CUDA_POINTER_ATTRIBUTE_P2P_TOKENS>() == 16);
