@@ -1,0 +1,28 @@
+//! Where slice tables live, shared by `egpud`, the CLI and the hook.
+//!
+//! `<run-dir>/slices/<name>/limits` and `<run-dir>/slices/<name>/usage`.
+//! A workload finds its slice directory in `EGPU_SLICE_DIR`, or at
+//! [`CONTAINER_SLICE_DIR`], where container runtimes mount it read-only.
+
+use std::path::{Path, PathBuf};
+
+/// Environment variable naming the slice directory of a workload.
+pub const SLICE_DIR_ENV: &str = "EGPU_SLICE_DIR";
+/// Where a container sees its slice directory (a read-only bind mount).
+pub const CONTAINER_SLICE_DIR: &str = "/run/egpu/slice";
+
+pub fn slices_dir(run_dir: &Path) -> PathBuf {
+    run_dir.join("slices")
+}
+
+pub fn slice_dir(run_dir: &Path, name: &str) -> PathBuf {
+    slices_dir(run_dir).join(name)
+}
+
+pub fn limits_path(slice_dir: &Path) -> PathBuf {
+    slice_dir.join("limits")
+}
+
+pub fn usage_path(slice_dir: &Path) -> PathBuf {
+    slice_dir.join("usage")
+}

@@ -1,0 +1,436 @@
+//! The *usage* region: one record per attached process, updated with atomics.
+//!
+//! Liveness: a process owns record `i` while it holds a POSIX write lock on
+//! byte [`UsageFile::lock_offset`]`(i)` of the file. The kernel releases the
+//! lock when the process exits or is killed, and POSIX locks are not inherited
+//! across `fork` and are dropped at `exec` (the file is opened close-on-exec),
+//! so "locked by another process" means "that process is alive and attached".
+//! Nothing else in the protocol needs the pid, so it works across pid
+//! namespaces and is immune to pid reuse.
+//!
+//! Charging: per device, a charge lock word holds `1 + slot` of its owner.
+//! Inside it the owner sums every record's `charged` and, if the sum plus the
+//! request fits the limit, adds to its own record with one atomic operation.
+//! The slice's usage is by definition the sum of the records, so a process
+//! that dies anywhere leaves it consistent. A waiter that finds the owner's
+//! record unlocked (owner dead) takes the lock over; reclaiming a dead record
+//! also frees any charge lock it held. Uncharging needs no lock.
+
+use crate::map::{self, Mapping};
+use crate::{AbiError, ABI_VERSION, MAX_DEVICES, MAX_PROCS, USAGE_MAGIC};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+/// One attached process.
+#[repr(C, align(64))]
+pub struct ProcRecord {
+    /// Pid as the process sees itself (informational; liveness is the record lock).
+    pub pid: AtomicU32,
+    /// 0 free, 1 attached.
+    pub state: AtomicU32,
+    /// CLOCK_MONOTONIC ns at attach.
+    pub attached_ns: AtomicU64,
+    /// CLOCK_MONOTONIC ns of the process's last intercepted call that refreshed it.
+    pub heartbeat_ns: AtomicU64,
+    /// Bytes charged per slice device.
+    pub charged: [AtomicU64; MAX_DEVICES],
+    /// Measured GPU time per slice device, ns.
+    pub gpu_time_ns: [AtomicU64; MAX_DEVICES],
+    /// Kernel launches per slice device.
+    pub launches: [AtomicU64; MAX_DEVICES],
+    /// Time spent held back by the compute gate per slice device, ns.
+    pub throttled_ns: [AtomicU64; MAX_DEVICES],
+    /// Reserved for the compute arbiter; zero in ABI v1.
+    pub reserved: [AtomicU64; 8],
+}
+
+/// The whole usage file.
+#[repr(C, align(64))]
+pub struct UsageRegion {
+    pub magic: AtomicU64,
+    pub abi_version: AtomicU32,
+    pub region_size: AtomicU32,
+    pub n_devices: AtomicU32,
+    /// One more than the highest record index ever claimed; bounds scans.
+    pub high_water: AtomicU32,
+    /// Per device: `1 + slot` of the charge-lock owner, 0 when free.
+    pub charge_locks: [AtomicU32; MAX_DEVICES],
+    /// Per device: allocations refused for being over the limit.
+    pub refused: [AtomicU64; MAX_DEVICES],
+    pub procs: [ProcRecord; MAX_PROCS],
+}
+
+/// Ownership of one record by this process.
+#[derive(Debug, PartialEq, Eq)]
+pub struct ProcSlot {
+    pub index: usize,
+}
+
+/// Why a charge was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChargeError {
+    /// The slice would exceed its limit on that device.
+    OverLimit { used: u64, requested: u64, limit: u64 },
+    /// The device index is not part of the slice.
+    BadDevice(usize),
+}
+
+/// A record reclaimed from a dead process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reclaimed {
+    pub index: usize,
+    pub pid: u32,
+    pub charged: Vec<u64>,
+}
+
+/// A copy of one record, for listings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcView {
+    pub index: usize,
+    pub pid: u32,
+    pub alive: bool,
+    pub charged: Vec<u64>,
+    pub gpu_time_ns: Vec<u64>,
+    pub launches: Vec<u64>,
+    pub throttled_ns: Vec<u64>,
+}
+
+fn region_len() -> usize {
+    std::mem::size_of::<UsageRegion>().div_ceil(4096) * 4096
+}
+
+/// A mapped usage file.
+pub struct UsageFile {
+    map: Mapping,
+    file: File,
+    path: PathBuf,
+}
+
+impl UsageFile {
+    /// Creates the file atomically, mode 0666 (workloads of any user attach to it).
+    pub fn create(path: &Path, n_devices: usize) -> Result<UsageFile, AbiError> {
+        if n_devices == 0 || n_devices > MAX_DEVICES {
+            return Err(AbiError::BadDevice(n_devices));
+        }
+        map::create_atomically(path, region_len(), 0o666, |m| {
+            let r: &UsageRegion = m.view();
+            r.n_devices.store(n_devices as u32, Ordering::Relaxed);
+            r.region_size.store(std::mem::size_of::<UsageRegion>() as u32, Ordering::Relaxed);
+            r.abi_version.store(ABI_VERSION, Ordering::Relaxed);
+            r.magic.store(USAGE_MAGIC, Ordering::Release);
+        })
+        .map_err(|e| AbiError::Io(path.into(), e))?;
+        Self::open(path)
+    }
+
+    /// Opens and validates an existing usage file, read-write.
+    pub fn open(path: &Path) -> Result<UsageFile, AbiError> {
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => AbiError::Missing(path.into()),
+            _ => AbiError::Io(path.into(), e),
+        })?;
+        let len = file.metadata().map_err(|e| AbiError::Io(path.into(), e))?.len() as usize;
+        if len < 16 {
+            return Err(AbiError::Corrupt(path.into(), "file shorter than its header"));
+        }
+        let map = Mapping::map(&file, len, true).map_err(|e| AbiError::Io(path.into(), e))?;
+        let b = map.bytes();
+        if u64::from_le_bytes(b[0..8].try_into().expect("8 bytes")) != USAGE_MAGIC {
+            return Err(AbiError::Corrupt(path.into(), "not a usage file: bad magic number"));
+        }
+        let version = u32::from_le_bytes(b[8..12].try_into().expect("4 bytes"));
+        if version != ABI_VERSION {
+            return Err(AbiError::Version { path: path.into(), found: version, expected: ABI_VERSION });
+        }
+        let size = u32::from_le_bytes(b[12..16].try_into().expect("4 bytes")) as usize;
+        if size != std::mem::size_of::<UsageRegion>() || len < size {
+            return Err(AbiError::Corrupt(path.into(), "region size does not match this ABI version"));
+        }
+        let uf = UsageFile { map, file, path: path.into() };
+        let n = uf.region().n_devices.load(Ordering::Relaxed) as usize;
+        if n == 0 || n > MAX_DEVICES {
+            return Err(AbiError::Corrupt(path.into(), "device count out of range"));
+        }
+        Ok(uf)
+    }
+
+    pub fn region(&self) -> &UsageRegion {
+        self.map.view()
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn n_devices(&self) -> usize {
+        self.region().n_devices.load(Ordering::Relaxed) as usize
+    }
+
+    /// Byte of the file whose record lock marks record `i` as owned.
+    pub fn lock_offset(i: usize) -> u64 {
+        (std::mem::offset_of!(UsageRegion, procs) + i * std::mem::size_of::<ProcRecord>()) as u64
+    }
+
+    /// Whether another process owns record `i` (a system call; not for hot paths).
+    pub fn owned_by_other(&self, i: usize) -> bool {
+        // An error here (should not happen on a regular file) counts as alive:
+        // never reclaim what might still be in use.
+        map::byte_locked_by_other(&self.file, Self::lock_offset(i)).unwrap_or(true)
+    }
+
+    /// Attaches this process: takes the first record whose lock is free,
+    /// resetting whatever a dead previous owner left in it.
+    pub fn claim(&self, pid: u32) -> Result<ProcSlot, AbiError> {
+        let r = self.region();
+        for i in 0..MAX_PROCS {
+            match map::try_lock_byte(&self.file, Self::lock_offset(i)) {
+                Ok(true) => {
+                    self.reset_record(i);
+                    let rec = &r.procs[i];
+                    let now = crate::monotonic_ns();
+                    rec.pid.store(pid, Ordering::Relaxed);
+                    rec.attached_ns.store(now, Ordering::Relaxed);
+                    rec.heartbeat_ns.store(now, Ordering::Relaxed);
+                    rec.state.store(1, Ordering::Release);
+                    r.high_water.fetch_max(i as u32 + 1, Ordering::AcqRel);
+                    return Ok(ProcSlot { index: i });
+                }
+                Ok(false) => continue,
+                Err(e) => return Err(AbiError::Io(self.path.clone(), e)),
+            }
+        }
+        Err(AbiError::Full(self.path.clone()))
+    }
+
+    /// Detaches: zeroes the record and drops its lock.
+    pub fn release(&self, slot: ProcSlot) {
+        self.reset_record(slot.index);
+        let _ = map::unlock_byte(&self.file, Self::lock_offset(slot.index));
+    }
+
+    /// Zeroes record `i` and frees charge locks it held. Caller holds its record lock.
+    fn reset_record(&self, i: usize) -> Reclaimed {
+        let r = self.region();
+        let rec = &r.procs[i];
+        rec.state.store(0, Ordering::Release);
+        let n = self.n_devices();
+        let charged: Vec<u64> = (0..n).map(|d| rec.charged[d].swap(0, Ordering::AcqRel)).collect();
+        for d in 0..MAX_DEVICES {
+            rec.charged[d].store(0, Ordering::Relaxed);
+            rec.gpu_time_ns[d].store(0, Ordering::Relaxed);
+            rec.launches[d].store(0, Ordering::Relaxed);
+            rec.throttled_ns[d].store(0, Ordering::Relaxed);
+            let _ = r.charge_locks[d].compare_exchange(i as u32 + 1, 0, Ordering::AcqRel, Ordering::Relaxed);
+        }
+        for w in &rec.reserved {
+            w.store(0, Ordering::Relaxed);
+        }
+        let pid = rec.pid.swap(0, Ordering::AcqRel);
+        Reclaimed { index: i, pid, charged }
+    }
+
+    /// Reclaims every record whose owner is dead. Safe to run from any
+    /// process at any time (the node agent every few hundred ms; a hook when
+    /// an allocation would fail). `skip` is the caller's own record, if any.
+    pub fn sweep(&self, skip: Option<usize>) -> Vec<Reclaimed> {
+        let r = self.region();
+        let hw = (r.high_water.load(Ordering::Acquire) as usize).min(MAX_PROCS);
+        let mut out = Vec::new();
+        for i in 0..hw {
+            if Some(i) == skip || r.procs[i].state.load(Ordering::Acquire) == 0 {
+                continue;
+            }
+            if let Ok(true) = map::try_lock_byte(&self.file, Self::lock_offset(i)) {
+                // We hold the record's lock, so its owner is gone and nobody can claim it meanwhile.
+                if r.procs[i].state.load(Ordering::Acquire) != 0 {
+                    out.push(self.reset_record(i));
+                }
+                let _ = map::unlock_byte(&self.file, Self::lock_offset(i));
+            }
+        }
+        out
+    }
+
+    /// Sum of all records' charges on slice device `dev`.
+    pub fn used(&self, dev: usize) -> u64 {
+        let r = self.region();
+        let hw = (r.high_water.load(Ordering::Acquire) as usize).min(MAX_PROCS);
+        r.procs[..hw].iter().map(|p| p.charged[dev].load(Ordering::Acquire)).sum()
+    }
+
+    fn lock_charge(&self, me: usize, dev: usize) {
+        let l = &self.region().charge_locks[dev];
+        let mine = me as u32 + 1;
+        let mut spins: u32 = 0;
+        loop {
+            match l.compare_exchange_weak(0, mine, Ordering::Acquire, Ordering::Relaxed) {
+                Ok(_) => return,
+                Err(owner) => {
+                    spins = spins.wrapping_add(1);
+                    if spins.is_multiple_of(128) {
+                        std::thread::yield_now();
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                    // Another thread of this process holds it: it will release.
+                    // Another process: take over only if it is dead.
+                    if spins.is_multiple_of(2048)
+                        && owner != 0
+                        && owner != mine
+                        && !self.owned_by_other(owner as usize - 1)
+                        && l.compare_exchange(owner, mine, Ordering::Acquire, Ordering::Relaxed).is_ok()
+                    {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    fn unlock_charge(&self, me: usize, dev: usize) {
+        let _ = self.region().charge_locks[dev].compare_exchange(me as u32 + 1, 0, Ordering::Release, Ordering::Relaxed);
+    }
+
+    /// Charges `bytes` on slice device `dev` to `slot` if the slice's total
+    /// stays within `limit`. Returns the new total.
+    pub fn try_charge(&self, slot: &ProcSlot, dev: usize, bytes: u64, limit: u64) -> Result<u64, ChargeError> {
+        if dev >= self.n_devices() {
+            return Err(ChargeError::BadDevice(dev));
+        }
+        self.lock_charge(slot.index, dev);
+        let used = self.used(dev);
+        let res = match used.checked_add(bytes) {
+            Some(total) if total <= limit => {
+                self.region().procs[slot.index].charged[dev].fetch_add(bytes, Ordering::AcqRel);
+                Ok(total)
+            }
+            _ => {
+                self.region().refused[dev].fetch_add(1, Ordering::Relaxed);
+                Err(ChargeError::OverLimit { used, requested: bytes, limit })
+            }
+        };
+        self.unlock_charge(slot.index, dev);
+        res
+    }
+
+    /// Returns `bytes` on `dev` from `slot`'s record (saturating at zero).
+    pub fn uncharge(&self, slot: &ProcSlot, dev: usize, bytes: u64) {
+        if dev >= self.n_devices() {
+            return;
+        }
+        let c = &self.region().procs[slot.index].charged[dev];
+        let _ = c.fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| Some(v.saturating_sub(bytes)));
+    }
+
+    /// The record owned by `slot`, for counters other than memory.
+    pub fn record(&self, slot: &ProcSlot) -> &ProcRecord {
+        &self.region().procs[slot.index]
+    }
+
+    /// Copies of every attached record.
+    pub fn processes(&self) -> Vec<ProcView> {
+        let r = self.region();
+        let n = self.n_devices();
+        let hw = (r.high_water.load(Ordering::Acquire) as usize).min(MAX_PROCS);
+        let load = |a: &[AtomicU64; MAX_DEVICES]| a[..n].iter().map(|v| v.load(Ordering::Relaxed)).collect::<Vec<_>>();
+        (0..hw)
+            .filter(|&i| r.procs[i].state.load(Ordering::Acquire) != 0)
+            .map(|i| {
+                let p = &r.procs[i];
+                ProcView {
+                    index: i,
+                    pid: p.pid.load(Ordering::Relaxed),
+                    alive: self.owned_by_other(i),
+                    charged: load(&p.charged),
+                    gpu_time_ns: load(&p.gpu_time_ns),
+                    launches: load(&p.launches),
+                    throttled_ns: load(&p.throttled_ns),
+                }
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn charge_within_limit_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let u = UsageFile::create(&dir.path().join("usage"), 2).unwrap();
+        let s = u.claim(std::process::id()).unwrap();
+        assert_eq!(u.try_charge(&s, 0, 600, 1000), Ok(600));
+        assert_eq!(u.try_charge(&s, 0, 401, 1000), Err(ChargeError::OverLimit { used: 600, requested: 401, limit: 1000 }));
+        assert_eq!(u.try_charge(&s, 0, 400, 1000), Ok(1000));
+        assert_eq!(u.try_charge(&s, 1, 1, 1000), Ok(1));
+        assert_eq!(u.try_charge(&s, 2, 1, 1000), Err(ChargeError::BadDevice(2)));
+        assert_eq!(u.try_charge(&s, 0, u64::MAX, u64::MAX), Err(ChargeError::OverLimit { used: 1000, requested: u64::MAX, limit: u64::MAX }));
+        u.uncharge(&s, 0, 1000);
+        assert_eq!(u.used(0), 0);
+        u.uncharge(&s, 0, 5);
+        assert_eq!(u.used(0), 0, "uncharge saturates");
+        assert_eq!(u.region().refused[0].load(Ordering::Relaxed), 2);
+    }
+
+    #[test]
+    fn threads_never_exceed_limit() {
+        let dir = tempfile::tempdir().unwrap();
+        let u = UsageFile::create(&dir.path().join("usage"), 1).unwrap();
+        let s = u.claim(1).unwrap();
+        let limit = 10_000;
+        std::thread::scope(|sc| {
+            for t in 0..4u64 {
+                let (u, s) = (&u, &s);
+                sc.spawn(move || {
+                    let mut held = Vec::new();
+                    for i in 0..5_000u64 {
+                        let sz = 1 + (i * 7919 + t * 31) % 900;
+                        if u.try_charge(s, 0, sz, limit).is_ok() {
+                            held.push(sz);
+                        }
+                        assert!(u.used(0) <= limit);
+                        if i % 3 == 0
+                            && let Some(x) = held.pop()
+                        {
+                            u.uncharge(s, 0, x);
+                        }
+                    }
+                    for x in held {
+                        u.uncharge(s, 0, x);
+                    }
+                });
+            }
+        });
+        assert_eq!(u.used(0), 0);
+    }
+
+    #[test]
+    fn release_and_reclaim() {
+        let dir = tempfile::tempdir().unwrap();
+        let u = UsageFile::create(&dir.path().join("usage"), 1).unwrap();
+        let a = u.claim(10).unwrap();
+        u.try_charge(&a, 0, 5, 100).unwrap();
+        assert_eq!(u.processes().len(), 1);
+        // Our own record is never reclaimed by our own sweep even though F_GETLK can't see our lock.
+        assert!(u.sweep(Some(a.index)).is_empty());
+        u.release(a);
+        assert_eq!(u.used(0), 0);
+        assert!(u.processes().is_empty());
+    }
+
+    #[test]
+    fn rejects_bad_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("usage");
+        UsageFile::create(&p, 1).unwrap();
+        let mut b = std::fs::read(&p).unwrap();
+        b[8] = 7;
+        std::fs::write(&p, &b).unwrap();
+        assert!(matches!(UsageFile::open(&p), Err(AbiError::Version { found: 7, .. })));
+        std::fs::write(&p, vec![0u8; 100]).unwrap();
+        assert!(matches!(UsageFile::open(&p), Err(AbiError::Corrupt(..))));
+        assert!(matches!(UsageFile::create(&dir.path().join("u2"), 0), Err(AbiError::BadDevice(0))));
+    }
+}

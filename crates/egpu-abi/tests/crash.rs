@@ -1,0 +1,87 @@
+//! Cross-process behaviour of the usage region: a SIGKILLed process leaves no
+//! lock held and its charges are reclaimed by the next sweep.
+//!
+//! The test re-executes its own binary as the child (selected by an
+//! environment variable), so the child is a real separate process.
+
+use egpu_abi::UsageFile;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+const ROLE: &str = "EGPU_ABI_TEST_CHILD";
+
+/// Child role: attach, charge, optionally take the charge lock forever, say "ready", block on stdin.
+fn child(path: &Path, hold_lock: bool) {
+    let u = UsageFile::open(path).unwrap();
+    let s = u.claim(std::process::id()).unwrap();
+    u.try_charge(&s, 0, 700, 1000).unwrap();
+    if hold_lock {
+        // Simulate dying inside the charge critical section: own the lock word.
+        u.region().charge_locks[0].store(s.index as u32 + 1, std::sync::atomic::Ordering::Release);
+    }
+    println!("ready {}", s.index);
+    std::io::stdout().flush().unwrap();
+    let mut buf = [0u8; 1];
+    let _ = std::io::stdin().read(&mut buf);
+}
+
+fn run_and_kill(u: &UsageFile, path: &Path, hold_lock: bool, mine: Option<usize>) {
+    let mut c = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_entry", "--nocapture"])
+        .env(ROLE, format!("{}|{}", path.display(), hold_lock))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(c.stdout.take().unwrap()).lines();
+    loop {
+        let l = lines.next().expect("child exited before ready").unwrap();
+        if l.starts_with("ready") {
+            break;
+        }
+    }
+    assert_eq!(u.used(0), 700);
+    assert!(u.processes().iter().any(|p| p.alive), "child's record must look alive");
+    assert!(u.sweep(mine).is_empty(), "a live process must not be reclaimed");
+    c.kill().unwrap();
+    c.wait().unwrap();
+}
+
+#[test]
+fn child_entry() {
+    if let Ok(v) = std::env::var(ROLE) {
+        let (p, hold) = v.split_once('|').unwrap();
+        child(Path::new(p), hold == "true");
+    }
+}
+
+#[test]
+fn killed_process_is_reclaimed() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("usage");
+    let u = UsageFile::create(&p, 1).unwrap();
+    run_and_kill(&u, &p, false, None);
+    let rec = u.sweep(None);
+    assert_eq!(rec.len(), 1);
+    assert_eq!(rec[0].charged, vec![700]);
+    assert_eq!(u.used(0), 0);
+    assert!(u.processes().is_empty());
+}
+
+#[test]
+fn lock_held_by_dead_process_is_taken_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("usage");
+    // One handle per process: closing any descriptor of the file would drop this process's record locks.
+    let u = UsageFile::create(&p, 1).unwrap();
+    let me = u.claim(std::process::id()).unwrap();
+    run_and_kill(&u, &p, true, Some(me.index));
+    // No sweep: a live charger must detect the dead owner by itself and proceed.
+    // The dead child's 700 bytes still count until a sweep, so 300 fit and 301 do not.
+    assert!(u.try_charge(&me, 0, 301, 1000).is_err());
+    assert_eq!(u.try_charge(&me, 0, 300, 1000), Ok(1000));
+    let rec = u.sweep(Some(me.index));
+    assert_eq!(rec.len(), 1);
+    assert_eq!(u.used(0), 300);
+}
