@@ -58,6 +58,10 @@ pub struct UsageRegion {
     pub charge_locks: [AtomicU32; MAX_DEVICES],
     /// Per device: allocations refused for being over the limit.
     pub refused: [AtomicU64; MAX_DEVICES],
+    /// Per device: slice-wide GPU time consumed, ns (compute arbiter).
+    pub consumed_ns: [AtomicU64; MAX_DEVICES],
+    /// Reserved for the compute arbiter; zero in ABI v1.
+    pub reserved: [AtomicU64; 32],
     pub procs: [ProcRecord; MAX_PROCS],
 }
 
