@@ -1,0 +1,1 @@
+//! `egpu simulate`.

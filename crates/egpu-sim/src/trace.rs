@@ -1,0 +1,277 @@
+//! Loaders for the openb trace format (Alibaba clusterdata, CC BY 4.0):
+//! a node list (`sn,cpu_milli,memory_mib,gpu,model`) and a pod list
+//! (`name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,...`).
+//!
+//! Columns are found by header name, so extra columns (times, phase) are
+//! ignored. Every bad row gives an error naming the file and the line; with
+//! `lenient` it is counted as skipped instead. Nothing here panics on any
+//! input: the loaders are fuzzed and property-tested.
+
+use egpu_place::{Cluster, GpuTypeId, MILLI, NodeSpec, Pod, Qos, TypeSet};
+use std::fmt;
+
+/// Kubernetes' default pods-per-node limit in the published simulator's node files.
+pub const MAX_PODS_PER_NODE: u32 = 1001;
+
+/// A loading error, with the file and the 1-based line it is about.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}:{line}: {msg}")]
+pub struct TraceError {
+    pub file: String,
+    pub line: u64,
+    pub msg: String,
+}
+
+/// Rows skipped in lenient mode: how many, and the first few reasons.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Skipped {
+    pub count: usize,
+    pub examples: Vec<String>,
+}
+
+impl Skipped {
+    fn add(&mut self, e: TraceError) {
+        self.count += 1;
+        if self.examples.len() < 5 {
+            self.examples.push(e.to_string());
+        }
+    }
+}
+
+impl fmt::Display for Skipped {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} rows skipped", self.count)?;
+        for e in &self.examples {
+            write!(f, "\n  {e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A pod of a trace, with its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TracePod {
+    pub name: String,
+    pub pod: Pod,
+}
+
+/// GPU memory of the types the openb trace names (G1–G3 are undisclosed: 0).
+pub fn gpu_memory_mib(model: &str) -> u64 {
+    match model {
+        "V100M16" | "P100" | "T4" => 16 * 1024,
+        "V100M32" => 32 * 1024,
+        "A10" => 24 * 1024,
+        "A100" | "H100" => 80 * 1024,
+        _ => 0,
+    }
+}
+
+struct Table<'a> {
+    file: &'a str,
+    reader: csv::Reader<&'a [u8]>,
+    columns: Vec<(&'static str, Option<usize>)>,
+    last_error_byte: Option<u64>,
+}
+
+impl<'a> Table<'a> {
+    fn open(file: &'a str, text: &'a str, required: &[&'static str], optional: &[&'static str]) -> Result<Table<'a>, TraceError> {
+        let mut reader = csv::ReaderBuilder::new().flexible(true).trim(csv::Trim::All).from_reader(text.as_bytes());
+        let err = |msg: String| TraceError { file: file.to_string(), line: 1, msg };
+        let headers = reader.headers().map_err(|e| err(format!("cannot read the header: {e}")))?.clone();
+        let find = |name: &str| headers.iter().position(|h| h.eq_ignore_ascii_case(name));
+        let mut columns = Vec::new();
+        for &name in required {
+            let idx = find(name).ok_or_else(|| err(format!("missing column '{name}' (header is: {})", headers.iter().collect::<Vec<_>>().join(","))))?;
+            columns.push((name, Some(idx)));
+        }
+        for &name in optional {
+            columns.push((name, find(name)));
+        }
+        Ok(Table { file, reader, columns, last_error_byte: None })
+    }
+
+    /// Next row as (line, fields by column order), or an error for that row.
+    fn next_row(&mut self) -> Option<Result<(u64, Vec<String>), TraceError>> {
+        let mut rec = csv::StringRecord::new();
+        match self.reader.read_record(&mut rec) {
+            Ok(false) => None,
+            Ok(true) => {
+                let line = rec.position().map_or(0, |p| p.line());
+                let mut out = Vec::with_capacity(self.columns.len());
+                for &(name, idx) in &self.columns {
+                    match idx.map(|i| rec.get(i)) {
+                        Some(Some(v)) => out.push(v.to_string()),
+                        Some(None) => return Some(Err(self.err(line, format!("truncated row: no value for column '{name}'")))),
+                        None => out.push(String::new()),
+                    }
+                }
+                Some(Ok((line, out)))
+            }
+            Err(e) => {
+                let line = e.position().map_or(0, |p| p.line());
+                let byte = e.position().map(|p| p.byte());
+                if byte.is_some() && byte == self.last_error_byte {
+                    return None; // no progress: stop rather than loop
+                }
+                self.last_error_byte = byte;
+                // The csv reader cannot resume after an IO-level error; a
+                // per-record error (bad UTF-8) leaves it usable.
+                Some(Err(self.err(line, format!("unreadable row: {e}"))))
+            }
+        }
+    }
+
+    fn err(&self, line: u64, msg: String) -> TraceError {
+        TraceError { file: self.file.to_string(), line, msg }
+    }
+}
+
+fn int(t: &Table, line: u64, col: &str, v: &str) -> Result<u64, TraceError> {
+    let v = v.trim();
+    if let Ok(n) = v.parse::<u64>() {
+        return Ok(n);
+    }
+    // Some exports write integers as floats ("1000.0").
+    match v.parse::<f64>() {
+        Ok(f) if f.is_finite() && f >= 0.0 && f.fract() == 0.0 && f < 1e15 => Ok(f as u64),
+        _ => Err(t.err(line, format!("column '{col}': '{v}' is not a non-negative integer"))),
+    }
+}
+
+/// Load a node list into a new cluster. GPU nodes need a model; nodes
+/// without GPUs are kept (CPU-only pods may use them).
+pub fn load_nodes(file: &str, text: &str, lenient: bool) -> Result<(Cluster, Skipped), TraceError> {
+    let mut t = Table::open(file, text, &["sn", "cpu_milli", "memory_mib", "gpu"], &["model"])?;
+    let mut cluster = Cluster::new();
+    let mut skipped = Skipped::default();
+    while let Some(row) = t.next_row() {
+        let res = row.and_then(|(line, f)| node_row(&t, &mut cluster, line, &f));
+        match res {
+            Ok(()) => {}
+            Err(e) if lenient => skipped.add(e),
+            Err(e) => return Err(e),
+        }
+    }
+    if cluster.nodes().is_empty() {
+        return Err(TraceError { file: file.to_string(), line: 1, msg: "no nodes in the node list".into() });
+    }
+    Ok((cluster, skipped))
+}
+
+fn node_row(t: &Table, cluster: &mut Cluster, line: u64, f: &[String]) -> Result<(), TraceError> {
+    let name = f[0].trim();
+    if name.is_empty() {
+        return Err(t.err(line, "empty node name (column 'sn')".into()));
+    }
+    let cpu = int(t, line, "cpu_milli", &f[1])?;
+    let mem = int(t, line, "memory_mib", &f[2])?;
+    let gpus = int(t, line, "gpu", &f[3])?;
+    let model = f[4].trim();
+    if gpus > egpu_place::model::MAX_GPUS_PER_NODE as u64 {
+        return Err(t.err(line, format!("{gpus} GPUs on one node is more than the supported {}", egpu_place::model::MAX_GPUS_PER_NODE)));
+    }
+    let gpu_type = if gpus == 0 {
+        None
+    } else {
+        if model.is_empty() || model.eq_ignore_ascii_case("nan") {
+            return Err(t.err(line, format!("node '{name}' has {gpus} GPUs but no GPU model")));
+        }
+        Some(cluster.gpu_type_or_insert(model, gpu_memory_mib(model)).map_err(|e| t.err(line, e.to_string()))?)
+    };
+    let spec = NodeSpec { name: name.to_string(), cpu_milli: cpu, memory_mib: mem, gpu_type, nvlink_groups: vec![0; gpus as usize], max_pods: MAX_PODS_PER_NODE };
+    cluster.add_node(spec).map_err(|e| t.err(line, e.to_string()))?;
+    Ok(())
+}
+
+/// Load a pod list for `cluster`. GPU types in `gpu_spec` must exist in the
+/// cluster, and every pod must fit at least one empty node.
+pub fn load_pods(file: &str, text: &str, cluster: &Cluster, lenient: bool) -> Result<(Vec<TracePod>, Skipped), TraceError> {
+    let mut t = Table::open(file, text, &["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"], &["gpu_spec", "qos"])?;
+    let mut pods = Vec::new();
+    let mut skipped = Skipped::default();
+    let limits = Limits::of(cluster);
+    while let Some(row) = t.next_row() {
+        match row.and_then(|(line, f)| pod_row(&t, cluster, &limits, line, &f)) {
+            Ok(p) => pods.push(p),
+            Err(e) if lenient => skipped.add(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok((pods, skipped))
+}
+
+/// Largest node capacities, to reject requests no node could ever hold.
+struct Limits {
+    per_type: Vec<(Option<GpuTypeId>, u64, u64, usize)>,
+}
+
+impl Limits {
+    fn of(cluster: &Cluster) -> Limits {
+        let mut per_type: Vec<(Option<GpuTypeId>, u64, u64, usize)> = Vec::new();
+        for n in cluster.nodes() {
+            let key = n.gpu_type();
+            match per_type.iter_mut().find(|e| e.0 == key) {
+                Some(e) => {
+                    e.1 = e.1.max(n.cpu_capacity());
+                    e.2 = e.2.max(n.mem_capacity_mib());
+                    e.3 = e.3.max(n.gpus().len());
+                }
+                None => per_type.push((key, n.cpu_capacity(), n.mem_capacity_mib(), n.gpus().len())),
+            }
+        }
+        Limits { per_type }
+    }
+    /// Whether some single node type could hold `pod` when empty.
+    fn possible(&self, pod: &Pod) -> bool {
+        self.per_type.iter().any(|&(t, cpu, mem, gpus)| {
+            pod.cpu_milli() <= cpu && pod.mem_mib() <= mem && (pod.gpu_count() == 0 || (pod.gpu_types().allows(t) && t.is_some() && pod.gpu_count() as usize <= gpus))
+        })
+    }
+}
+
+fn pod_row(t: &Table, cluster: &Cluster, limits: &Limits, line: u64, f: &[String]) -> Result<TracePod, TraceError> {
+    let name = f[0].trim();
+    if name.is_empty() {
+        return Err(t.err(line, "empty pod name".into()));
+    }
+    let cpu = int(t, line, "cpu_milli", &f[1])?;
+    let mem = int(t, line, "memory_mib", &f[2])?;
+    let count = int(t, line, "num_gpu", &f[3])?;
+    let milli = int(t, line, "gpu_milli", &f[4])?;
+    if count > egpu_place::model::MAX_GPUS_PER_NODE as u64 {
+        return Err(t.err(line, format!("pod '{name}' asks for {count} GPUs, more than any node can have")));
+    }
+    // A CPU-only pod's gpu_milli is meaningless; a multi-GPU pod takes whole GPUs.
+    let milli = if count == 0 { 0 } else if count > 1 && milli == 0 { u64::from(MILLI) } else { milli };
+    if count > 0 && !(1..=u64::from(MILLI)).contains(&milli) {
+        return Err(t.err(line, format!("pod '{name}': gpu_milli {milli} is outside 1..=1000")));
+    }
+    let types = parse_gpu_spec(cluster, &f[5]).map_err(|m| t.err(line, format!("pod '{name}': {m}")))?;
+    let qos = match f[6].trim().to_ascii_uppercase().as_str() {
+        "LS" => Qos::Ls,
+        "BURSTABLE" => Qos::Burstable,
+        "BE" | "" => Qos::Be,
+        "GUARANTEED" => Qos::Guaranteed,
+        _ => Qos::Other,
+    };
+    let pod = Pod::new(cpu, mem, count as u32, milli as u32, types, qos).map_err(|e| t.err(line, format!("pod '{name}': {e}")))?;
+    if !limits.possible(&pod) {
+        return Err(t.err(line, format!("pod '{name}' can never be placed: no node in the node list is large enough (cpu {cpu}m, memory {mem}MiB, {count} GPUs)")));
+    }
+    Ok(TracePod { name: name.to_string(), pod })
+}
+
+/// Parse `V100M16|V100M32` into a type set; empty or `nan` means any.
+pub fn parse_gpu_spec(cluster: &Cluster, spec: &str) -> Result<TypeSet, String> {
+    let spec = spec.trim();
+    if spec.is_empty() || spec.eq_ignore_ascii_case("nan") {
+        return Ok(TypeSet::ANY);
+    }
+    let mut set = TypeSet::ANY;
+    for name in spec.split('|').map(str::trim).filter(|s| !s.is_empty()) {
+        let known: Vec<&str> = cluster.gpu_types().iter().map(|t| t.name.as_str()).collect();
+        let t = cluster.gpu_type(name).ok_or_else(|| format!("unknown GPU type '{name}' in gpu_spec (the node list has: {})", known.join(", ")))?;
+        set = set.with(t);
+    }
+    Ok(set)
+}
