@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs eGPU's whole test suite: builds every crate (the test suites start the
+# real binaries and shared libraries: egpud, egpu, libegpu.so, the simulated
+# driver, the test workloads), runs clippy's deny-level lints, then every test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+echo "==> building the workspace (debug)"
+cargo build --workspace --all-targets
+
+echo "==> clippy (deny-level lints such as undocumented unsafe blocks fail the run)"
+cargo clippy --workspace --all-targets --quiet
+
+if cargo nextest --version >/dev/null 2>&1; then
+    echo "==> cargo nextest"
+    cargo nextest run --workspace --no-fail-fast "$@"
+else
+    echo "==> cargo-nextest is not installed; falling back to cargo test (install it with: cargo install --locked cargo-nextest)"
+    cargo test --workspace --no-fail-fast "$@"
+fi
+
+echo "==> doc tests"
+cargo test --workspace --doc --quiet
