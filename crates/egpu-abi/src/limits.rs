@@ -10,8 +10,10 @@
 //!   limit): a writer makes `seq` odd, stores, makes it even again; a reader
 //!   retries until it reads the same even `seq` before and after. A reader's
 //!   hot path is one acquire load of `seq`, compared with its cached value;
-//! - arbiter fields (`budget_epoch`, `budget_ns`, the agent heartbeat, the
-//!   arbiter period), each meaningful on its own, stored without the seqlock.
+//! - arbiter fields (`budget_epoch`, `budget_ns`, `allowance_ns`,
+//!   `epoch_start_ns`, `queue_launches`, `queue_ns`, `scale_ppm`, the agent
+//!   heartbeat, the arbiter period), each meaningful on its own, stored
+//!   without the seqlock (see `docs/compute-arbiter.md`).
 
 use crate::map::{self, Mapping};
 use crate::{AbiError, LIMITS_MAGIC, ABI_VERSION, MAX_DEVICES, NAME_LEN, UUID_LEN};
@@ -37,8 +39,25 @@ pub struct DeviceLimits {
     pub budget_epoch: AtomicU64,
     /// Arbiter: GPU time in ns the whole slice may use on this device in that period.
     pub budget_ns: AtomicU64,
-    /// Reserved for the compute arbiter; zero in ABI v1.
-    pub reserved: [AtomicU64; 8],
+    /// Arbiter: cumulative GPU-time allowance of the whole slice on this
+    /// device, in the hook's measured ns (the unit of `UsageRegion::consumed_ns`).
+    /// A launch may start while `consumed_ns` plus the launcher's unfinished
+    /// work is below it. Only ever grows; 0 means "no arbiter has run".
+    pub allowance_ns: AtomicU64,
+    /// Arbiter: CLOCK_MONOTONIC ns at which the epoch `budget_epoch` started;
+    /// the next allowance is due at `epoch_start_ns + arbiter_period_ns`.
+    pub epoch_start_ns: AtomicU64,
+    /// Arbiter: most unfinished launches one process may keep queued on this
+    /// device (0: no bound).
+    pub queue_launches: AtomicU64,
+    /// Arbiter: most unfinished estimated GPU time (measured ns) one process
+    /// may keep queued on this device (0: no bound).
+    pub queue_ns: AtomicU64,
+    /// Arbiter: measured-to-true GPU time ratio it applied, parts per million
+    /// (informational: `egpu top`, metrics).
+    pub scale_ppm: AtomicU64,
+    /// Reserved; zero in ABI v1.
+    pub reserved: [AtomicU64; 3],
 }
 
 /// The whole limits file.

@@ -58,10 +58,14 @@ pub struct UsageRegion {
     pub charge_locks: [AtomicU32; MAX_DEVICES],
     /// Per device: allocations refused for being over the limit.
     pub refused: [AtomicU64; MAX_DEVICES],
-    /// Per device: slice-wide GPU time consumed, ns (compute arbiter).
+    /// Per device: slice-wide GPU time consumed, measured ns, cumulative
+    /// (compute arbiter; every process adds its completed launches).
     pub consumed_ns: [AtomicU64; MAX_DEVICES],
-    /// Reserved for the compute arbiter; zero in ABI v1.
-    pub reserved: [AtomicU64; 32],
+    /// Per device: cumulative number of times a launch of this slice found
+    /// its allowance exhausted and had to wait (compute arbiter demand signal).
+    pub throttle_waits: [AtomicU64; MAX_DEVICES],
+    /// Reserved; zero in ABI v1.
+    pub reserved: [AtomicU64; 16],
     pub procs: [ProcRecord; MAX_PROCS],
 }
 
@@ -422,6 +426,19 @@ mod tests {
         u.release(a);
         assert_eq!(u.used(0), 0);
         assert!(u.processes().is_empty());
+    }
+
+    #[test]
+    fn arbiter_fields_keep_the_v1_layout() {
+        use std::mem::{offset_of, size_of};
+        // The arbiter words were carved out of reserved space: sizes and
+        // neighbours must not move.
+        assert_eq!(offset_of!(UsageRegion, throttle_waits), offset_of!(UsageRegion, consumed_ns) + 8 * MAX_DEVICES);
+        assert_eq!(offset_of!(UsageRegion, procs), (offset_of!(UsageRegion, throttle_waits) + 8 * 32).next_multiple_of(64));
+        use crate::limits::DeviceLimits;
+        assert_eq!(offset_of!(DeviceLimits, allowance_ns), offset_of!(DeviceLimits, budget_ns) + 8);
+        assert_eq!(offset_of!(DeviceLimits, reserved) + 3 * 8, offset_of!(DeviceLimits, budget_ns) + 8 + 8 * 8);
+        assert_eq!(size_of::<DeviceLimits>() % 64, 0);
     }
 
     #[test]
