@@ -1,0 +1,248 @@
+//! Process slots: claim, charge, sweep. See the protocol in [`super`].
+
+use super::live::{is_alive, my_pid};
+use super::{MAX_DEVS, Shared, Slot};
+use std::sync::atomic::Ordering::SeqCst;
+
+/// The state half of a slot's `owner` word.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum SlotState {
+    Free = 0,
+    /// Claimed by CAS; the start time is being written.
+    Claiming = 1,
+    Live = 2,
+    /// Being reclaimed by the pid in the word.
+    Reclaim = 3,
+}
+
+fn pack(pid: u32, st: SlotState) -> u64 {
+    (pid as u64) << 8 | st as u64
+}
+
+fn unpack(w: u64) -> (u32, SlotState) {
+    let st = match w & 0xff {
+        1 => SlotState::Claiming,
+        2 => SlotState::Live,
+        3 => SlotState::Reclaim,
+        _ => SlotState::Free,
+    };
+    ((w >> 8) as u32, st)
+}
+
+/// One live process as NVML reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcUsage {
+    pub pid: u32,
+    pub bytes: u64,
+    pub busy_ns: u64,
+}
+
+impl Slot {
+    fn zero(&self) {
+        for d in 0..MAX_DEVS {
+            self.mem[d].store(0, SeqCst);
+            self.busy[d].store(0, SeqCst);
+        }
+    }
+}
+
+impl Shared {
+    /// Claims a free slot for `pid` (started at `start`), sweeping dead
+    /// processes if none is free.
+    pub fn claim_slot(&self, pid: u32, start: u64) -> Option<usize> {
+        for round in 0..2 {
+            for (i, s) in self.slots.iter().enumerate() {
+                if s.owner.load(SeqCst) == 0 && s.owner.compare_exchange(0, pack(pid, SlotState::Claiming), SeqCst, SeqCst).is_ok() {
+                    s.zero();
+                    s.start.store(start, SeqCst);
+                    s.owner.store(pack(pid, SlotState::Live), SeqCst);
+                    return Some(i);
+                }
+            }
+            if round == 0 && self.sweep() == 0 {
+                return None;
+            }
+        }
+        None
+    }
+
+    /// Frees a slot this process owns (used by tests and clean shutdown).
+    pub fn release_slot(&self, i: usize) {
+        let s = &self.slots[i];
+        s.owner.store(pack(my_pid(), SlotState::Reclaim), SeqCst);
+        s.zero();
+        s.owner.store(0, SeqCst);
+    }
+
+    /// Owner pid and state of slot `i`.
+    pub fn slot_owner(&self, i: usize) -> (u32, SlotState) {
+        unpack(self.slots[i].owner.load(SeqCst))
+    }
+
+    /// Reclaims the slots of dead processes; returns how many were freed.
+    pub fn sweep(&self) -> usize {
+        let me = my_pid();
+        let mut freed = 0;
+        for s in &self.slots {
+            let w = s.owner.load(SeqCst);
+            let (pid, st) = unpack(w);
+            let dead = match st {
+                SlotState::Free => false,
+                // A live slot with my pid but another start time is a previous
+                // process that had my pid: is_alive tells them apart.
+                SlotState::Live => !is_alive(pid, s.start.load(SeqCst)),
+                // Start time may not be written yet: only the pid can tell.
+                SlotState::Claiming | SlotState::Reclaim => pid != me && !is_alive(pid, 0),
+            };
+            if dead && s.owner.compare_exchange(w, pack(me, SlotState::Reclaim), SeqCst, SeqCst).is_ok() {
+                s.zero();
+                s.owner.store(0, SeqCst);
+                freed += 1;
+            }
+        }
+        freed
+    }
+
+    /// Device memory in use on physical device `dev`, all processes.
+    pub fn used(&self, dev: usize) -> u64 {
+        self.slots.iter().map(|s| s.mem[dev].load(SeqCst)).fold(0u64, u64::saturating_add)
+    }
+
+    /// Charges `n` bytes on `dev` to `slot` if the device has room.
+    /// On a full device it sweeps dead processes and tries again.
+    pub fn charge(&self, slot: usize, dev: usize, n: u64) -> bool {
+        if n == 0 {
+            return true;
+        }
+        let total = self.devs[dev].total;
+        let mine = &self.slots[slot].mem[dev];
+        for attempt in 0..4 {
+            mine.fetch_add(n, SeqCst);
+            if self.used(dev) <= total {
+                return true;
+            }
+            mine.fetch_sub(n, SeqCst);
+            match attempt {
+                0 => {
+                    self.sweep();
+                }
+                _ => std::thread::yield_now(),
+            }
+        }
+        false
+    }
+
+    /// Returns `n` bytes on `dev` charged to `slot` (never below zero).
+    pub fn uncharge(&self, slot: usize, dev: usize, n: u64) {
+        let _ = self.slots[slot].mem[dev].fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(n)));
+    }
+
+    /// Live processes with memory on `dev` (sweeping the dead first).
+    pub fn procs_on(&self, dev: usize) -> Vec<ProcUsage> {
+        self.sweep();
+        self.slots
+            .iter()
+            .filter_map(|s| {
+                let (pid, st) = unpack(s.owner.load(SeqCst));
+                let bytes = s.mem[dev].load(SeqCst);
+                (st == SlotState::Live && bytes > 0).then(|| ProcUsage { pid, bytes, busy_ns: s.busy[dev].load(SeqCst) })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::live::start_time;
+    use super::super::tests::fresh;
+    use super::*;
+
+    fn dead_pid() -> u32 {
+        let mut c = std::process::Command::new("true").spawn().unwrap();
+        let pid = c.id();
+        c.wait().unwrap();
+        pid
+    }
+
+    #[test]
+    fn claim_charge_release() {
+        let s = fresh(2, 1);
+        let me = my_pid();
+        let a = s.claim_slot(me, start_time(me).unwrap()).unwrap();
+        let b = s.claim_slot(me, start_time(me).unwrap()).unwrap();
+        assert_ne!(a, b);
+        assert_eq!(s.slot_owner(a), (me, SlotState::Live));
+        assert!(s.charge(a, 0, 600 << 20));
+        assert!(!s.charge(b, 0, 600 << 20), "1 GiB device cannot hold 1.2 GiB");
+        assert!(s.charge(b, 1, 600 << 20), "other device is independent");
+        assert_eq!(s.used(0), 600 << 20);
+        assert_eq!(s.procs_on(0), vec![ProcUsage { pid: me, bytes: 600 << 20, busy_ns: 0 }]);
+        s.uncharge(a, 0, 100 << 20);
+        assert!(s.charge(b, 0, 524 << 20));
+        assert_eq!(s.used(0), 1 << 30);
+        s.uncharge(a, 0, u64::MAX);
+        assert_eq!(s.used(0), 524 << 20, "uncharge saturates at zero");
+        s.release_slot(a);
+        assert_eq!(s.slot_owner(a).1, SlotState::Free);
+    }
+
+    #[test]
+    fn dead_and_reused_pids_are_swept() {
+        let s = fresh(1, 1);
+        let dead = dead_pid();
+        let d = s.claim_slot(dead, 1).unwrap();
+        assert!(s.charge(d, 0, 1 << 30));
+        // A live pid with the wrong start time is a reused pid: dead too.
+        let me = my_pid();
+        let reused = s.claim_slot(me, start_time(me).unwrap() + 99).unwrap();
+        assert!(s.charge(reused, 0, 0));
+        s.slots[reused].mem[0].store(5, SeqCst);
+        let live = s.claim_slot(me, start_time(me).unwrap()).unwrap();
+        // Full device: charging sweeps the dead one first, then fits.
+        assert!(s.charge(live, 0, 512 << 20));
+        assert_eq!(s.slot_owner(d).1, SlotState::Free);
+        assert_eq!(s.slot_owner(reused).1, SlotState::Free);
+        assert_eq!(s.used(0), 512 << 20);
+    }
+
+    #[test]
+    fn interrupted_reclaim_is_taken_over() {
+        let s = fresh(1, 1);
+        let dead = dead_pid();
+        let i = s.claim_slot(dead, 1).unwrap();
+        s.slots[i].mem[0].store(123, SeqCst);
+        // A sweeper (also dead) claimed it for reclaim and died mid-way.
+        s.slots[i].owner.store(pack(dead, SlotState::Reclaim), SeqCst);
+        assert_eq!(s.sweep(), 1);
+        assert_eq!(s.used(0), 0);
+        // A claim that died before writing its start time is reclaimed too.
+        s.slots[i].owner.store(pack(dead, SlotState::Claiming), SeqCst);
+        assert_eq!(s.sweep(), 1);
+    }
+
+    #[test]
+    fn racing_chargers_never_exceed_the_device() {
+        let s = fresh(1, 1);
+        let me = my_pid();
+        let st = start_time(me).unwrap();
+        let slots: Vec<usize> = (0..4).map(|_| s.claim_slot(me, st).unwrap()).collect();
+        let ok: u64 = std::thread::scope(|sc| {
+            let hs: Vec<_> = slots
+                .iter()
+                .map(|&sl| sc.spawn(move || (0..64).filter(|_| s.charge(sl, 0, 8 << 20)).count() as u64))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert!(ok * (8 << 20) <= 1 << 30);
+        assert_eq!(s.used(0), ok * (8 << 20));
+        assert!(ok >= 100, "admission should be near the limit, got {ok} of 128");
+    }
+
+    #[test]
+    fn pack_roundtrip() {
+        for st in [SlotState::Free, SlotState::Claiming, SlotState::Live, SlotState::Reclaim] {
+            assert_eq!(unpack(pack(4_000_000, st)), (4_000_000, st));
+        }
+    }
+}

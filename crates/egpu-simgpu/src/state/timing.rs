@@ -1,0 +1,161 @@
+//! The kernel time model on the shared state.
+//!
+//! A device runs the kernels of every process one after another. A launch
+//! that may start at `earliest` (its stream's tail, or now) starts at
+//! `max(earliest, busy_until)` and ends `duration` later; `busy_until` moves
+//! forward by CAS, so launches from all processes form one queue, in the
+//! order their CASes succeed. Times are CLOCK_MONOTONIC nanoseconds, which
+//! are the same for every process on the machine.
+//!
+//! Utilisation: each device has a ring of [`NBUCKETS`] 100 ms buckets, each
+//! an atomic `(epoch << 28) | busy_ns`. A kernel adds its overlap with each
+//! bucket it spans (kernels queued more than ~2 s ahead are not counted).
+//! [`Shared::utilization`] is the busy fraction of the last ten whole
+//! buckets, i.e. the last second, lagging by up to 100 ms.
+
+use super::{NBUCKETS, Shared};
+use std::sync::atomic::Ordering::SeqCst;
+
+pub const BUCKET_NS: u64 = 100_000_000;
+const BUSY_BITS: u32 = 28;
+const BUSY_MASK: u64 = (1 << BUSY_BITS) - 1;
+/// Whole buckets in the utilisation window (1 s).
+const WINDOW: u64 = 10;
+
+/// CLOCK_MONOTONIC now, ns.
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid out-pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Sleeps (no spinning) until CLOCK_MONOTONIC reaches `deadline` ns.
+pub fn sleep_until(deadline: u64) {
+    let ts = libc::timespec { tv_sec: (deadline / 1_000_000_000) as libc::time_t, tv_nsec: (deadline % 1_000_000_000) as libc::c_long };
+    loop {
+        // SAFETY: ts is a valid timespec; a null remainder is allowed with
+        // TIMER_ABSTIME.
+        let r = unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, libc::TIMER_ABSTIME, &ts, std::ptr::null_mut()) };
+        if r != libc::EINTR {
+            return;
+        }
+    }
+}
+
+impl Shared {
+    /// Queues a kernel of `dur` ns on `dev` that may start no earlier than
+    /// `earliest`, charged to `slot`. Returns `(start, end)`.
+    pub fn schedule(&self, slot: usize, dev: usize, earliest: u64, dur: u64, now: u64) -> (u64, u64) {
+        let d = &self.devs[dev];
+        let mut cur = d.busy_until.load(SeqCst);
+        let (start, end) = loop {
+            let start = earliest.max(cur);
+            let end = start.saturating_add(dur);
+            match d.busy_until.compare_exchange_weak(cur, end, SeqCst, SeqCst) {
+                Ok(_) => break (start, end),
+                Err(actual) => cur = actual,
+            }
+        };
+        d.busy_total.fetch_add(dur, SeqCst);
+        self.slots[slot].busy[dev].fetch_add(dur, SeqCst);
+        self.record_busy(dev, start, end, now);
+        (start, end)
+    }
+
+    fn record_busy(&self, dev: usize, start: u64, end: u64, now: u64) {
+        if end <= start {
+            return;
+        }
+        let last_allowed = now / BUCKET_NS + (NBUCKETS as u64 - WINDOW - 1);
+        let mut e = start / BUCKET_NS;
+        while e * BUCKET_NS < end && e <= last_allowed {
+            let lo = start.max(e * BUCKET_NS);
+            let hi = end.min((e + 1) * BUCKET_NS);
+            let add = hi - lo;
+            let b = &self.devs[dev].buckets[(e % NBUCKETS as u64) as usize];
+            let _ = b.fetch_update(SeqCst, SeqCst, |w| {
+                let (be, busy) = (w >> BUSY_BITS, w & BUSY_MASK);
+                if be == e {
+                    Some(e << BUSY_BITS | (busy + add).min(BUSY_MASK))
+                } else if be < e {
+                    Some(e << BUSY_BITS | add.min(BUSY_MASK))
+                } else {
+                    None // the slot already holds a later bucket
+                }
+            });
+            e += 1;
+        }
+    }
+
+    /// Busy percentage of `dev` over the last second before `now`.
+    pub fn utilization(&self, dev: usize, now: u64) -> u32 {
+        let cur = now / BUCKET_NS;
+        let mut busy = 0;
+        for e in cur.saturating_sub(WINDOW)..cur {
+            let w = self.devs[dev].buckets[(e % NBUCKETS as u64) as usize].load(SeqCst);
+            if w >> BUSY_BITS == e {
+                busy += w & BUSY_MASK;
+            }
+        }
+        (busy * 100 / (WINDOW * BUCKET_NS)).min(100) as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::fresh;
+    use super::*;
+
+    #[test]
+    fn launches_queue_one_after_another() {
+        let s = fresh(2, 1);
+        let (a, b) = (0, 1);
+        let t0 = 1_000 * BUCKET_NS;
+        assert_eq!(s.schedule(a, 0, t0, 500, t0), (t0, t0 + 500));
+        // Another process's kernel that could start at once waits for the first.
+        assert_eq!(s.schedule(b, 0, t0 + 10, 300, t0), (t0 + 500, t0 + 800));
+        // A stream whose tail is later starts at its tail.
+        assert_eq!(s.schedule(a, 0, t0 + 2_000, 100, t0), (t0 + 2_000, t0 + 2_100));
+        // Other devices are independent.
+        assert_eq!(s.schedule(b, 1, t0, 50, t0), (t0, t0 + 50));
+        assert_eq!(s.devs[0].busy_total.load(SeqCst), 900);
+        assert_eq!(s.slots[a].busy[0].load(SeqCst), 600);
+        assert_eq!(s.slots[b].busy[0].load(SeqCst), 300);
+    }
+
+    #[test]
+    fn concurrent_launches_never_overlap() {
+        let s = fresh(1, 1);
+        let t0 = 5_000 * BUCKET_NS;
+        let mut spans: Vec<(u64, u64)> = std::thread::scope(|sc| {
+            let hs: Vec<_> =
+                (0..4).map(|t| sc.spawn(move || (0..200).map(|_| s.schedule(t, 0, t0, 7, t0)).collect::<Vec<_>>())).collect();
+            hs.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        });
+        spans.sort();
+        for w in spans.windows(2) {
+            assert!(w[0].1 <= w[1].0, "{:?} overlaps {:?}", w[0], w[1]);
+        }
+        assert_eq!(spans.last().unwrap().1, t0 + 800 * 7, "no gaps either");
+    }
+
+    #[test]
+    fn utilization_counts_the_last_second() {
+        let s = fresh(1, 1);
+        let t0 = 10_000 * BUCKET_NS;
+        // Busy 250 ms spread over three buckets, inside the window at t0+1s.
+        s.schedule(0, 0, t0 + 50_000_000, 250_000_000, t0);
+        assert_eq!(s.utilization(0, t0 + 1_000_000_000), 25);
+        // 2 s later the window has moved past it.
+        assert_eq!(s.utilization(0, t0 + 3_000_000_000), 0);
+        // A saturated second reads 100%.
+        let s = fresh(1, 1);
+        s.schedule(0, 0, t0, 1_000_000_000, t0);
+        assert_eq!(s.utilization(0, t0 + 1_000_000_000), 100);
+        // Work queued far in the future is not recorded in the ring.
+        let s = fresh(1, 1);
+        s.schedule(0, 0, t0 + 60_000_000_000, 1_000, t0);
+        assert_eq!(s.utilization(0, t0 + 60_500_000_000), 0);
+    }
+}
