@@ -1,0 +1,32 @@
+//! Connecting to `egpud` over its unix socket.
+
+use crate::proto::node_client::NodeClient;
+use hyper_util::rt::TokioIo;
+use std::path::{Path, PathBuf};
+use tonic::transport::{Channel, Endpoint, Uri};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot reach egpud at {path}: start it with `egpud --simulate 2x16GiB` (or plain `egpud` on a GPU node), or point EGPU_SOCKET / --socket at its socket")]
+    Unreachable {
+        path: PathBuf,
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+pub type Client = NodeClient<Channel>;
+
+/// Connects to the agent serving `socket`.
+pub async fn connect(socket: &Path) -> Result<Client, ClientError> {
+    let path = socket.to_path_buf();
+    let p = path.clone();
+    let channel = Endpoint::from_static("http://egpud.local")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let p = p.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(p).await?)) }
+        }))
+        .await
+        .map_err(|source| ClientError::Unreachable { path, source })?;
+    Ok(NodeClient::new(channel))
+}

@@ -1,0 +1,45 @@
+//! Agent configuration, kept apart from flag parsing (the binary maps its
+//! flags onto [`NodeConfig`]).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub const DEFAULT_RUN_DIR: &str = "/run/egpu";
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/egpu";
+pub const SOCKET_FILE: &str = "egpud.sock";
+/// Environment of the simulated driver (read by `libegpu_simgpu.so`).
+pub const SIM_GPUS_ENV: &str = "EGPU_SIM_GPUS";
+pub const SIM_STATE_ENV: &str = "EGPU_SIM_STATE";
+/// Tuning variables of the simulated driver passed on to workloads when egpud has them.
+pub const SIM_PASSTHROUGH_ENV: [&str; 2] = ["EGPU_SIM_CTX_BYTES", "EGPU_SIM_NS_PER_THREAD"];
+
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    pub run_dir: PathBuf,
+    pub state_dir: PathBuf,
+    /// Defaults to `<run_dir>/egpud.sock`.
+    pub socket: Option<PathBuf>,
+    /// `EGPU_SIM_GPUS` spec when the node runs on the simulated GPU.
+    pub simulate: Option<String>,
+    /// `libegpu.so`, preloaded into workloads.
+    pub hook_lib: PathBuf,
+    /// `libegpu_simgpu.so`, the simulated driver (only used with `simulate`).
+    pub sim_lib: PathBuf,
+    /// How often dead processes are swept and the heartbeat refreshed.
+    pub sweep_period_ms: u64,
+}
+
+impl NodeConfig {
+    pub fn socket_path(&self) -> PathBuf {
+        self.socket.clone().unwrap_or_else(|| self.run_dir.join(SOCKET_FILE))
+    }
+
+    pub fn sweep_period(&self) -> Duration {
+        Duration::from_millis(self.sweep_period_ms.max(1))
+    }
+
+    pub fn sim_state_path(&self) -> PathBuf {
+        self.run_dir.join(crate::simlib::SIM_STATE_FILE)
+    }
+}

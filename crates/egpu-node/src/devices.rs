@@ -1,0 +1,135 @@
+//! GPU discovery behind a trait: NVML loaded at run time (real or simulated
+//! driver, one code path), and a fake for unit tests.
+
+use std::ffi::OsString;
+use std::sync::Mutex;
+
+/// One device as the agent knows it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceInfo {
+    /// Node-local index, NVML order.
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub memory_bytes: u64,
+    /// 0 when the driver does not say.
+    pub sm_count: u32,
+}
+
+/// What discovery found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inventory {
+    pub devices: Vec<DeviceInfo>,
+    pub driver_version: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    #[error("cannot load NVML from {lib}: is an NVIDIA driver installed? On a machine without a GPU start egpud with --simulate 2x16GiB")]
+    Load {
+        lib: String,
+        #[source]
+        source: nvml_wrapper::error::NvmlError,
+    },
+    #[error("NVML call {call} failed")]
+    Nvml {
+        call: &'static str,
+        #[source]
+        source: nvml_wrapper::error::NvmlError,
+    },
+    #[error("NVML reports no GPU on this node; start egpud with --simulate 2x16GiB to use simulated GPUs")]
+    NoDevices,
+    #[error("device {0} does not exist")]
+    NoSuchDevice(u32),
+}
+
+/// Access to the node's GPUs. `Send + Sync`: the agent queries it from several tasks.
+pub trait Gpus: Send + Sync {
+    fn inventory(&self) -> Result<Inventory, DeviceError>;
+    /// Memory in use on device `index`, as the driver reports it.
+    fn used_bytes(&self, index: u32) -> Result<u64, DeviceError>;
+}
+
+/// NVML, loaded with `dlopen` at run time (never linked), from `lib`.
+pub struct NvmlGpus {
+    nvml: nvml_wrapper::Nvml,
+    /// SM counts by index when known from elsewhere (the simulated spec); NVML has no SM-count query.
+    sm_counts: Vec<u32>,
+}
+
+impl NvmlGpus {
+    /// Loads NVML from `lib` (e.g. `libnvidia-ml.so.1`, or the simulated one's path).
+    pub fn load(lib: &std::path::Path, sm_counts: Vec<u32>) -> Result<NvmlGpus, DeviceError> {
+        let os: OsString = lib.as_os_str().to_owned();
+        let nvml = nvml_wrapper::Nvml::builder()
+            .lib_path(&os)
+            .init()
+            .map_err(|source| DeviceError::Load { lib: lib.display().to_string(), source })?;
+        Ok(NvmlGpus { nvml, sm_counts })
+    }
+}
+
+fn nv<T>(call: &'static str, r: Result<T, nvml_wrapper::error::NvmlError>) -> Result<T, DeviceError> {
+    r.map_err(|source| DeviceError::Nvml { call, source })
+}
+
+impl Gpus for NvmlGpus {
+    fn inventory(&self) -> Result<Inventory, DeviceError> {
+        let n = nv("nvmlDeviceGetCount", self.nvml.device_count())?;
+        if n == 0 {
+            return Err(DeviceError::NoDevices);
+        }
+        let mut devices = Vec::with_capacity(n as usize);
+        for i in 0..n {
+            let d = nv("nvmlDeviceGetHandleByIndex", self.nvml.device_by_index(i))?;
+            let mem = nv("nvmlDeviceGetMemoryInfo", d.memory_info())?;
+            devices.push(DeviceInfo {
+                index: i,
+                uuid: nv("nvmlDeviceGetUUID", d.uuid())?,
+                name: nv("nvmlDeviceGetName", d.name())?,
+                memory_bytes: mem.total,
+                sm_count: self.sm_counts.get(i as usize).copied().unwrap_or(0),
+            });
+        }
+        let driver_version = self.nvml.sys_driver_version().unwrap_or_else(|_| "unknown".into());
+        Ok(Inventory { devices, driver_version })
+    }
+
+    fn used_bytes(&self, index: u32) -> Result<u64, DeviceError> {
+        let d = nv("nvmlDeviceGetHandleByIndex", self.nvml.device_by_index(index))?;
+        Ok(nv("nvmlDeviceGetMemoryInfo", d.memory_info())?.used)
+    }
+}
+
+/// A fixed set of devices, for unit tests.
+pub struct FakeGpus {
+    pub devices: Vec<DeviceInfo>,
+    pub used: Mutex<Vec<u64>>,
+}
+
+impl FakeGpus {
+    /// `n` devices of `memory_bytes` each.
+    pub fn new(n: u32, memory_bytes: u64) -> FakeGpus {
+        let devices = (0..n)
+            .map(|index| DeviceInfo {
+                index,
+                uuid: format!("GPU-fake-{index}"),
+                name: "Fake GPU".into(),
+                memory_bytes,
+                sm_count: 108,
+            })
+            .collect();
+        FakeGpus { devices, used: Mutex::new(vec![0; n as usize]) }
+    }
+}
+
+impl Gpus for FakeGpus {
+    fn inventory(&self) -> Result<Inventory, DeviceError> {
+        Ok(Inventory { devices: self.devices.clone(), driver_version: "fake".into() })
+    }
+
+    fn used_bytes(&self, index: u32) -> Result<u64, DeviceError> {
+        let used = self.used.lock().unwrap_or_else(|e| e.into_inner());
+        used.get(index as usize).copied().ok_or(DeviceError::NoSuchDevice(index))
+    }
+}

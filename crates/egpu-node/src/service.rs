@@ -1,0 +1,120 @@
+//! The gRPC service `egpu.v1.Node`. Handlers decode, run the slice operation
+//! on a blocking thread (store writes are fsynced), and encode.
+
+use crate::agent::Node;
+use crate::proto::{self, node_server};
+use crate::wire;
+use std::sync::Arc;
+use tonic::{Request, Response, Status};
+
+pub struct NodeService {
+    node: Arc<Node>,
+}
+
+impl NodeService {
+    pub fn new(node: Arc<Node>) -> NodeService {
+        NodeService { node }
+    }
+
+    async fn blocking<T: Send + 'static>(&self, f: impl FnOnce(&Node) -> Result<T, Status> + Send + 'static) -> Result<Response<T>, Status> {
+        let node = self.node.clone();
+        match tokio::task::spawn_blocking(move || f(&node)).await {
+            Ok(r) => r.map(Response::new),
+            Err(e) => Err(Status::internal(format!("request handler failed: {e}"))),
+        }
+    }
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+#[tonic::async_trait]
+impl node_server::Node for NodeService {
+    async fn get_node(&self, _: Request<proto::GetNodeRequest>) -> Result<Response<proto::GetNodeResponse>, Status> {
+        self.blocking(|node| {
+            let (alloc, count) = {
+                let m = node.slices();
+                (m.allocated(), m.slices().count())
+            };
+            let devices = node
+                .inventory
+                .devices
+                .iter()
+                .map(|d| {
+                    let a = alloc.get(d.index as usize).copied().unwrap_or_default();
+                    proto::Device {
+                        index: d.index,
+                        uuid: d.uuid.clone(),
+                        name: d.name.clone(),
+                        memory_bytes: d.memory_bytes,
+                        sm_count: d.sm_count,
+                        allocated_memory_bytes: a.memory,
+                        allocated_compute_bps: a.compute_share_bps,
+                        driver_used_bytes: node.gpus.used_bytes(d.index).unwrap_or(0),
+                    }
+                })
+                .collect();
+            Ok(proto::GetNodeResponse {
+                hostname: hostname(),
+                simulated: node.config.simulate.is_some(),
+                simulate_spec: node.config.simulate.clone().unwrap_or_default(),
+                devices,
+                agent_version: env!("CARGO_PKG_VERSION").into(),
+                abi_version: egpu_abi::ABI_VERSION,
+                driver_version: node.inventory.driver_version.clone(),
+                run_dir: node.config.run_dir.display().to_string(),
+                slice_count: count as u32,
+            })
+        })
+        .await
+    }
+
+    async fn create_slice(&self, req: Request<proto::CreateSliceRequest>) -> Result<Response<proto::Slice>, Status> {
+        let create = wire::decode_create(req.get_ref())?;
+        self.blocking(move |node| {
+            let mut m = node.slices();
+            Ok(wire::slice_to_wire(m.create(create)?))
+        })
+        .await
+    }
+
+    async fn resize_slice(&self, req: Request<proto::ResizeSliceRequest>) -> Result<Response<proto::Slice>, Status> {
+        let resize = wire::decode_resize(req.get_ref())?;
+        let name = req.into_inner().name;
+        self.blocking(move |node| {
+            let mut m = node.slices();
+            Ok(wire::slice_to_wire(m.resize(&name, resize)?))
+        })
+        .await
+    }
+
+    async fn delete_slice(&self, req: Request<proto::DeleteSliceRequest>) -> Result<Response<proto::DeleteSliceResponse>, Status> {
+        let r = req.into_inner();
+        self.blocking(move |node| {
+            let attached_pids = node.slices().delete(&r.name, r.force)?;
+            Ok(proto::DeleteSliceResponse { attached_pids })
+        })
+        .await
+    }
+
+    async fn list_slices(&self, _: Request<proto::ListSlicesRequest>) -> Result<Response<proto::ListSlicesResponse>, Status> {
+        self.blocking(|node| Ok(proto::ListSlicesResponse { slices: node.slices().slices().map(wire::slice_to_wire).collect() })).await
+    }
+
+    async fn get_slice(&self, req: Request<proto::GetSliceRequest>) -> Result<Response<proto::Slice>, Status> {
+        let name = req.into_inner().name;
+        self.blocking(move |node| Ok(wire::slice_to_wire(node.slices().get(&name)?))).await
+    }
+
+    async fn launch_env(&self, req: Request<proto::LaunchEnvRequest>) -> Result<Response<proto::LaunchEnvResponse>, Status> {
+        let name = req.into_inner().name;
+        self.blocking(move |node| {
+            let m = node.slices();
+            let s = m.get(&name)?;
+            let env = crate::launch::launch_env(&node.config, &s.dir, &s.record.device_uuids);
+            Ok(proto::LaunchEnvResponse { env: env.into_iter().map(wire::env_to_wire).collect() })
+        })
+        .await
+    }
+}

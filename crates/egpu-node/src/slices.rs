@@ -1,0 +1,417 @@
+//! The slice manager: the agent's slices, their store records and their
+//! slice-table files. The only writer of limits.
+//!
+//! Every mutation is checked by [`crate::capacity`], persisted in the
+//! [`Store`], and only then published to the limits file, so the store is
+//! never behind what a workload sees.
+
+use crate::capacity::{self, CapacityError};
+use crate::devices::DeviceInfo;
+use crate::store::{Owner, SliceRecord, Store, StoreError};
+use egpu_abi::limits::DeviceInit;
+use egpu_abi::{AbiError, DeviceLimitsSnapshot, LimitsWriter, UsageFile, paths};
+use egpu_core::{Bytes, DeviceShare, Percent, Priority, SliceSpec};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SliceOpError {
+    #[error(transparent)]
+    Capacity(#[from] CapacityError),
+    #[error("no slice named '{0}' (see `egpu ls`)")]
+    NotFound(String),
+    #[error("a slice named '{0}' already exists; pick another name or remove it with `egpu rm {0}`")]
+    Exists(String),
+    #[error("slice '{name}' has live processes attached (pids {pids:?}); stop them first, or pass --force to remove it anyway (they keep running but can no longer allocate)")]
+    Busy { name: String, pids: Vec<u32> },
+    #[error("{0}")]
+    BadRequest(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("slice table")]
+    Abi(#[source] AbiError),
+    #[error("slice directory {path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// A live slice: its record and its open slice-table files.
+pub struct Slice {
+    pub record: SliceRecord,
+    pub dir: PathBuf,
+    pub limits: LimitsWriter,
+    pub usage: UsageFile,
+}
+
+/// Usage of one slice device, for listings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceUsage {
+    pub share: DeviceShare,
+    pub uuid: String,
+    pub used: u64,
+    pub refused: u64,
+}
+
+/// One attached process, for listings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcessUsage {
+    pub pid: u32,
+    pub bytes: Vec<u64>,
+    pub alive: bool,
+}
+
+impl Slice {
+    pub fn name(&self) -> &str {
+        &self.record.spec.name
+    }
+
+    pub fn device_usage(&self) -> Vec<DeviceUsage> {
+        let r = self.usage.region();
+        self.record
+            .spec
+            .devices
+            .iter()
+            .enumerate()
+            .map(|(i, share)| DeviceUsage {
+                share: *share,
+                uuid: self.record.device_uuids.get(i).cloned().unwrap_or_default(),
+                used: self.usage.used(i),
+                refused: r.refused[i].load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+
+    pub fn processes(&self) -> Vec<ProcessUsage> {
+        self.usage.processes().into_iter().map(|p| ProcessUsage { pid: p.pid, bytes: p.charged, alive: p.alive }).collect()
+    }
+
+    pub fn live_pids(&self) -> Vec<u32> {
+        self.usage.processes().into_iter().filter(|p| p.alive).map(|p| p.pid).collect()
+    }
+
+    pub fn generation(&self) -> u64 {
+        self.limits.snapshot().seq
+    }
+
+    fn publish(&self) -> Result<u64, SliceOpError> {
+        let spec = &self.record.spec;
+        self.limits.publish(spec.priority.code(), &limits_of(spec)).map_err(SliceOpError::Abi)
+    }
+}
+
+fn limits_of(spec: &SliceSpec) -> Vec<DeviceLimitsSnapshot> {
+    spec.devices
+        .iter()
+        .map(|d| DeviceLimitsSnapshot {
+            host_index: d.device,
+            mem_limit: d.memory.0,
+            compute_share_bps: d.compute_share.0,
+            compute_limit_bps: d.compute_limit.0,
+        })
+        .collect()
+}
+
+/// A create request after decoding.
+#[derive(Debug, Clone)]
+pub struct CreateRequest {
+    pub spec: SliceSpec,
+    pub ephemeral: bool,
+    pub owner_pid: Option<u32>,
+}
+
+/// A resize request: fields that are `None` stay as they are.
+#[derive(Debug, Clone, Default)]
+pub struct ResizeRequest {
+    /// Node device indices to change; empty means every device of the slice.
+    pub devices: Vec<u32>,
+    pub memory: Option<Bytes>,
+    pub compute_share: Option<Percent>,
+    pub compute_limit: Option<Percent>,
+    pub priority: Option<Priority>,
+}
+
+/// What adoption did with each stored slice, for the log and tests.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct AdoptReport {
+    pub adopted: Vec<String>,
+    /// Slice-table files recreated (missing, corrupt or of another ABI version), with why.
+    pub recreated: Vec<(PathBuf, String)>,
+    pub reclaimed_processes: usize,
+}
+
+pub struct SliceManager {
+    run_dir: PathBuf,
+    devices: Vec<DeviceInfo>,
+    store: Store,
+    slices: BTreeMap<String, Slice>,
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn new_id() -> String {
+    use std::sync::atomic::AtomicU64;
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+    let mix = nanos ^ ((std::process::id() as u64) << 40) ^ COUNTER.fetch_add(1, Ordering::Relaxed).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    format!("s-{:012x}", mix & 0xffff_ffff_ffff)
+}
+
+fn recreate_reason(e: &AbiError) -> Option<String> {
+    match e {
+        AbiError::Missing(_) => Some("missing".into()),
+        AbiError::Corrupt(_, why) => Some(format!("corrupt: {why}")),
+        AbiError::Version { found, expected, .. } => Some(format!("ABI version {found}, this egpud writes version {expected}")),
+        _ => None,
+    }
+}
+
+impl SliceManager {
+    /// Adopts every slice in `store`: opens (or, when missing, corrupt or of
+    /// another ABI version, recreates) its slice-table files, republishes the
+    /// stored limits and sweeps dead processes.
+    pub fn adopt(run_dir: &Path, devices: Vec<DeviceInfo>, store: Store) -> Result<(SliceManager, AdoptReport), SliceOpError> {
+        let slices_dir = paths::slices_dir(run_dir);
+        std::fs::create_dir_all(&slices_dir).map_err(|source| SliceOpError::Io { path: slices_dir.clone(), source })?;
+        let mut mgr = SliceManager { run_dir: run_dir.into(), devices, store, slices: BTreeMap::new() };
+        let mut report = AdoptReport::default();
+        for record in mgr.store.load_all()? {
+            for (i, d) in record.spec.devices.iter().enumerate() {
+                let now = mgr.devices.get(d.device as usize).map(|x| x.uuid.as_str());
+                if now != record.device_uuids.get(i).map(|s| s.as_str()) {
+                    tracing::warn!(slice = %record.spec.name, device = d.device, stored = ?record.device_uuids.get(i), found = ?now,
+                        "device of slice changed since the slice was created");
+                }
+            }
+            let name = record.spec.name.clone();
+            let slice = mgr.open_files(record, &mut report)?;
+            slice.publish()?;
+            slice.limits.heartbeat();
+            report.reclaimed_processes += slice.usage.sweep(None).len();
+            tracing::info!(slice = %name, processes = slice.live_pids().len(), "adopted slice");
+            report.adopted.push(name.clone());
+            mgr.slices.insert(name, slice);
+        }
+        Ok((mgr, report))
+    }
+
+    fn open_files(&self, record: SliceRecord, report: &mut AdoptReport) -> Result<Slice, SliceOpError> {
+        let dir = paths::slice_dir(&self.run_dir, &record.spec.name);
+        std::fs::create_dir_all(&dir).map_err(|source| SliceOpError::Io { path: dir.clone(), source })?;
+        let lpath = paths::limits_path(&dir);
+        let n = record.spec.devices.len();
+        let limits = match LimitsWriter::open(&lpath) {
+            Ok(w) if w.snapshot().n_devices == n => w,
+            Ok(_) => self.recreate_limits(&record, &lpath, "device count differs from the store".into(), report)?,
+            Err(e) => match recreate_reason(&e) {
+                Some(why) => self.recreate_limits(&record, &lpath, why, report)?,
+                None => return Err(SliceOpError::Abi(e)),
+            },
+        };
+        let upath = paths::usage_path(&dir);
+        let usage = match UsageFile::open(&upath) {
+            Ok(u) if u.n_devices() == n => u,
+            other => {
+                let why = match other {
+                    Ok(_) => "device count differs from the store".to_string(),
+                    Err(e) => recreate_reason(&e).ok_or(SliceOpError::Abi(e))?,
+                };
+                log_recreate(&upath, &why, report);
+                UsageFile::create(&upath, n).map_err(SliceOpError::Abi)?
+            }
+        };
+        Ok(Slice { record, dir, limits, usage })
+    }
+
+    fn recreate_limits(&self, record: &SliceRecord, path: &Path, why: String, report: &mut AdoptReport) -> Result<LimitsWriter, SliceOpError> {
+        log_recreate(path, &why, report);
+        self.create_limits(record, path)
+    }
+
+    fn create_limits(&self, record: &SliceRecord, path: &Path) -> Result<LimitsWriter, SliceOpError> {
+        let inits: Vec<DeviceInit> = record
+            .spec
+            .devices
+            .iter()
+            .zip(limits_of(&record.spec))
+            .enumerate()
+            .map(|(i, (d, limits))| DeviceInit { uuid: record.device_uuids.get(i).cloned().unwrap_or_default(), host_index: d.device, limits })
+            .collect();
+        LimitsWriter::create(path, &record.spec.name, record.spec.priority.code(), &inits).map_err(SliceOpError::Abi)
+    }
+
+    pub fn devices(&self) -> &[DeviceInfo] {
+        &self.devices
+    }
+
+    pub fn run_dir(&self) -> &Path {
+        &self.run_dir
+    }
+
+    pub fn store_path(&self) -> &Path {
+        self.store.path()
+    }
+
+    pub fn slices(&self) -> impl Iterator<Item = &Slice> {
+        self.slices.values()
+    }
+
+    /// Finds a slice by name, or by id.
+    pub fn get(&self, name_or_id: &str) -> Result<&Slice, SliceOpError> {
+        self.slices
+            .get(name_or_id)
+            .or_else(|| self.slices.values().find(|s| s.record.id == name_or_id))
+            .ok_or_else(|| SliceOpError::NotFound(name_or_id.into()))
+    }
+
+    /// Per-device sums over all slices.
+    pub fn allocated(&self) -> Vec<capacity::Allocated> {
+        capacity::allocated(self.devices.len(), self.slices.values().map(|s| &s.record.spec))
+    }
+
+    pub fn create(&mut self, req: CreateRequest) -> Result<&Slice, SliceOpError> {
+        let name = req.spec.name.clone();
+        if self.slices.contains_key(&name) {
+            return Err(SliceOpError::Exists(name));
+        }
+        capacity::check(&self.devices, self.slices.values().map(|s| &s.record.spec), &req.spec)?;
+        let owner: Option<Owner> = match req.owner_pid {
+            Some(pid) => Some(crate::owner::owner_of(pid).ok_or_else(|| SliceOpError::BadRequest(format!("owner process {pid} does not exist")))?),
+            None => None,
+        };
+        let record = SliceRecord {
+            id: new_id(),
+            device_uuids: req.spec.devices.iter().map(|d| self.devices[d.device as usize].uuid.clone()).collect(),
+            spec: req.spec,
+            ephemeral: req.ephemeral,
+            owner,
+            created_unix: now_unix(),
+        };
+        let dir = paths::slice_dir(&self.run_dir, &name);
+        // Leftovers of an older slice of that name (removed while egpud was down) are replaced.
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|source| SliceOpError::Io { path: dir.clone(), source })?;
+        let usage = UsageFile::create(&paths::usage_path(&dir), record.spec.devices.len()).map_err(SliceOpError::Abi)?;
+        // Store before the limits file appears: a crash in between leaves a stored slice
+        // whose files adoption recreates, never files without a slice.
+        self.store.put(&record)?;
+        let limits = match self.create_limits(&record, &paths::limits_path(&dir)) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = self.store.remove(&name);
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+        };
+        limits.heartbeat();
+        tracing::info!(slice = %name, id = %record.id, spec = ?record.spec, "created slice");
+        self.slices.insert(name.clone(), Slice { record, dir, limits, usage });
+        Ok(&self.slices[&name])
+    }
+
+    pub fn resize(&mut self, name_or_id: &str, req: ResizeRequest) -> Result<&Slice, SliceOpError> {
+        let name = self.get(name_or_id)?.name().to_string();
+        let old = self.slices[&name].record.spec.clone();
+        for d in &req.devices {
+            if !old.devices.iter().any(|x| x.device == *d) {
+                let have: Vec<u32> = old.devices.iter().map(|x| x.device).collect();
+                return Err(SliceOpError::BadRequest(format!(
+                    "slice '{name}' has no device {d} (its devices are {have:?}); a resize changes the limits of the slice's devices, it cannot add one"
+                )));
+            }
+        }
+        let mut spec = old.clone();
+        for d in spec.devices.iter_mut().filter(|d| req.devices.is_empty() || req.devices.contains(&d.device)) {
+            if let Some(m) = req.memory {
+                d.memory = m;
+            }
+            if let Some(s) = req.compute_share {
+                d.compute_share = s;
+            }
+            if let Some(l) = req.compute_limit {
+                d.compute_limit = l;
+            }
+        }
+        if let Some(p) = req.priority {
+            spec.priority = p;
+        }
+        capacity::check(&self.devices, self.slices.values().filter(|s| s.name() != name).map(|s| &s.record.spec), &spec)?;
+        let slice = self.slices.get_mut(&name).expect("looked up above");
+        let mut record = slice.record.clone();
+        record.spec = spec;
+        self.store.put(&record)?;
+        slice.record = record;
+        let seq = slice.publish()?;
+        tracing::info!(slice = %name, generation = seq, spec = ?slice.record.spec, "resized slice");
+        Ok(slice)
+    }
+
+    /// Deletes a slice; returns the live pids that were attached (only with `force`).
+    pub fn delete(&mut self, name_or_id: &str, force: bool) -> Result<Vec<u32>, SliceOpError> {
+        let slice = self.get(name_or_id)?;
+        let name = slice.name().to_string();
+        slice.usage.sweep(None);
+        let pids = slice.live_pids();
+        if !pids.is_empty() && !force {
+            return Err(SliceOpError::Busy { name, pids });
+        }
+        self.store.remove(&name)?;
+        let slice = self.slices.remove(&name).expect("looked up above");
+        slice.limits.mark_deleted();
+        // Attached processes keep their mappings; the directory entry goes.
+        if let Err(e) = std::fs::remove_dir_all(&slice.dir) {
+            tracing::warn!(slice = %name, dir = %slice.dir.display(), error = %e, "could not remove slice directory");
+        }
+        tracing::info!(slice = %name, attached = ?pids, "deleted slice");
+        Ok(pids)
+    }
+
+    /// Reclaims dead processes' records in every slice and refreshes the heartbeat.
+    pub fn sweep(&self) -> usize {
+        let mut n = 0;
+        for s in self.slices.values() {
+            for r in s.usage.sweep(None) {
+                tracing::debug!(slice = %s.name(), pid = r.pid, charged = ?r.charged, "reclaimed dead process");
+                n += 1;
+            }
+            s.limits.heartbeat();
+        }
+        n
+    }
+
+    /// Deletes ephemeral slices whose owner died and that have no live process left.
+    pub fn collect_orphans(&mut self) -> Vec<String> {
+        let dead: Vec<String> = self
+            .slices
+            .values()
+            .filter(|s| s.record.ephemeral && s.record.owner.as_ref().is_some_and(|o| !crate::owner::is_alive(o)) && s.live_pids().is_empty())
+            .map(|s| s.name().to_string())
+            .collect();
+        dead.into_iter()
+            .filter(|name| match self.delete(name, false) {
+                Ok(_) => {
+                    tracing::info!(slice = %name, "removed ephemeral slice whose owner exited");
+                    true
+                }
+                Err(e) => {
+                    tracing::warn!(slice = %name, error = %e, "could not remove orphaned ephemeral slice");
+                    false
+                }
+            })
+            .collect()
+    }
+}
+
+fn log_recreate(path: &Path, why: &str, report: &mut AdoptReport) {
+    tracing::warn!(file = %path.display(), reason = why,
+        "slice-table file unusable; recreated it from the store (processes still attached to the old file keep the old limits until they restart)");
+    report.recreated.push((path.into(), why.into()));
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,100 @@
+use super::*;
+use crate::devices::FakeGpus;
+use egpu_abi::LimitsReader;
+
+fn share(device: u32, gib: u64) -> DeviceShare {
+    DeviceShare { device, memory: Bytes::gib(gib), compute_share: Percent::ZERO, compute_limit: Percent::FULL }
+}
+
+fn req(name: &str, shares: Vec<DeviceShare>) -> CreateRequest {
+    CreateRequest { spec: SliceSpec { name: name.into(), priority: Priority::Normal, devices: shares }, ephemeral: false, owner_pid: None }
+}
+
+fn manager(run: &Path, state: &Path) -> (SliceManager, AdoptReport) {
+    let store = Store::open(state).unwrap();
+    SliceManager::adopt(run, FakeGpus::new(2, 16 * Bytes::GIB).devices, store).unwrap()
+}
+
+#[test]
+fn create_resize_delete_publish_to_the_slice_table() {
+    let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut m, _) = manager(run.path(), state.path());
+    let s = m.create(req("a", vec![share(0, 4), share(1, 2)])).unwrap();
+    let lim = LimitsReader::open(&paths::limits_path(&s.dir)).unwrap();
+    assert_eq!(lim.snapshot().devices()[1].mem_limit, 2 * Bytes::GIB);
+    assert_eq!(lim.region().device_uuid(1), "GPU-fake-1");
+
+    assert!(matches!(m.create(req("a", vec![share(0, 1)])), Err(SliceOpError::Exists(_))));
+    let e = m.create(req("b", vec![share(0, 13)])).err().unwrap();
+    assert!(e.to_string().contains("only 12GiB of 16GiB is free"), "{e}");
+
+    let before = lim.seq();
+    m.resize("a", ResizeRequest { devices: vec![1], memory: Some(Bytes::gib(14)), ..Default::default() }).unwrap();
+    assert!(lim.seq() > before);
+    assert_eq!(lim.snapshot().devices()[1].mem_limit, 14 * Bytes::GIB);
+    assert_eq!(lim.snapshot().devices()[0].mem_limit, 4 * Bytes::GIB, "only device 1 changed");
+    let e = m.resize("a", ResizeRequest { memory: Some(Bytes::gib(17)), ..Default::default() }).err().unwrap();
+    assert!(matches!(e, SliceOpError::Capacity(CapacityError::AboveDevice { .. })), "{e}");
+    assert!(matches!(m.resize("a", ResizeRequest { devices: vec![3], ..Default::default() }), Err(SliceOpError::BadRequest(_))));
+    assert!(matches!(m.resize("nope", ResizeRequest::default()), Err(SliceOpError::NotFound(_))));
+    // Compute shares add up to at most 100% per device.
+    m.resize("a", ResizeRequest { compute_share: Some(Percent::from_pct(70)), ..Default::default() }).unwrap();
+    let mut b = req("b", vec![share(0, 1)]);
+    b.spec.devices[0].compute_share = Percent::from_pct(40);
+    assert!(m.create(b).err().unwrap().to_string().contains("only 30% is unreserved"));
+
+    let id = m.get("a").unwrap().record.id.clone();
+    assert_eq!(m.get(&id).unwrap().name(), "a");
+    let dir = m.get("a").unwrap().dir.clone();
+    assert_eq!(m.delete(&id, false).unwrap(), Vec::<u32>::new());
+    assert!(!dir.exists());
+    assert!(lim.snapshot().state == egpu_abi::SliceState::Deleted);
+    assert!(matches!(m.get("a"), Err(SliceOpError::NotFound(_))));
+}
+
+#[test]
+fn restart_adopts_and_repairs_files() {
+    let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    {
+        let (mut m, _) = manager(run.path(), state.path());
+        m.create(req("keep", vec![share(0, 3)])).unwrap();
+        m.create(req("wrongver", vec![share(1, 5)])).unwrap();
+        m.create(req("gone", vec![share(1, 1)])).unwrap();
+        m.resize("keep", ResizeRequest { memory: Some(Bytes::gib(6)), ..Default::default() }).unwrap();
+    }
+    // A slice table of another ABI version, and a deleted one.
+    let lp = paths::limits_path(&paths::slice_dir(run.path(), "wrongver"));
+    let mut bytes = std::fs::read(&lp).unwrap();
+    bytes[8..12].copy_from_slice(&99u32.to_le_bytes());
+    std::fs::write(&lp, bytes).unwrap();
+    std::fs::remove_dir_all(paths::slice_dir(run.path(), "gone")).unwrap();
+
+    let (m, report) = manager(run.path(), state.path());
+    assert_eq!(report.adopted, vec!["gone", "keep", "wrongver"]);
+    assert_eq!(report.recreated.len(), 3, "{report:?}");
+    assert!(report.recreated.iter().any(|(p, why)| p == &lp && why.contains("ABI version 99")), "{report:?}");
+    for (name, gib) in [("keep", 6), ("wrongver", 5), ("gone", 1)] {
+        let lim = LimitsReader::open(&paths::limits_path(&m.get(name).unwrap().dir)).unwrap();
+        assert_eq!(lim.snapshot().devices()[0].mem_limit, gib * Bytes::GIB, "{name}");
+    }
+}
+
+#[test]
+fn orphaned_ephemeral_slices_are_collected() {
+    let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut m, _) = manager(run.path(), state.path());
+    let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let mut r = req("eph", vec![share(0, 1)]);
+    r.ephemeral = true;
+    r.owner_pid = Some(child.id());
+    m.create(r).unwrap();
+    let mut mine = req("mine", vec![share(0, 1)]);
+    mine.ephemeral = true;
+    mine.owner_pid = Some(std::process::id());
+    m.create(mine).unwrap();
+    assert!(m.collect_orphans().is_empty());
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert_eq!(m.collect_orphans(), vec!["eph"]);
+    assert!(m.get("mine").is_ok());
+}

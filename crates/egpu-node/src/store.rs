@@ -1,0 +1,198 @@
+//! The slice store: every slice the agent owns, persisted in an embedded
+//! redb database (`<state-dir>/egpud.redb`), one JSON record per slice.
+//!
+//! Writes are durable transactions: a slice is in the store before its
+//! limits are published, so a restarted agent finds every slice a client was
+//! told about. A store that cannot be read is an error that stops the agent:
+//! it never starts empty on top of a damaged store.
+
+use egpu_core::SliceSpec;
+use redb::{ReadableDatabase, ReadableTable, TableDefinition};
+use std::path::{Path, PathBuf};
+
+const SLICES: TableDefinition<&str, &[u8]> = TableDefinition::new("slices");
+const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
+/// Version of the record format below.
+pub const SCHEMA_VERSION: u64 = 1;
+/// File name of the store under the state directory.
+pub const STORE_FILE: &str = "egpud.redb";
+
+/// The process that owns an ephemeral slice (`egpu run`), identified across pid reuse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Owner {
+    pub pid: u32,
+    /// Start time of the process in clock ticks since boot (`/proc/<pid>/stat` field 22).
+    pub start_ticks: u64,
+}
+
+/// One persisted slice.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SliceRecord {
+    pub id: String,
+    pub spec: SliceSpec,
+    /// UUIDs of the slice's devices, slice order, as discovered at creation.
+    pub device_uuids: Vec<String>,
+    pub ephemeral: bool,
+    pub owner: Option<Owner>,
+    pub created_unix: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("cannot create state directory {path}")]
+    Dir {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(
+        "state store {path} cannot be opened ({detail}). egpud refuses to start rather than lose slices. \
+         If the file is damaged, move it aside (`mv {path} {path}.broken`) and start egpud again: it then starts \
+         with no slices, and workloads still running keep the limits already in their slice files"
+    )]
+    Corrupt { path: PathBuf, detail: String },
+    #[error("state store {path}: {op} failed")]
+    Db {
+        path: PathBuf,
+        op: &'static str,
+        #[source]
+        source: Box<redb::Error>,
+    },
+    #[error("state store {path} was written by a newer egpud (schema {found}, this build reads {SCHEMA_VERSION}); run that egpud or move the store aside")]
+    Schema { path: PathBuf, found: u64 },
+}
+
+pub struct Store {
+    db: redb::Database,
+    path: PathBuf,
+}
+
+impl Store {
+    /// Opens (or creates) `<state_dir>/egpud.redb` and checks every record decodes.
+    pub fn open(state_dir: &Path) -> Result<Store, StoreError> {
+        std::fs::create_dir_all(state_dir).map_err(|source| StoreError::Dir { path: state_dir.into(), source })?;
+        let path = state_dir.join(STORE_FILE);
+        let corrupt = |detail: String| StoreError::Corrupt { path: path.clone(), detail };
+        // redb may panic (debug builds) on files it did not write; treat that as corruption too.
+        let opened = std::panic::catch_unwind(|| redb::Database::create(&path));
+        let db = match opened {
+            Ok(Ok(db)) => db,
+            Ok(Err(e)) => return Err(corrupt(e.to_string())),
+            Err(_) => return Err(corrupt("the database code panicked reading it".into())),
+        };
+        let store = Store { db, path };
+        store.init_schema()?;
+        // Decode everything now, so a bad record stops the start, not a later request.
+        store.load_all()?;
+        Ok(store)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn db_err(&self, op: &'static str) -> impl FnOnce(redb::Error) -> StoreError + '_ {
+        move |source| StoreError::Db { path: self.path.clone(), op, source: Box::new(source) }
+    }
+
+    fn init_schema(&self) -> Result<(), StoreError> {
+        let tx = self.db.begin_write().map_err(|e| self.db_err("begin")(e.into()))?;
+        {
+            let mut meta = tx.open_table(META).map_err(|e| self.db_err("open meta")(e.into()))?;
+            let found = meta.get("schema").map_err(|e| self.db_err("read meta")(e.into()))?.map(|v| v.value());
+            match found {
+                Some(v) if v > SCHEMA_VERSION => return Err(StoreError::Schema { path: self.path.clone(), found: v }),
+                Some(_) => {}
+                None => {
+                    meta.insert("schema", SCHEMA_VERSION).map_err(|e| self.db_err("write meta")(e.into()))?;
+                }
+            }
+            tx.open_table(SLICES).map_err(|e| self.db_err("open slices")(e.into()))?;
+        }
+        tx.commit().map_err(|e| self.db_err("commit")(e.into()))
+    }
+
+    /// Every stored slice, by name order.
+    pub fn load_all(&self) -> Result<Vec<SliceRecord>, StoreError> {
+        let tx = self.db.begin_read().map_err(|e| self.db_err("begin read")(e.into()))?;
+        let t = tx.open_table(SLICES).map_err(|e| self.db_err("open slices")(e.into()))?;
+        let mut out = Vec::new();
+        for row in t.iter().map_err(|e| self.db_err("scan")(e.into()))? {
+            let (k, v) = row.map_err(|e| self.db_err("scan")(e.into()))?;
+            let rec: SliceRecord = serde_json::from_slice(v.value()).map_err(|e| StoreError::Corrupt {
+                path: self.path.clone(),
+                detail: format!("record '{}' does not decode: {e}", k.value()),
+            })?;
+            out.push(rec);
+        }
+        Ok(out)
+    }
+
+    /// Inserts or replaces `rec` durably.
+    pub fn put(&self, rec: &SliceRecord) -> Result<(), StoreError> {
+        let bytes = serde_json::to_vec(rec).expect("slice records always serialize");
+        let tx = self.db.begin_write().map_err(|e| self.db_err("begin")(e.into()))?;
+        {
+            let mut t = tx.open_table(SLICES).map_err(|e| self.db_err("open slices")(e.into()))?;
+            t.insert(rec.spec.name.as_str(), bytes.as_slice()).map_err(|e| self.db_err("insert")(e.into()))?;
+        }
+        tx.commit().map_err(|e| self.db_err("commit")(e.into()))
+    }
+
+    /// Removes slice `name` durably; no error if absent.
+    pub fn remove(&self, name: &str) -> Result<(), StoreError> {
+        let tx = self.db.begin_write().map_err(|e| self.db_err("begin")(e.into()))?;
+        {
+            let mut t = tx.open_table(SLICES).map_err(|e| self.db_err("open slices")(e.into()))?;
+            t.remove(name).map_err(|e| self.db_err("remove")(e.into()))?;
+        }
+        tx.commit().map_err(|e| self.db_err("commit")(e.into()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use egpu_core::{Bytes, DeviceShare, Percent, Priority};
+
+    fn rec(name: &str) -> SliceRecord {
+        SliceRecord {
+            id: format!("id-{name}"),
+            spec: SliceSpec {
+                name: name.into(),
+                priority: Priority::High,
+                devices: vec![DeviceShare { device: 0, memory: Bytes::gib(1), compute_share: Percent(2500), compute_limit: Percent::FULL }],
+            },
+            device_uuids: vec!["GPU-x".into()],
+            ephemeral: true,
+            owner: Some(Owner { pid: 42, start_ticks: 7 }),
+            created_unix: 1,
+        }
+    }
+
+    #[test]
+    fn roundtrip_and_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let s = Store::open(dir.path()).unwrap();
+            s.put(&rec("a")).unwrap();
+            s.put(&rec("b")).unwrap();
+            s.remove("a").unwrap();
+            s.remove("missing").unwrap();
+        }
+        let s = Store::open(dir.path()).unwrap();
+        assert_eq!(s.load_all().unwrap(), vec![rec("b")]);
+    }
+
+    #[test]
+    fn garbage_file_is_refused_with_advice() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(STORE_FILE), vec![0x5au8; 8192]).unwrap();
+        let e = Store::open(dir.path()).err().expect("must refuse");
+        let msg = e.to_string();
+        assert!(matches!(e, StoreError::Corrupt { .. }), "{msg}");
+        assert!(msg.contains("egpud.redb") && msg.contains("move it aside"), "{msg}");
+    }
+}
