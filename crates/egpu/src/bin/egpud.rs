@@ -1,0 +1,39 @@
+//! `egpud`: the eGPU node agent (logic in `egpu-node`).
+
+use clap::Parser;
+use egpu_cli::daemon::DaemonArgs;
+use egpu_node::agent::{Agent, shutdown_signal};
+use egpu_node::config::{SIM_GPUS_ENV, SIM_STATE_ENV};
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let args = DaemonArgs::parse();
+    let config = args.config();
+    if let Some(spec) = &config.simulate {
+        // SAFETY: nothing but this thread exists yet (no runtime, no logger
+        // thread), so no other thread can read the environment concurrently.
+        unsafe {
+            std::env::set_var(SIM_GPUS_ENV, spec);
+            std::env::set_var(SIM_STATE_ENV, config.sim_state_path());
+        }
+    }
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    match run(config) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("egpud: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(config: egpu_node::NodeConfig) -> anyhow::Result<()> {
+    let agent = Agent::start(config)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
+    rt.block_on(agent.serve(shutdown_signal()))?;
+    Ok(())
+}

@@ -1,0 +1,116 @@
+//! The `egpu` command line (clap).
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use egpu_core::{Bytes, Percent, Priority};
+use std::path::PathBuf;
+
+pub const DEFAULT_SOCKET: &str = "/run/egpu/egpud.sock";
+
+#[derive(Debug, Parser)]
+#[command(name = "egpu", version, about = "Elastic GPU slices: hard memory limits and compute shares, resizable while workloads run")]
+pub struct Cli {
+    /// egpud's socket.
+    #[arg(long, global = true, env = "EGPU_SOCKET", default_value = DEFAULT_SOCKET)]
+    pub socket: PathBuf,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum Format {
+    #[default]
+    Table,
+    Json,
+}
+
+#[derive(Debug, Args)]
+pub struct OutputArgs {
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value_t = Format::Table)]
+    pub format: Format,
+}
+
+/// Limits of a slice, as flags (shared by run, create and resize).
+#[derive(Debug, Args, Clone, Default)]
+pub struct LimitArgs {
+    /// Hard GPU-memory limit per device, e.g. 8GiB, 512MiB, 1.5GB.
+    #[arg(long = "gpu-memory", value_name = "SIZE")]
+    pub memory: Option<Bytes>,
+    /// Guaranteed share of each device's time, e.g. 30%.
+    #[arg(long = "gpu-compute", value_name = "PERCENT")]
+    pub compute_share: Option<Percent>,
+    /// Cap on each device's time (at least the share), e.g. 100%.
+    #[arg(long = "gpu-compute-limit", value_name = "PERCENT")]
+    pub compute_limit: Option<Percent>,
+    /// Priority class: high, normal or best-effort.
+    #[arg(long)]
+    pub priority: Option<Priority>,
+    /// Device indices, comma-separated (e.g. 0,1). Default for a new slice: the first device with room.
+    #[arg(long = "device", value_delimiter = ',', value_name = "N[,N...]")]
+    pub devices: Vec<u32>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// List the node's GPUs with what slices hold on them.
+    Devices(OutputArgs),
+    /// List slices with their limits and usage.
+    #[command(alias = "list")]
+    Ls(OutputArgs),
+    /// Show one slice.
+    Get {
+        name: String,
+        #[command(flatten)]
+        out: OutputArgs,
+    },
+    /// Create a slice and print its id.
+    Create {
+        #[arg(long)]
+        name: String,
+        #[command(flatten)]
+        limits: LimitArgs,
+    },
+    /// Change a slice's limits while its workloads run.
+    Resize {
+        name: String,
+        #[command(flatten)]
+        limits: LimitArgs,
+    },
+    /// Remove a slice. Refused while live processes are attached, unless --force.
+    #[command(alias = "delete")]
+    Rm {
+        name: String,
+        /// Remove even with live processes attached (they keep running but can no longer allocate).
+        #[arg(long)]
+        force: bool,
+    },
+    /// Run a program in an existing slice.
+    Exec {
+        name: String,
+        #[arg(trailing_var_arg = true, required = true, value_name = "PROG [ARGS]...")]
+        cmd: Vec<String>,
+    },
+    /// Run a program in a new slice that is removed when the program exits.
+    Run {
+        /// Name of the slice (default: run-<pid>).
+        #[arg(long)]
+        name: Option<String>,
+        #[command(flatten)]
+        limits: LimitArgs,
+        #[arg(trailing_var_arg = true, required = true, value_name = "PROG [ARGS]...")]
+        cmd: Vec<String>,
+    },
+    /// Print the environment a workload of the slice needs, as shell `export` lines.
+    Env { name: String },
+    /// Start a simulated node, run two workloads, hit a limit, resize live, and clean up.
+    Demo(crate::demo::DemoArgs),
+    /// Benchmarks against a live egpud.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Resize latency: from the resize call returning to a blocked workload's next allocation succeeding.
+    Resize(crate::bench::ResizeBenchArgs),
+}

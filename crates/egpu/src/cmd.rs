@@ -1,0 +1,159 @@
+//! The commands that talk to egpud.
+
+use crate::cli::{BenchCommand, Cli, Command, Format, LimitArgs};
+use crate::exit::{self, Failure};
+use crate::output;
+use egpu_core::Percent;
+use egpu_node::client::{self, Client};
+use egpu_node::proto;
+use egpu_node::wire::{env_from_wire, priority_to_wire};
+use std::path::Path;
+
+/// Runs a parsed command line; returns the exit code.
+pub async fn run(cli: Cli) -> anyhow::Result<i32> {
+    let socket = cli.socket.as_path();
+    match cli.command {
+        Command::Devices(o) => {
+            let n = output::node_out(get_node(&mut connect(socket).await?).await?);
+            print_out(o.format, &n, output::devices_table);
+        }
+        Command::Ls(o) => {
+            let mut c = connect(socket).await?;
+            let list = c.list_slices(proto::ListSlicesRequest {}).await.map_err(exit::status)?.into_inner();
+            let slices: Vec<_> = list.slices.into_iter().map(output::slice_out).collect();
+            print_out(o.format, &slices, |s| output::slices_table(s));
+        }
+        Command::Get { name, out } => {
+            let mut c = connect(socket).await?;
+            let s = output::slice_out(c.get_slice(proto::GetSliceRequest { name }).await.map_err(exit::status)?.into_inner());
+            print_out(out.format, &s, |s| output::slices_table(std::slice::from_ref(s)));
+        }
+        Command::Create { name, limits } => {
+            let mut c = connect(socket).await?;
+            let s = create(&mut c, name, &limits, false).await?;
+            println!("{}", s.id);
+        }
+        Command::Resize { name, limits } => {
+            let mut c = connect(socket).await?;
+            let s = c.resize_slice(resize_request(name, &limits)?).await.map_err(exit::status)?.into_inner();
+            let limits: Vec<String> = s.devices.iter().map(|d| format!("device {}: {}", d.device, egpu_core::Bytes(d.memory_limit_bytes))).collect();
+            println!("resized {} ({})", s.name, limits.join(", "));
+        }
+        Command::Rm { name, force } => {
+            let mut c = connect(socket).await?;
+            let r = c.delete_slice(proto::DeleteSliceRequest { name: name.clone(), force }).await.map_err(exit::status)?.into_inner();
+            if r.attached_pids.is_empty() {
+                println!("removed {name}");
+            } else {
+                println!("removed {name}; processes {:?} keep running but can no longer allocate", r.attached_pids);
+            }
+        }
+        Command::Env { name } => {
+            let mut c = connect(socket).await?;
+            for e in launch_env(&mut c, &name).await? {
+                let v = egpu_node::launch::combine(&e, std::env::var(&e.name).ok().as_deref());
+                println!("export {}='{}'", e.name, v.replace('\'', "'\\''"));
+            }
+        }
+        Command::Exec { name, cmd } => {
+            let mut c = connect(socket).await?;
+            let env = launch_env(&mut c, &name).await?;
+            drop(c);
+            return crate::process::run(&cmd, &env).await;
+        }
+        Command::Run { name, limits, cmd } => return run_ephemeral(socket, name, &limits, &cmd).await,
+        Command::Demo(args) => return crate::demo::run(args).await,
+        Command::Bench(BenchCommand::Resize(args)) => return crate::bench::resize(socket, args).await,
+    }
+    Ok(0)
+}
+
+fn print_out<T: serde::Serialize>(format: Format, v: &T, table: impl Fn(&T) -> String) {
+    match format {
+        Format::Json => print!("{}", output::json(v)),
+        Format::Table => print!("{}", table(v)),
+    }
+}
+
+pub async fn connect(socket: &Path) -> anyhow::Result<Client> {
+    Ok(client::connect(socket).await?)
+}
+
+pub async fn get_node(c: &mut Client) -> anyhow::Result<proto::GetNodeResponse> {
+    Ok(c.get_node(proto::GetNodeRequest {}).await.map_err(exit::status)?.into_inner())
+}
+
+pub async fn launch_env(c: &mut Client, name: &str) -> anyhow::Result<Vec<egpu_node::launch::EnvEntry>> {
+    let r = c.launch_env(proto::LaunchEnvRequest { name: name.into() }).await.map_err(exit::status)?.into_inner();
+    Ok(r.env.iter().map(env_from_wire).collect())
+}
+
+/// Devices for a new slice: the ones asked for, or the first device with room.
+async fn pick_devices(c: &mut Client, limits: &LimitArgs, memory: u64) -> anyhow::Result<Vec<u32>> {
+    if !limits.devices.is_empty() {
+        return Ok(limits.devices.clone());
+    }
+    let node = get_node(c).await?;
+    let share = limits.compute_share.unwrap_or(Percent::ZERO).0;
+    let free = |d: &proto::Device| d.memory_bytes.saturating_sub(d.allocated_memory_bytes);
+    let fits = node.devices.iter().find(|d| free(d) >= memory && 10_000 - d.allocated_compute_bps.min(10_000) >= share);
+    // Nothing fits: ask for the roomiest device so egpud's refusal names what is free.
+    let pick = fits.or_else(|| node.devices.iter().max_by_key(|d| free(d)));
+    pick.map(|d| vec![d.index]).ok_or_else(|| Failure::new(exit::NOT_FOUND, "egpud reports no devices").into())
+}
+
+pub async fn create(c: &mut Client, name: String, limits: &LimitArgs, ephemeral: bool) -> anyhow::Result<proto::Slice> {
+    let memory = limits
+        .memory
+        .ok_or_else(|| Failure::new(exit::USAGE, "a slice needs a memory limit: add --gpu-memory SIZE (e.g. --gpu-memory 4GiB)"))?
+        .0;
+    let devices = pick_devices(c, limits, memory).await?;
+    let req = proto::CreateSliceRequest {
+        name,
+        priority: limits.priority.map(|p| priority_to_wire(p) as i32).unwrap_or(0),
+        devices: devices
+            .into_iter()
+            .map(|device| proto::DeviceShareSpec {
+                device,
+                memory_bytes: memory,
+                compute_share_bps: limits.compute_share.map(|p| p.0).unwrap_or(0),
+                compute_limit_bps: limits.compute_limit.map(|p| p.0).unwrap_or(0),
+            })
+            .collect(),
+        ephemeral,
+        owner_pid: if ephemeral { std::process::id() } else { 0 },
+    };
+    Ok(c.create_slice(req).await.map_err(exit::status)?.into_inner())
+}
+
+pub fn resize_request(name: String, l: &LimitArgs) -> anyhow::Result<proto::ResizeSliceRequest> {
+    if l.memory.is_none() && l.compute_share.is_none() && l.compute_limit.is_none() && l.priority.is_none() {
+        return Err(Failure::new(exit::USAGE, "nothing to change: give --gpu-memory, --gpu-compute, --gpu-compute-limit or --priority").into());
+    }
+    Ok(proto::ResizeSliceRequest {
+        name,
+        devices: l.devices.clone(),
+        memory_bytes: l.memory.map(|b| b.0),
+        compute_share_bps: l.compute_share.map(|p| p.0),
+        compute_limit_bps: l.compute_limit.map(|p| p.0),
+        priority: l.priority.map(|p| priority_to_wire(p) as i32).unwrap_or(0),
+    })
+}
+
+/// `egpu run`: a slice that lives as long as the program.
+async fn run_ephemeral(socket: &Path, name: Option<String>, limits: &LimitArgs, cmd: &[String]) -> anyhow::Result<i32> {
+    let mut c = connect(socket).await?;
+    let name = name.unwrap_or_else(|| format!("run-{}", std::process::id()));
+    let slice = create(&mut c, name.clone(), limits, true).await?;
+    let result = async {
+        let env = launch_env(&mut c, &slice.name).await?;
+        crate::process::run(cmd, &env).await
+    }
+    .await;
+    // Remove the slice whatever happened; egpud also collects it if we die first.
+    let removed = c.delete_slice(proto::DeleteSliceRequest { name: slice.name.clone(), force: true }).await;
+    if let Err(s) = removed {
+        eprintln!("egpu: could not remove slice {}: {} (egpud removes it once this process is gone)", slice.name, s.message());
+    }
+    result
+}

@@ -1,0 +1,61 @@
+//! `egpud` flags and their mapping onto [`egpu_node::NodeConfig`].
+
+use clap::Parser;
+use egpu_node::config::{DEFAULT_RUN_DIR, DEFAULT_STATE_DIR};
+use egpu_node::NodeConfig;
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Parser)]
+#[command(name = "egpud", version, about = "eGPU node agent: owns this machine's GPU slices and serves the egpu API on a unix socket")]
+pub struct DaemonArgs {
+    /// Directory for slice tables, the socket and the lock (shared with workloads).
+    #[arg(long, default_value = DEFAULT_RUN_DIR)]
+    pub run_dir: PathBuf,
+    /// Directory of the persistent slice store.
+    #[arg(long, default_value = DEFAULT_STATE_DIR)]
+    pub state_dir: PathBuf,
+    /// Socket to serve on [default: <run-dir>/egpud.sock].
+    #[arg(long)]
+    pub socket: Option<PathBuf>,
+    /// Use simulated GPUs instead of NVML's, e.g. 2x16GiB or 8xH100-80GB.
+    #[arg(long, value_name = "SPEC")]
+    pub simulate: Option<String>,
+    /// The interposer preloaded into workloads [default: libegpu.so next to egpud].
+    #[arg(long)]
+    pub hook_lib: Option<PathBuf>,
+    /// The simulated driver [default: libegpu_simgpu.so next to egpud].
+    #[arg(long)]
+    pub sim_lib: Option<PathBuf>,
+    /// Log filter: error, warn, info, debug, trace (or a tracing EnvFilter).
+    #[arg(long, default_value = "info", env = "EGPU_LOG")]
+    pub log: String,
+    /// Sweep period in milliseconds (dead-process reclaim, heartbeat).
+    #[arg(long, default_value_t = 200, hide = true)]
+    pub sweep_ms: u64,
+}
+
+fn next_to_exe(name: &str) -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .unwrap_or_default()
+        .join(name)
+}
+
+fn absolute(p: &Path) -> PathBuf {
+    std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf())
+}
+
+impl DaemonArgs {
+    pub fn config(&self) -> NodeConfig {
+        NodeConfig {
+            run_dir: absolute(&self.run_dir),
+            state_dir: absolute(&self.state_dir),
+            socket: self.socket.as_deref().map(absolute),
+            simulate: self.simulate.clone(),
+            hook_lib: absolute(&self.hook_lib.clone().unwrap_or_else(|| next_to_exe("libegpu.so"))),
+            sim_lib: absolute(&self.sim_lib.clone().unwrap_or_else(|| next_to_exe("libegpu_simgpu.so"))),
+            sweep_period_ms: self.sweep_ms,
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! The `egpu` CLI and the `egpud` flags, as a library so the binaries stay thin.
+//!
+//! Contract: every command talks to `egpud` over its gRPC unix socket
+//! (`--socket` / `EGPU_SOCKET`); nothing here touches slice files directly,
+//! except `egpu run`/`exec`, which only apply the environment `egpud`
+//! returns. Exit codes are in [`exit`].
+
+pub mod bench;
+pub mod cli;
+pub mod cmd;
+pub mod daemon;
+pub mod demo;
+pub mod exit;
+pub mod output;
+pub mod process;

@@ -1,0 +1,206 @@
+//! Listings: a table for people, `-o json` for programs. The JSON shapes
+//! are stable: fields are only ever added.
+
+use egpu_core::{Bytes, Percent};
+use egpu_node::proto;
+use serde::Serialize;
+
+#[derive(Debug, Serialize)]
+pub struct DeviceOut {
+    pub index: u32,
+    pub uuid: String,
+    pub name: String,
+    pub memory_bytes: u64,
+    pub sm_count: u32,
+    pub allocated_memory_bytes: u64,
+    pub free_memory_bytes: u64,
+    pub allocated_compute_percent: f64,
+    pub driver_used_bytes: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct NodeOut {
+    pub hostname: String,
+    pub simulated: bool,
+    pub simulate_spec: String,
+    pub driver_version: String,
+    pub agent_version: String,
+    pub abi_version: u32,
+    pub run_dir: String,
+    pub slice_count: u32,
+    pub devices: Vec<DeviceOut>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SliceDeviceOut {
+    pub device: u32,
+    pub uuid: String,
+    pub memory_limit_bytes: u64,
+    pub used_bytes: u64,
+    pub compute_share_percent: f64,
+    pub compute_limit_percent: f64,
+    pub refused_allocations: u64,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProcessOut {
+    pub pid: u32,
+    pub bytes: Vec<u64>,
+    pub alive: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SliceOut {
+    pub id: String,
+    pub name: String,
+    pub priority: String,
+    pub ephemeral: bool,
+    pub owner_pid: u32,
+    pub generation: u64,
+    pub created_unix: u64,
+    pub slice_dir: String,
+    pub devices: Vec<SliceDeviceOut>,
+    pub processes: Vec<ProcessOut>,
+}
+
+fn pct(bps: u32) -> f64 {
+    bps as f64 / 100.0
+}
+
+pub fn priority_name(p: i32) -> String {
+    match proto::Priority::try_from(p) {
+        Ok(proto::Priority::High) => "high",
+        Ok(proto::Priority::BestEffort) => "best-effort",
+        _ => "normal",
+    }
+    .to_string()
+}
+
+pub fn node_out(n: proto::GetNodeResponse) -> NodeOut {
+    NodeOut {
+        devices: n
+            .devices
+            .into_iter()
+            .map(|d| DeviceOut {
+                index: d.index,
+                free_memory_bytes: d.memory_bytes.saturating_sub(d.allocated_memory_bytes),
+                allocated_compute_percent: pct(d.allocated_compute_bps),
+                uuid: d.uuid,
+                name: d.name,
+                memory_bytes: d.memory_bytes,
+                sm_count: d.sm_count,
+                allocated_memory_bytes: d.allocated_memory_bytes,
+                driver_used_bytes: d.driver_used_bytes,
+            })
+            .collect(),
+        hostname: n.hostname,
+        simulated: n.simulated,
+        simulate_spec: n.simulate_spec,
+        driver_version: n.driver_version,
+        agent_version: n.agent_version,
+        abi_version: n.abi_version,
+        run_dir: n.run_dir,
+        slice_count: n.slice_count,
+    }
+}
+
+pub fn slice_out(s: proto::Slice) -> SliceOut {
+    SliceOut {
+        priority: priority_name(s.priority),
+        devices: s
+            .devices
+            .into_iter()
+            .map(|d| SliceDeviceOut {
+                device: d.device,
+                uuid: d.uuid,
+                memory_limit_bytes: d.memory_limit_bytes,
+                used_bytes: d.used_bytes,
+                compute_share_percent: pct(d.compute_share_bps),
+                compute_limit_percent: pct(d.compute_limit_bps),
+                refused_allocations: d.refused,
+            })
+            .collect(),
+        processes: s.processes.into_iter().map(|p| ProcessOut { pid: p.pid, bytes: p.bytes, alive: p.alive }).collect(),
+        id: s.id,
+        name: s.name,
+        ephemeral: s.ephemeral,
+        owner_pid: s.owner_pid,
+        generation: s.generation,
+        created_unix: s.created_unix,
+        slice_dir: s.slice_dir,
+    }
+}
+
+/// Left-aligned columns separated by two spaces.
+pub fn table(header: &[&str], rows: &[Vec<String>]) -> String {
+    let mut w: Vec<usize> = header.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (i, c) in r.iter().enumerate() {
+            w[i] = w[i].max(c.len());
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let s: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c:<width$}", width = w[i])).collect();
+        s.join("  ").trim_end().to_string() + "\n"
+    };
+    let mut out = line(header.to_vec());
+    for r in rows {
+        out += &line(r.iter().map(|s| s.as_str()).collect());
+    }
+    out
+}
+
+pub fn devices_table(n: &NodeOut) -> String {
+    let rows: Vec<Vec<String>> = n
+        .devices
+        .iter()
+        .map(|d| {
+            vec![
+                d.index.to_string(),
+                d.name.clone(),
+                Bytes(d.memory_bytes).to_string(),
+                Bytes(d.allocated_memory_bytes).to_string(),
+                Bytes(d.free_memory_bytes).to_string(),
+                format!("{}%", d.allocated_compute_percent),
+                Bytes(d.driver_used_bytes).to_string(),
+                d.uuid.clone(),
+            ]
+        })
+        .collect();
+    let kind = if n.simulated { format!("simulated ({})", n.simulate_spec) } else { format!("driver {}", n.driver_version) };
+    format!(
+        "{} device(s) on {}, {kind}, {} slice(s)\n{}",
+        n.devices.len(),
+        n.hostname,
+        n.slice_count,
+        table(&["INDEX", "NAME", "MEMORY", "ALLOCATED", "FREE", "COMPUTE", "DRIVER-USED", "UUID"], &rows)
+    )
+}
+
+pub fn slices_table(slices: &[SliceOut]) -> String {
+    if slices.is_empty() {
+        return "no slices (create one with `egpu create --name NAME --gpu-memory 4GiB`)\n".into();
+    }
+    let mut rows = Vec::new();
+    for s in slices {
+        let live = s.processes.iter().filter(|p| p.alive).count();
+        for (i, d) in s.devices.iter().enumerate() {
+            let first = i == 0;
+            rows.push(vec![
+                if first { s.name.clone() } else { String::new() },
+                d.device.to_string(),
+                Bytes(d.memory_limit_bytes).to_string(),
+                Bytes(d.used_bytes).to_string(),
+                format!("{}/{}", Percent((d.compute_share_percent * 100.0) as u32), Percent((d.compute_limit_percent * 100.0) as u32)),
+                if first { s.priority.clone() } else { String::new() },
+                if first { live.to_string() } else { String::new() },
+                if first { s.id.clone() } else { String::new() },
+            ]);
+        }
+    }
+    table(&["NAME", "DEVICE", "LIMIT", "USED", "COMPUTE", "PRIORITY", "PROCS", "ID"], &rows)
+}
+
+pub fn json<T: Serialize>(v: &T) -> String {
+    serde_json::to_string_pretty(v).expect("output structs serialize") + "\n"
+}
