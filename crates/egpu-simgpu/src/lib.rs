@@ -20,7 +20,14 @@
 //! See `docs/simgpu.md` for the model, the state layout and what is missing.
 
 pub mod config;
+mod cptr;
+mod ffi;
+pub mod nvml;
+pub mod ops;
+pub mod procaddr;
+pub mod rt;
 pub mod state;
+mod sys;
 pub mod visible;
 
 use std::io;
