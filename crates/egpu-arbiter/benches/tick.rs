@@ -1,0 +1,79 @@
+//! CPU cost of the arbiter and of the gate's fast path.
+//!
+//! `cargo bench -p egpu-arbiter --bench tick`
+//!
+//! - `tick_tables/64x2`: one period of `egpud`'s work for 64 slices on one
+//!   device, each with 2 attached processes, on real slice-table files. The
+//!   Scale figure is this time divided by the period (10 ms).
+//! - `gate/fast_path`: `before_launch` + `launched` + `completed` when the
+//!   allowance is not exhausted — the hook's added work per launch, apart
+//!   from the event record/query it also makes.
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use egpu_abi::limits::DeviceInit;
+use egpu_abi::{DeviceLimitsSnapshot, LimitsWriter, UsageFile};
+use egpu_arbiter::gate::GateWords;
+use egpu_arbiter::{Arbiter, ArbiterConfig, GateView, ProcGate, TableRef};
+use std::hint::black_box;
+use std::sync::atomic::Ordering::Relaxed;
+
+fn tick_tables(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut tables = Vec::new();
+    for i in 0..64u32 {
+        let d = dir.path().join(format!("s{i}"));
+        std::fs::create_dir(&d).expect("mkdir");
+        let init = DeviceInit {
+            uuid: "GPU-bench".into(),
+            host_index: 0,
+            limits: DeviceLimitsSnapshot { host_index: 0, mem_limit: 1 << 30, compute_share_bps: 150, compute_limit_bps: 10_000 },
+        };
+        let l = LimitsWriter::create(&d.join("limits"), &format!("s{i}"), i % 3, &[init]).expect("limits");
+        let u = UsageFile::create(&d.join("usage"), 1).expect("usage");
+        let a = u.claim(1000 + i).expect("claim");
+        let b = u.claim(2000 + i).expect("claim");
+        tables.push((l, u, a, b));
+    }
+    let mut arb = Arbiter::new(ArbiterConfig::default());
+    let mut now = 0u64;
+    let truth: Vec<[Option<u64>; 1]> = vec![[Some(0)]; 64];
+    c.bench_function("tick_tables/64x2", |bch| {
+        bch.iter(|| {
+            now += 10_000_000;
+            for (i, (_, u, a, b)) in tables.iter().enumerate() {
+                // Both processes report work, as the hooks would between ticks.
+                let r = u.region();
+                r.consumed_ns[0].fetch_add(100_000 + i as u64, Relaxed);
+                u.record(a).gpu_time_ns[0].fetch_add(50_000, Relaxed);
+                u.record(b).gpu_time_ns[0].fetch_add(50_000, Relaxed);
+            }
+            let refs: Vec<TableRef<'_>> = tables
+                .iter()
+                .zip(&truth)
+                .enumerate()
+                .map(|(i, ((l, u, _, _), t))| TableRef { slice: i as u64, limits: l, usage: u, true_ns: t })
+                .collect();
+            black_box(arb.tick_tables(now, &refs))
+        })
+    });
+}
+
+fn gate_fast_path(c: &mut Criterion) {
+    let w = GateWords::default();
+    w.period_ns.store(10_000_000, Relaxed);
+    w.allowance_ns.store(u64::MAX / 2, Relaxed);
+    w.queue_launches.store(4, Relaxed);
+    let v: GateView<'_> = w.view(10_000);
+    let g = ProcGate::new();
+    c.bench_function("gate/fast_path", |b| {
+        b.iter(|| {
+            let d = g.before_launch(black_box(&v), black_box(1));
+            let e = g.launched();
+            g.completed(&v, e, black_box(1000), None);
+            d
+        })
+    });
+}
+
+criterion_group!(benches, tick_tables, gate_fast_path);
+criterion_main!(benches);

@@ -1,0 +1,258 @@
+//! The `egpud` side: one [`Arbiter::tick`] per period turns every slice
+//! device's counters into a budget, a cumulative allowance and queue bounds.
+//!
+//! Per slice device and period the arbiter derives, from the cumulative
+//! counters it is given:
+//!
+//! - `M`, measured ns (the hook's charge, which is backlog time);
+//! - `T`, true GPU ns from the device's accounting, when available (else `M`);
+//! - *hungry*: some launch waited for budget, or `M ≥ 90%` of the period
+//!   (it had work outstanding all period).
+//!
+//! It then runs [`crate::alloc::allocate`] per physical device, converts each
+//! budget to the slice's measured units with its [`Scale`] and publishes
+//! `allowance = consumed + budget·scale`: unused allowance is not banked.
+//! Before that the budget is corrected by the slice's *deficit*, the
+//! accumulated difference between its fair budget and its true use (an
+//! integral controller, bounded to ±half a budget): a hungry slice that got
+//! less than its budget (mis-scaled units, launches still running at the
+//! tick) gets it back, and any slice that overshot (launches in flight when
+//! its allowance ran out) pays it back. A satisfied
+//! slice's demand is its peak use over the last four periods plus 25%.
+//!
+//! Queue bounds: every process may keep at most `queue_launches` (4) launches
+//! and a fifth of a period of estimated work unfinished; best-effort slices get a
+//! bound of one launch while a high-priority slice on the same device is
+//! active, so that the high slice's kernels never queue behind a deep
+//! best-effort backlog.
+
+use crate::alloc::{Claim, allocate};
+use crate::measure::Scale;
+use egpu_core::Priority;
+use std::collections::HashMap;
+
+/// Identifies one slice device: the slice (any id `egpud` likes) and the
+/// device's index inside the slice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SliceKey {
+    pub slice: u64,
+    pub dev: u32,
+}
+
+/// Tuning. [`ArbiterConfig::default`] is what `egpud` runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArbiterConfig {
+    /// Period, ns. Default 10 ms (see `docs/compute-arbiter.md` for why).
+    pub period_ns: u64,
+    /// Measured time above this fraction of the period (ppm) means backlogged.
+    pub backlogged_ppm: u64,
+    /// Unfinished launches per process (0: unbounded).
+    pub queue_launches: u64,
+    /// Unfinished estimated work per process, ppm of the period (0: unbounded).
+    pub queue_period_ppm: u64,
+    /// Queue bound of best-effort processes while a high slice is active.
+    pub best_effort_queue_under_high: u64,
+}
+
+impl Default for ArbiterConfig {
+    fn default() -> Self {
+        ArbiterConfig {
+            period_ns: 10_000_000,
+            backlogged_ppm: 900_000,
+            queue_launches: 4,
+            queue_period_ppm: 200_000,
+            best_effort_queue_under_high: 1,
+        }
+    }
+}
+
+/// One slice device as `egpud` sees it at a tick. Counters are cumulative.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SliceInput {
+    pub key: SliceKey,
+    /// Physical device (host index): slices on the same one share its time.
+    pub device: u32,
+    pub share_bps: u32,
+    pub limit_bps: u32,
+    pub priority: Priority,
+    /// `UsageRegion::consumed_ns[dev]`.
+    pub consumed_ns: u64,
+    /// `UsageRegion::throttle_waits[dev]`.
+    pub throttle_waits: u64,
+    /// The device's own accounting of the slice's GPU time, cumulative, if any.
+    pub true_ns: Option<u64>,
+}
+
+/// What the arbiter publishes for one slice device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    pub key: SliceKey,
+    pub epoch: u64,
+    /// GPU time (true ns) granted for this period.
+    pub budget_ns: u64,
+    /// Cumulative allowance in measured ns (`DeviceLimits::allowance_ns`).
+    pub allowance_ns: u64,
+    pub queue_launches: u64,
+    pub queue_ns: u64,
+    pub scale_ppm: u64,
+    /// True GPU time used in the last period (for metrics).
+    pub used_ns: u64,
+    /// Whether the slice wanted more than it got in the last period.
+    pub hungry: bool,
+}
+
+/// Periods of usage history behind a satisfied slice's demand estimate.
+const HISTORY: usize = 4;
+
+#[derive(Debug, Clone, Copy, Default)]
+struct State {
+    consumed: u64,
+    waits: u64,
+    true_ns: Option<u64>,
+    allowance: u64,
+    /// Budget (true ns) published at the previous tick, and the fair share
+    /// it was corrected from.
+    budget: u64,
+    fair: u64,
+    /// Accumulated fair-minus-used true time (the deficit controller).
+    deficit: i128,
+    /// (share, limit) the deficit was accumulated under.
+    spec: (u32, u32),
+    /// True usage of the last `HISTORY` periods (ring).
+    history: [u64; HISTORY],
+    scale: Scale,
+    seen: bool,
+}
+
+/// The arbiter's memory between ticks.
+#[derive(Debug, Default)]
+pub struct Arbiter {
+    cfg: ArbiterConfig,
+    epoch: u64,
+    state: HashMap<SliceKey, State>,
+    order: Vec<usize>,
+    claims: Vec<Claim>,
+    budgets: Vec<u64>,
+}
+
+impl Arbiter {
+    pub fn new(cfg: ArbiterConfig) -> Arbiter {
+        Arbiter { cfg, ..Arbiter::default() }
+    }
+
+    pub fn config(&self) -> &ArbiterConfig {
+        &self.cfg
+    }
+
+    /// Epochs ticked so far.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// One period. Returns one [`Budget`] per input, in input order. Slice
+    /// devices absent from `inputs` are forgotten.
+    pub fn tick(&mut self, inputs: &[SliceInput]) -> Vec<Budget> {
+        self.epoch += 1;
+        let p = self.cfg.period_ns;
+        let mut out = Vec::with_capacity(inputs.len());
+        self.order.clear();
+        self.order.extend(0..inputs.len());
+        self.order.sort_by_key(|&i| inputs[i].device);
+        self.claims.clear();
+        let mut used = vec![(0u64, 0u64, false); inputs.len()];
+        for (i, inp) in inputs.iter().enumerate() {
+            let st = self.state.entry(inp.key).or_default();
+            let (m, t, hungry) = if st.seen {
+                let m = inp.consumed_ns.saturating_sub(st.consumed);
+                let t = match (inp.true_ns, st.true_ns) {
+                    (Some(now), Some(before)) => Some(now.saturating_sub(before)),
+                    _ => None,
+                };
+                st.scale.update(m, t, p);
+                let backlogged = u128::from(m) * 1_000_000 >= u128::from(p) * u128::from(self.cfg.backlogged_ppm);
+                (m, t.unwrap_or(m), backlogged || inp.throttle_waits > st.waits)
+            } else {
+                (0, 0, false)
+            };
+            used[i] = (m, t, hungry);
+            st.history[(self.epoch as usize) % HISTORY] = t;
+            let recent = st.history.iter().copied().max().unwrap_or(0);
+            self.claims.push(Claim { share_bps: inp.share_bps, limit_bps: inp.limit_bps, priority: inp.priority, used_ns: recent, hungry });
+        }
+        self.budgets.clear();
+        self.budgets.resize(inputs.len(), 0);
+        // Allocate per physical device over the slices on it.
+        let mut start = 0;
+        while start < self.order.len() {
+            let dev = inputs[self.order[start]].device;
+            let end = start + self.order[start..].iter().take_while(|&&i| inputs[i].device == dev).count();
+            let idx = &self.order[start..end];
+            let claims: Vec<Claim> = idx.iter().map(|&i| self.claims[i]).collect();
+            let mut b = vec![0; claims.len()];
+            allocate(p, &claims, &mut b);
+            for (&i, v) in idx.iter().zip(b) {
+                self.budgets[i] = v;
+            }
+            start = end;
+        }
+        let high_active: Vec<u32> = inputs
+            .iter()
+            .zip(&used)
+            .filter(|(inp, u)| inp.priority == Priority::High && (u.0 > 0 || u.2))
+            .map(|(inp, _)| inp.device)
+            .collect();
+        for (i, inp) in inputs.iter().enumerate() {
+            let st = self.state.get_mut(&inp.key).expect("inserted above");
+            let fair = self.budgets[i];
+            // Deficit (an integral controller on true time): a hungry slice
+            // that got less than its fair budget (its measured units were
+            // mis-scaled, or its launches were still running at the tick)
+            // accumulates the difference, any slice that overshot
+            // accumulates the excess, and half the sum corrects the budget.
+            // The sum is bounded to half a budget (no wind-up) and cleared
+            // when a slice is satisfied, so it never banks unused time.
+            let (_, t, hungry) = used[i];
+            let error = if !st.seen {
+                0
+            } else if hungry {
+                st.fair as i128 - t as i128
+            } else {
+                (st.fair as i128 - t as i128).min(0)
+            };
+            let half = (fair / 2) as i128;
+            if st.spec != (inp.share_bps, inp.limit_bps) {
+                // A resize: the old deficit measured distance to old shares.
+                st.spec = (inp.share_bps, inp.limit_bps);
+                st.deficit = 0;
+            }
+            st.deficit = if hungry || error < 0 { (st.deficit + error).clamp(-half, half) } else { 0 };
+            let budget = (fair as i128 + st.deficit / 2).max(0) as u64;
+            st.fair = fair;
+            st.budget = budget;
+            st.allowance = inp.consumed_ns.saturating_add(st.scale.to_measured(budget));
+            st.consumed = inp.consumed_ns;
+            st.waits = inp.throttle_waits;
+            st.true_ns = inp.true_ns;
+            st.seen = true;
+            let queue_launches = if inp.priority == Priority::BestEffort && high_active.contains(&inp.device) {
+                self.cfg.best_effort_queue_under_high
+            } else {
+                self.cfg.queue_launches
+            };
+            let queue_ns = st.scale.to_measured((u128::from(p) * u128::from(self.cfg.queue_period_ppm) / 1_000_000) as u64);
+            out.push(Budget {
+                key: inp.key,
+                epoch: self.epoch,
+                budget_ns: budget,
+                allowance_ns: st.allowance,
+                queue_launches,
+                queue_ns,
+                scale_ppm: st.scale.ppm(),
+                used_ns: used[i].1,
+                hungry: used[i].2,
+            });
+        }
+        self.state.retain(|k, _| inputs.iter().any(|i| i.key == *k));
+        out
+    }
+}

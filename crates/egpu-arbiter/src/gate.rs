@@ -1,0 +1,330 @@
+//! The launch gate, run by the hook before every kernel or graph launch.
+//!
+//! A [`GateView`] borrows the slice-table words of one slice device (it can be
+//! built from the mapped regions with [`GateView::from_tables`], or from any
+//! atomics, as the model does). A [`ProcGate`] is this process's state on that
+//! device: its unfinished launches and their estimated cost. The rule:
+//!
+//! - no arbiter (`arbiter_period_ns == 0`): go;
+//! - the process already has `queue_launches` unfinished launches, or
+//!   `queue_ns` of estimated unfinished work: wait for one of its own to
+//!   finish ([`Decision::Drain`]) — this is what bounds a program that
+//!   launches far ahead;
+//! - `consumed + own unfinished estimate < allowance`: go;
+//! - otherwise the allowance is spent: drain own launches if there are any
+//!   (their estimate may have been pessimistic), else wait until the next
+//!   period ([`Decision::WaitUntil`]).
+//!
+//! If `egpud` stops ticking (the epoch is more than [`STALE_PERIODS`] periods
+//! old) the hook extends the allowance itself at the slice's compute limit,
+//! so a dead agent neither freezes nor unleashes a slice.
+//!
+//! Everything here is atomics on borrowed memory: no allocation, no lock, no
+//! system call; safe to call from any thread.
+
+use egpu_abi::{LimitsRegion, UsageRegion};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Periods after which the hook stops trusting a silent agent.
+pub const STALE_PERIODS: u64 = 4;
+
+/// What the hook does with a launch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Launch now, then call [`ProcGate::launched`].
+    Go,
+    /// Wait for the oldest unfinished launch of this process on this device
+    /// (e.g. `cuEventSynchronize` on its completion event), then ask again.
+    Drain,
+    /// The slice's allowance is spent: sleep until this CLOCK_MONOTONIC ns
+    /// (the next arbiter period), call [`ProcGate::waited`], then ask again.
+    WaitUntil(u64),
+}
+
+/// The slice-table words the gate reads and writes, for one slice device.
+#[derive(Debug, Clone, Copy)]
+pub struct GateView<'a> {
+    pub period_ns: &'a AtomicU64,
+    pub allowance_ns: &'a AtomicU64,
+    pub epoch_start_ns: &'a AtomicU64,
+    pub queue_launches: &'a AtomicU64,
+    pub queue_ns: &'a AtomicU64,
+    /// Slice-wide measured GPU time (usage region).
+    pub consumed_ns: &'a AtomicU64,
+    /// Slice-wide count of launches that found the allowance spent (usage region).
+    pub throttle_waits: &'a AtomicU64,
+    /// The slice's compute limit on this device, basis points (from the
+    /// hook's seqlocked snapshot), used only when the agent is silent.
+    pub limit_bps: u32,
+}
+
+impl<'a> GateView<'a> {
+    /// The view of slice device `dev` in the mapped regions.
+    pub fn from_tables(limits: &'a LimitsRegion, usage: &'a UsageRegion, dev: usize, limit_bps: u32) -> GateView<'a> {
+        let d = &limits.devices[dev];
+        GateView {
+            period_ns: &limits.arbiter_period_ns,
+            allowance_ns: &d.allowance_ns,
+            epoch_start_ns: &d.epoch_start_ns,
+            queue_launches: &d.queue_launches,
+            queue_ns: &d.queue_ns,
+            consumed_ns: &usage.consumed_ns[dev],
+            throttle_waits: &usage.throttle_waits[dev],
+            limit_bps,
+        }
+    }
+
+    /// The allowance, extended at the compute limit if the agent went silent.
+    fn allowance(&self, period: u64, now_ns: u64) -> u64 {
+        let a = self.allowance_ns.load(Relaxed);
+        let due = self.epoch_start_ns.load(Relaxed).saturating_add(period);
+        let stale_after = due.saturating_add(period.saturating_mul(STALE_PERIODS - 1));
+        if now_ns <= stale_after {
+            return a;
+        }
+        let late = now_ns - due;
+        a.saturating_add((u128::from(late) * u128::from(self.limit_bps) / 10_000) as u64)
+    }
+
+    fn next_period(&self, period: u64, now_ns: u64) -> u64 {
+        let due = self.epoch_start_ns.load(Relaxed).saturating_add(period);
+        if due > now_ns { due } else { now_ns.saturating_add(period / 4).max(now_ns + 1) }
+    }
+}
+
+/// One process's gate state on one device. `const`-constructible, so the
+/// hook can keep one per device in a static.
+#[derive(Debug, Default)]
+pub struct ProcGate {
+    inflight: AtomicU64,
+    inflight_ns: AtomicU64,
+    /// Exponentially weighted mean measured cost of a launch, ns (0: unknown).
+    mean_ns: AtomicU64,
+}
+
+impl ProcGate {
+    pub const fn new() -> ProcGate {
+        ProcGate { inflight: AtomicU64::new(0), inflight_ns: AtomicU64::new(0), mean_ns: AtomicU64::new(0) }
+    }
+
+    /// Decides one launch. Fast path (budget left, queue short): five
+    /// relaxed loads and two compares.
+    #[inline]
+    pub fn before_launch(&self, v: &GateView<'_>, now_ns: u64) -> Decision {
+        let period = v.period_ns.load(Relaxed);
+        if period == 0 {
+            return Decision::Go;
+        }
+        let inflight = self.inflight.load(Relaxed);
+        let inflight_ns = self.inflight_ns.load(Relaxed);
+        let ql = v.queue_launches.load(Relaxed);
+        let qns = v.queue_ns.load(Relaxed);
+        if inflight > 0 && ((ql != 0 && inflight >= ql) || (qns != 0 && inflight_ns >= qns)) {
+            return Decision::Drain;
+        }
+        let consumed = v.consumed_ns.load(Relaxed);
+        if consumed.saturating_add(inflight_ns) < v.allowance_ns.load(Relaxed) {
+            return Decision::Go;
+        }
+        self.slow_path(v, period, now_ns, consumed, inflight, inflight_ns)
+    }
+
+    #[cold]
+    fn slow_path(&self, v: &GateView<'_>, period: u64, now_ns: u64, consumed: u64, inflight: u64, inflight_ns: u64) -> Decision {
+        if consumed.saturating_add(inflight_ns) < v.allowance(period, now_ns) {
+            Decision::Go
+        } else if inflight > 0 {
+            Decision::Drain
+        } else {
+            Decision::WaitUntil(v.next_period(period, now_ns))
+        }
+    }
+
+    /// The launch was issued. Returns the estimate charged to it, which
+    /// must be handed back to [`ProcGate::completed`].
+    #[inline]
+    pub fn launched(&self) -> u64 {
+        let est = self.mean_ns.load(Relaxed);
+        self.inflight.fetch_add(1, Relaxed);
+        self.inflight_ns.fetch_add(est, Relaxed);
+        est
+    }
+
+    /// A launch finished: `estimate` is what [`ProcGate::launched`] returned,
+    /// `measured_ns` its charge ([`crate::measure::StreamClock::attribute`]).
+    /// Adds the charge to the slice's `consumed_ns` and to `proc_gpu_time`
+    /// (this process's record, if any).
+    pub fn completed(&self, v: &GateView<'_>, estimate: u64, measured_ns: u64, proc_gpu_time: Option<&AtomicU64>) {
+        sub_sat(&self.inflight, 1);
+        sub_sat(&self.inflight_ns, estimate);
+        let m = self.mean_ns.load(Relaxed);
+        // Mean over ~8 launches; the first measurement seeds it.
+        let next = if m == 0 { measured_ns } else { m - m / 8 + measured_ns / 8 };
+        self.mean_ns.store(next.max(1), Relaxed);
+        v.consumed_ns.fetch_add(measured_ns, Relaxed);
+        if let Some(p) = proc_gpu_time {
+            p.fetch_add(measured_ns, Relaxed);
+        }
+    }
+
+    /// The process waited `waited_ns` after [`Decision::WaitUntil`]: counts the
+    /// wait as demand for the arbiter and adds it to `proc_throttled` (this
+    /// process's record, if any).
+    pub fn waited(&self, v: &GateView<'_>, waited_ns: u64, proc_throttled: Option<&AtomicU64>) {
+        v.throttle_waits.fetch_add(1, Relaxed);
+        if let Some(p) = proc_throttled {
+            p.fetch_add(waited_ns, Relaxed);
+        }
+    }
+
+    /// Unfinished launches of this process on this device.
+    pub fn inflight(&self) -> u64 {
+        self.inflight.load(Relaxed)
+    }
+
+    /// Mean measured cost of a launch so far, ns.
+    pub fn mean_ns(&self) -> u64 {
+        self.mean_ns.load(Relaxed)
+    }
+}
+
+fn sub_sat(a: &AtomicU64, n: u64) {
+    let _ = a.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(n)));
+}
+
+/// Words for a [`GateView`] owned outside a slice table (tests, the model).
+#[derive(Debug, Default)]
+pub struct GateWords {
+    pub period_ns: AtomicU64,
+    pub allowance_ns: AtomicU64,
+    pub epoch_start_ns: AtomicU64,
+    pub queue_launches: AtomicU64,
+    pub queue_ns: AtomicU64,
+    pub consumed_ns: AtomicU64,
+    pub throttle_waits: AtomicU64,
+}
+
+impl GateWords {
+    pub fn view(&self, limit_bps: u32) -> GateView<'_> {
+        GateView {
+            period_ns: &self.period_ns,
+            allowance_ns: &self.allowance_ns,
+            epoch_start_ns: &self.epoch_start_ns,
+            queue_launches: &self.queue_launches,
+            queue_ns: &self.queue_ns,
+            consumed_ns: &self.consumed_ns,
+            throttle_waits: &self.throttle_waits,
+            limit_bps,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(period: u64, allowance: u64, epoch_start: u64) -> GateWords {
+        let w = GateWords::default();
+        w.period_ns.store(period, Relaxed);
+        w.allowance_ns.store(allowance, Relaxed);
+        w.epoch_start_ns.store(epoch_start, Relaxed);
+        w
+    }
+
+    #[test]
+    fn no_arbiter_means_go() {
+        let w = GateWords::default();
+        assert_eq!(ProcGate::new().before_launch(&w.view(10_000), 5), Decision::Go);
+    }
+
+    #[test]
+    fn budget_then_wait_for_next_period() {
+        let w = words(1000, 300, 0);
+        let v = w.view(10_000);
+        let g = ProcGate::new();
+        assert_eq!(g.before_launch(&v, 10), Decision::Go);
+        let e = g.launched();
+        assert_eq!(e, 0, "no estimate before the first completion");
+        g.completed(&v, e, 300, None);
+        assert_eq!(w.consumed_ns.load(Relaxed), 300);
+        assert_eq!(g.before_launch(&v, 20), Decision::WaitUntil(1000));
+        g.waited(&v, 980, None);
+        assert_eq!(w.throttle_waits.load(Relaxed), 1);
+        // The arbiter raises the allowance: go again.
+        w.allowance_ns.store(600, Relaxed);
+        w.epoch_start_ns.store(1000, Relaxed);
+        assert_eq!(g.before_launch(&v, 1000), Decision::Go);
+    }
+
+    #[test]
+    fn unfinished_work_counts_against_the_allowance() {
+        let w = words(1000, 1000, 0);
+        let v = w.view(10_000);
+        let g = ProcGate::new();
+        let e = g.launched();
+        g.completed(&v, e, 100, None); // mean 100, consumed 100
+        let mut launched = 0;
+        while g.before_launch(&v, 1) == Decision::Go {
+            g.launched();
+            launched += 1;
+            assert!(launched < 100, "gate never closed");
+        }
+        // 100 consumed + 9 × 100 estimated = allowance.
+        assert_eq!(launched, 9);
+        assert_eq!(g.before_launch(&v, 1), Decision::Drain);
+    }
+
+    #[test]
+    fn queue_bound_holds_far_ahead_launchers() {
+        let w = words(1000, u64::MAX, 0);
+        w.queue_launches.store(3, Relaxed);
+        let v = w.view(10_000);
+        let g = ProcGate::new();
+        let mut est = vec![];
+        while g.before_launch(&v, 0) == Decision::Go {
+            est.push(g.launched());
+            assert!(est.len() < 10);
+        }
+        assert_eq!(est.len(), 3);
+        assert_eq!(g.before_launch(&v, 0), Decision::Drain);
+        g.completed(&v, est[0], 50, None);
+        assert_eq!(g.before_launch(&v, 0), Decision::Go);
+        // Bound in ns too.
+        w.queue_launches.store(0, Relaxed);
+        w.queue_ns.store(120, Relaxed);
+        g.completed(&v, est[1], 50, None);
+        g.completed(&v, est[2], 50, None);
+        let a = g.launched();
+        let b = g.launched();
+        assert_eq!(a + b, 100);
+        assert_eq!(g.before_launch(&v, 0), Decision::Go);
+        g.launched();
+        assert_eq!(g.before_launch(&v, 0), Decision::Drain);
+    }
+
+    #[test]
+    fn silent_agent_extends_at_the_limit() {
+        let w = words(1000, 100, 0);
+        w.consumed_ns.store(100, Relaxed);
+        let v = w.view(5_000);
+        let g = ProcGate::new();
+        // Within the stale window: wait for the next period (already overdue → a quarter period).
+        assert_eq!(g.before_launch(&v, 2000), Decision::WaitUntil(2250));
+        // Agent silent for > 4 periods: allowance grows at 50% of elapsed time past due.
+        assert_eq!(g.before_launch(&v, 5001), Decision::Go);
+        w.consumed_ns.store(100 + 2001, Relaxed);
+        assert_eq!(g.before_launch(&v, 5001), Decision::WaitUntil(5251));
+    }
+
+    #[test]
+    fn process_records_get_their_attribution() {
+        let w = words(1000, 1000, 0);
+        let v = w.view(10_000);
+        let g = ProcGate::new();
+        let (gpu, thr) = (AtomicU64::new(0), AtomicU64::new(0));
+        let e = g.launched();
+        g.completed(&v, e, 40, Some(&gpu));
+        g.waited(&v, 7, Some(&thr));
+        assert_eq!((gpu.load(Relaxed), thr.load(Relaxed)), (40, 7));
+    }
+}

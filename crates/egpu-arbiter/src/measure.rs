@@ -1,0 +1,122 @@
+//! What a launch costs, and how the arbiter reconciles it.
+//!
+//! **In the hook.** After each gated launch the hook records an event on the
+//! launching stream. When event *k* is found complete, with `end_k` its GPU
+//! timestamp mapped to CLOCK_MONOTONIC and `submit_k` the launch time, the
+//! launch is charged [`StreamClock::attribute`]: `end_k − max(end_{k−1},
+//! submit_k)`. On a stream alone on the device that is the kernel's run time.
+//! Under contention it also contains the time the kernel waited behind other
+//! processes' work (a FIFO device such as the simulated GPU) or was
+//! time-sliced out (a real GPU without MPS): it is the time the stream had
+//! unfinished work, an upper bound of the GPU time it used.
+//!
+//! **In the arbiter.** That over-count is corrected once per period against
+//! the device's own accounting (the simulated GPU's per-process busy time, or
+//! NVML per-process utilisation / accounting on real hardware): with `M` the
+//! measured and `T` the true GPU time of a slice in the last period, the
+//! slice's next budget (true ns) is converted into its own measured units
+//! with the ratio `M/T` ([`Scale`]). Because `M` is the time the slice had
+//! work outstanding, `M ≈ P` is also the demand signal "backlogged all
+//! period". Without a device truth the ratio stays 1 and budgets are
+//! enforced in measured (backlog) time.
+
+/// Per-stream attribution of finished launches.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StreamClock {
+    last_end_ns: u64,
+}
+
+impl StreamClock {
+    /// Charge of a launch submitted at `submit_ns` whose completion event
+    /// reads `end_ns` (same clock). Completions must be fed in stream order.
+    pub fn attribute(&mut self, submit_ns: u64, end_ns: u64) -> u64 {
+        let start = self.last_end_ns.max(submit_ns);
+        self.last_end_ns = self.last_end_ns.max(end_ns);
+        end_ns.saturating_sub(start)
+    }
+}
+
+/// Measured-to-true ratio of one slice on one device, in parts per million.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Scale {
+    ppm: u64,
+}
+
+impl Default for Scale {
+    fn default() -> Self {
+        Scale { ppm: Scale::ONE }
+    }
+}
+
+impl Scale {
+    /// 1.0
+    pub const ONE: u64 = 1_000_000;
+    /// Never below 0.5 (completions straddling a tick) or above 64.
+    pub const MIN: u64 = Scale::ONE / 2;
+    pub const MAX: u64 = 64 * Scale::ONE;
+
+    pub fn ppm(self) -> u64 {
+        self.ppm
+    }
+
+    /// Updates from one period's measured and true GPU time. A period with
+    /// too little of either to be meaningful (under 1% of it) leaves the
+    /// ratio unchanged; a period with no device truth resets it to 1.
+    pub fn update(&mut self, measured_ns: u64, true_ns: Option<u64>, period_ns: u64) {
+        let Some(t) = true_ns else {
+            self.ppm = Scale::ONE;
+            return;
+        };
+        let floor = period_ns / 100;
+        if t < floor || measured_ns < floor {
+            return;
+        }
+        let r = (u128::from(measured_ns) * u128::from(Scale::ONE) / u128::from(t)) as u64;
+        self.ppm = r.clamp(Scale::MIN, Scale::MAX);
+    }
+
+    /// `ns` of true GPU time in the slice's measured units.
+    pub fn to_measured(self, ns: u64) -> u64 {
+        (u128::from(ns) * u128::from(self.ppm) / u128::from(Scale::ONE)).min(u128::from(u64::MAX)) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn alone_on_the_device_charges_run_time() {
+        let mut s = StreamClock::default();
+        // Launched back to back while the previous one runs: each charged its own run.
+        assert_eq!(s.attribute(0, 100), 100);
+        assert_eq!(s.attribute(10, 200), 100);
+        // Launched after an idle gap: charged from its submission.
+        assert_eq!(s.attribute(500, 550), 50);
+    }
+
+    #[test]
+    fn contention_is_counted_as_backlog() {
+        let mut s = StreamClock::default();
+        // Submitted at 0, waited 300 behind another process, ran 100.
+        assert_eq!(s.attribute(0, 400), 400);
+        // An out-of-order (earlier) completion is never negative.
+        assert_eq!(s.attribute(0, 350), 0);
+    }
+
+    #[test]
+    fn scale_follows_measured_over_true_and_is_bounded() {
+        let mut sc = Scale::default();
+        sc.update(20, Some(10), 100);
+        assert_eq!(sc.ppm(), 2 * Scale::ONE);
+        assert_eq!(sc.to_measured(7), 14);
+        sc.update(0, Some(50), 100);
+        assert_eq!(sc.ppm(), 2 * Scale::ONE, "an idle period keeps the ratio");
+        sc.update(1_000_000, Some(10), 100);
+        assert_eq!(sc.ppm(), Scale::MAX);
+        sc.update(10, Some(100), 100);
+        assert_eq!(sc.ppm(), Scale::MIN);
+        sc.update(10, None, 100);
+        assert_eq!(sc.ppm(), Scale::ONE);
+    }
+}
