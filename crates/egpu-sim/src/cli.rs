@@ -1,1 +1,200 @@
-//! `egpu simulate`.
+//! `egpu simulate`: the command-line front end (the only place `anyhow` is used).
+//!
+//! With no arguments it simulates all policies over 10 seeds on the openb
+//! default trace embedded in the binary and writes a report directory.
+//! `--elastic` runs the elastic-sharing evaluation on genai-2026 instead.
+
+use crate::elastic::{self, ElasticConfig};
+use crate::sweep::{self, Sweep, Trace};
+use crate::{data, report, trace};
+use anyhow::{Context, Result, bail};
+use egpu_place::PolicyKind;
+use indicatif::{ProgressBar, ProgressStyle};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// Flags of `egpu simulate`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SimulateArgs {
+    /// Directory holding openb_node_list_gpu_node.csv and openb_pod_list_<TRACE>.csv
+    /// (default: the openb default trace embedded in the binary).
+    #[arg(long)]
+    pub trace_dir: Option<PathBuf>,
+    /// Pod list name inside --trace-dir: default, gpushare40, multigpu50, cpu250, ...
+    #[arg(long, default_value = "default")]
+    pub trace: String,
+    /// Pod list file (overrides --trace-dir/--trace).
+    #[arg(long)]
+    pub pod_list: Option<PathBuf>,
+    /// Node list file (overrides --trace-dir).
+    #[arg(long)]
+    pub node_list: Option<PathBuf>,
+    /// Comma-separated policies: random,dotprod,clustering,packing,bestfit,fgd,egpu.
+    #[arg(long, default_value = "random,dotprod,clustering,packing,bestfit,fgd,egpu", value_delimiter = ',')]
+    pub policies: Vec<String>,
+    /// Number of seeds.
+    #[arg(long, default_value_t = 10)]
+    pub seeds: u64,
+    /// First seed (seeds are FIRST, FIRST+1, ...).
+    #[arg(long, default_value_t = 42)]
+    pub first_seed: u64,
+    /// Inflate the workload to this multiple of cluster GPU capacity.
+    #[arg(long, default_value_t = 1.3)]
+    pub inflation: f64,
+    /// Share of pods the FGD/eGPU target workload covers.
+    #[arg(long, default_value_t = 0.95)]
+    pub coverage: f64,
+    /// Give this fraction of GPU pods a GPU-type constraint (synthetic
+    /// gpu_spec workload; the constraint lists the GPU types of a random node
+    /// family, seeded by --first-seed).
+    #[arg(long, default_value_t = 0.0)]
+    pub gpu_spec_fraction: f64,
+    /// Skip malformed rows (counted and reported) instead of failing.
+    #[arg(long)]
+    pub lenient: bool,
+    /// Worker threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Report directory.
+    #[arg(long, short = 'o', default_value = "egpu-report")]
+    pub out: PathBuf,
+    /// No progress bar.
+    #[arg(long)]
+    pub no_progress: bool,
+    /// Run the elastic-sharing evaluation on genai-2026 instead.
+    #[arg(long)]
+    pub elastic: bool,
+    /// genai-2026 directory (pod_gpu_duty_cycle_anon.csv.gz, pod_gpu_memory_used_bytes_anon.csv.gz).
+    #[arg(long)]
+    pub genai_dir: Option<PathBuf>,
+    /// Elastic: GPU memory sizes to evaluate, GiB.
+    #[arg(long, default_value = "80,96", value_delimiter = ',')]
+    pub gpu_mem_gib: Vec<f64>,
+    /// Elastic: resize slices every N minutes.
+    #[arg(long, default_value_t = 5)]
+    pub resize_every: usize,
+    /// Elastic: size slices from the last N minutes of usage.
+    #[arg(long, default_value_t = 60)]
+    pub window: usize,
+    /// Elastic: headroom over recent peak usage (0.15 = 15%).
+    #[arg(long, default_value_t = 0.15)]
+    pub headroom: f64,
+}
+
+/// Run `egpu simulate`.
+pub fn run(args: SimulateArgs) -> Result<()> {
+    if args.elastic {
+        return run_elastic(&args);
+    }
+    if !(0.0..=10.0).contains(&args.inflation) {
+        bail!("--inflation must be between 0 and 10 (the FGD methodology uses 1.3)");
+    }
+    if !(0.0..=1.0).contains(&args.gpu_spec_fraction) || !(0.0..=1.0).contains(&args.coverage) {
+        bail!("--gpu-spec-fraction and --coverage must be between 0 and 1");
+    }
+    let policies: Vec<PolicyKind> = args
+        .policies
+        .iter()
+        .map(|p| PolicyKind::parse(p).with_context(|| format!("unknown policy '{p}': use random, dotprod, clustering, packing, bestfit, fgd or egpu")))
+        .collect::<Result<_>>()?;
+    let (t, source) = load_trace(&args)?;
+    let seeds: Vec<u64> = (args.first_seed..args.first_seed + args.seeds.max(1)).collect();
+    let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let total = (policies.len() * seeds.len()) as u64;
+    let bar = if args.no_progress { ProgressBar::hidden() } else { ProgressBar::new(total) };
+    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} runs {elapsed} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
+    eprintln!("simulating {} pods on {} nodes ({} GPUs), {} policies x {} seeds, {} threads", t.pods.len(), t.cluster.nodes().len(), t.cluster.gpu_count(), policies.len(), seeds.len(), threads);
+    let start = Instant::now();
+    let runs = sweep::run(&Sweep { trace: &t, policies: &policies, seeds: &seeds, inflation: args.inflation, threads }, &|r| {
+        bar.set_message(format!("{} seed {}", r.policy, r.seed));
+        bar.inc(1);
+    });
+    bar.finish_and_clear();
+    let elapsed = start.elapsed().as_secs_f64();
+    if let Some(bad) = runs.iter().find(|r| r.invalid > 0) {
+        bail!("policy {} returned {} placements the cluster refused: this is a bug, please report it", bad.policy, bad.invalid);
+    }
+    let summary = report::write_all(&args.out, &t.name, &source, args.inflation, elapsed, &runs).context("writing the report")?;
+    println!("{}", report::summary_table(&t.name, &summary));
+    println!("{} runs in {elapsed:.1} s; report in {}", runs.len(), args.out.display());
+    Ok(())
+}
+
+fn read(path: &Path) -> Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+fn load_trace(args: &SimulateArgs) -> Result<(Trace, String)> {
+    let (nodes_name, nodes_text) = match (&args.node_list, &args.trace_dir) {
+        (Some(p), _) => (p.display().to_string(), read(p)?),
+        (None, Some(d)) => {
+            let p = d.join("openb_node_list_gpu_node.csv");
+            (p.display().to_string(), read(&p)?)
+        }
+        (None, None) => ("embedded openb_node_list_gpu_node.csv".to_string(), data::OPENB_NODES.to_string()),
+    };
+    let (pods_name, pods_text, name) = match (&args.pod_list, &args.trace_dir) {
+        (Some(p), _) => (p.display().to_string(), read(p)?, p.file_stem().map_or("pods".into(), |s| s.to_string_lossy().into_owned())),
+        (None, Some(d)) => {
+            let p = d.join(format!("openb_pod_list_{}.csv", args.trace));
+            (p.display().to_string(), read(&p)?, args.trace.clone())
+        }
+        (None, None) => {
+            if args.trace != "default" {
+                bail!("only the default trace is embedded; pass --trace-dir for '{}'", args.trace);
+            }
+            ("embedded openb_pod_list_default.csv".to_string(), data::OPENB_DEFAULT_PODS.to_string(), "default".to_string())
+        }
+    };
+    let (cluster, skipped_nodes) = trace::load_nodes(&nodes_name, &nodes_text, args.lenient)?;
+    let (mut pods, skipped_pods) = trace::load_pods(&pods_name, &pods_text, &cluster, args.lenient)?;
+    for s in [skipped_nodes, skipped_pods] {
+        if s.count > 0 {
+            eprintln!("warning: {s}");
+        }
+    }
+    let mut name = name;
+    if args.gpu_spec_fraction > 0.0 {
+        let n = crate::gpuspec::constrain(&cluster, &mut pods, args.gpu_spec_fraction, args.first_seed);
+        eprintln!("gave {n} GPU pods a GPU-type constraint");
+        name = format!("{name}+gpuspec{:.0}", 100.0 * args.gpu_spec_fraction);
+    }
+    let source = if args.trace_dir.is_none() && args.pod_list.is_none() { data::ATTRIBUTION.to_string() } else { format!("{pods_name} on {nodes_name}") };
+    Ok((Trace::new(name, cluster, pods, args.coverage), source))
+}
+
+fn default_genai_dir() -> Option<PathBuf> {
+    let candidates = [PathBuf::from("../shared/data/genai-2026"), PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/genai-2026"))];
+    candidates.into_iter().find(|p| p.is_dir())
+}
+
+fn run_elastic(args: &SimulateArgs) -> Result<()> {
+    let dir = match &args.genai_dir {
+        Some(d) => d.clone(),
+        None => default_genai_dir().context("genai-2026 not found: pass --genai-dir <DIR> (it holds pod_gpu_duty_cycle_anon.csv.gz and pod_gpu_memory_used_bytes_anon.csv.gz)")?,
+    };
+    let load = |f: &str| -> Result<Vec<(String, f64, f64)>> {
+        let p = dir.join(f);
+        let bytes = std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?;
+        let text = elastic::load::maybe_gunzip(&p.display().to_string(), &bytes)?;
+        let (rows, skipped) = elastic::load::parse_metric(&p.display().to_string(), &text, args.lenient)?;
+        if skipped > 0 {
+            eprintln!("warning: {}: {skipped} rows skipped", p.display());
+        }
+        Ok(rows)
+    };
+    let duty = load("pod_gpu_duty_cycle_anon.csv.gz")?;
+    let mem = load("pod_gpu_memory_used_bytes_anon.csv.gz")?;
+    let usage = elastic::load::align(&duty, &mem);
+    if usage.pods.is_empty() {
+        bail!("no usage rows in {}", dir.display());
+    }
+    let evals: Vec<_> = args
+        .gpu_mem_gib
+        .iter()
+        .map(|&g| elastic::evaluate(&usage, ElasticConfig { gpu_mem_gib: g, resize_every: args.resize_every, window: args.window, headroom: args.headroom, ..ElasticConfig::default() }))
+        .collect();
+    let md = elastic::write_report(&args.out, "genai-2026 (Alibaba clusterdata, CC BY 4.0)", &evals).context("writing the elastic report")?;
+    println!("{md}\nreport in {}", args.out.display());
+    Ok(())
+}

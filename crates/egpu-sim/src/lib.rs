@@ -15,6 +15,7 @@
 pub mod cli;
 pub mod data;
 pub mod elastic;
+pub mod gpuspec;
 pub mod report;
 pub mod sim;
 pub mod sweep;

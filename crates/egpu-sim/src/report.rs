@@ -1,1 +1,164 @@
-//! Reports.
+//! Simulation reports: a summary table (unallocated GPU at 100 % arrival,
+//! mean ± sd over seeds), the curves as CSV and JSON, and an SVG chart of
+//! allocation ratio against arrived workload.
+
+use crate::sim::{MAX_ARRIVED_PCT, RunResult};
+use plotters::prelude::*;
+use serde::Serialize;
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// Errors writing a report.
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("cannot write {path}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot encode the JSON report")]
+    Json(#[from] serde_json::Error),
+    #[error("cannot draw the chart {path}: {msg}")]
+    Chart { path: String, msg: String },
+}
+
+/// One policy's line of the summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct PolicySummary {
+    pub policy: String,
+    pub seeds: usize,
+    /// Unallocated GPU at 100 % arrival, % of capacity: mean and sample sd.
+    pub unallocated_mean: f64,
+    pub unallocated_sd: f64,
+    /// Fragmentation ratio at 100 % arrival, %: mean.
+    pub frag_mean: f64,
+    pub failed_pods_mean: f64,
+}
+
+/// Mean and sample standard deviation.
+pub fn mean_sd(v: &[f64]) -> (f64, f64) {
+    if v.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    let n = v.len() as f64;
+    let m = v.iter().sum::<f64>() / n;
+    let sd = if v.len() > 1 { (v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (n - 1.0)).sqrt() } else { 0.0 };
+    (m, sd)
+}
+
+/// Summaries per policy, in the order policies first appear in `runs`.
+pub fn summarize(runs: &[RunResult]) -> Vec<PolicySummary> {
+    let mut names: Vec<&str> = Vec::new();
+    for r in runs {
+        if !names.contains(&r.policy.as_str()) {
+            names.push(&r.policy);
+        }
+    }
+    names
+        .into_iter()
+        .map(|name| {
+            let rs: Vec<&RunResult> = runs.iter().filter(|r| r.policy == name).collect();
+            let un: Vec<f64> = rs.iter().filter_map(|r| r.unallocated_at(100)).collect();
+            let fr: Vec<f64> = rs.iter().filter_map(|r| r.frag_pct.get(100).copied().flatten()).collect();
+            let (m, sd) = mean_sd(&un);
+            let failed: Vec<f64> = rs.iter().map(|r| r.failed as f64).collect();
+            PolicySummary { policy: name.to_string(), seeds: rs.len(), unallocated_mean: m, unallocated_sd: sd, frag_mean: mean_sd(&fr).0, failed_pods_mean: mean_sd(&failed).0 }
+        })
+        .collect()
+}
+
+/// The summary as a Markdown table.
+pub fn summary_table(trace: &str, s: &[PolicySummary]) -> String {
+    let mut out = format!("Unallocated GPU at 100% arrived workload, trace `{trace}` (% of cluster GPU capacity, mean ± sd over seeds)\n\n");
+    out.push_str("| policy | seeds | unallocated % | frag ratio % | failed pods |\n|---|---|---|---|---|\n");
+    for p in s {
+        let _ = writeln!(out, "| {} | {} | {:.2} ± {:.2} | {:.1} | {:.0} |", p.policy, p.seeds, p.unallocated_mean, p.unallocated_sd, p.frag_mean, p.failed_pods_mean);
+    }
+    out
+}
+
+/// Curves as CSV: policy,seed,arrived_pct,alloc_pct,frag_pct.
+pub fn curves_csv(runs: &[RunResult]) -> String {
+    let mut out = String::from("policy,seed,arrived_pct,alloc_pct,frag_pct\n");
+    for r in runs {
+        for x in 0..=MAX_ARRIVED_PCT {
+            let f = |v: Option<&Option<f64>>| v.copied().flatten().map_or(String::new(), |v| format!("{v:.4}"));
+            let _ = writeln!(out, "{},{},{},{},{}", r.policy, r.seed, x, f(r.alloc_pct.get(x)), f(r.frag_pct.get(x)));
+        }
+    }
+    out
+}
+
+/// Mean allocation curve of one policy over its seeds.
+pub fn mean_curve(runs: &[RunResult], policy: &str) -> Vec<(f64, f64)> {
+    (0..=MAX_ARRIVED_PCT)
+        .filter_map(|x| {
+            let v: Vec<f64> = runs.iter().filter(|r| r.policy == policy).filter_map(|r| r.alloc_pct.get(x).copied().flatten()).collect();
+            (!v.is_empty()).then(|| (x as f64, mean_sd(&v).0))
+        })
+        .collect()
+}
+
+fn write(path: &Path, text: &str) -> Result<(), ReportError> {
+    std::fs::write(path, text).map_err(|source| ReportError::Io { path: path.display().to_string(), source })
+}
+
+/// Everything in the JSON report.
+#[derive(Serialize)]
+struct JsonReport<'a> {
+    trace: &'a str,
+    source: &'a str,
+    inflation: f64,
+    elapsed_s: f64,
+    summary: &'a [PolicySummary],
+    runs: &'a [RunResult],
+}
+
+/// Write `summary.md`, `results.json`, `curves.csv` and `allocation.svg` into `dir`.
+pub fn write_all(dir: &Path, trace: &str, source: &str, inflation: f64, elapsed_s: f64, runs: &[RunResult]) -> Result<Vec<PolicySummary>, ReportError> {
+    std::fs::create_dir_all(dir).map_err(|source| ReportError::Io { path: dir.display().to_string(), source })?;
+    let summary = summarize(runs);
+    let mut md = summary_table(trace, &summary);
+    let _ = write!(md, "\nInflation {inflation}; data: {source}\n");
+    write(&dir.join("summary.md"), &md)?;
+    let json = serde_json::to_string_pretty(&JsonReport { trace, source, inflation, elapsed_s, summary: &summary, runs })?;
+    write(&dir.join("results.json"), &json)?;
+    write(&dir.join("curves.csv"), &curves_csv(runs))?;
+    let names: Vec<String> = summary.iter().map(|s| s.policy.clone()).collect();
+    let series: Vec<(String, Vec<(f64, f64)>)> = names.iter().map(|n| (n.clone(), mean_curve(runs, n))).collect();
+    let caption = format!("GPU allocation vs arrived workload ({trace})");
+    line_chart(&dir.join("allocation.svg"), &caption, "arrived workload (% of GPU capacity)", "allocated GPU (%)", (0.0, 130.0), (0.0, 100.0), &series, true)?;
+    Ok(summary)
+}
+
+/// Draw a line chart with one series per entry; `ideal` adds y = min(x, 100).
+#[allow(clippy::too_many_arguments)]
+pub fn line_chart(path: &Path, caption: &str, xlabel: &str, ylabel: &str, xr: (f64, f64), yr: (f64, f64), series: &[(String, Vec<(f64, f64)>)], ideal: bool) -> Result<(), ReportError> {
+    let err = |e: String| ReportError::Chart { path: path.display().to_string(), msg: e };
+    let root = SVGBackend::new(path, (960, 600)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(caption, ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(56)
+        .build_cartesian_2d(xr.0..xr.1, yr.0..yr.1)
+        .map_err(|e| err(e.to_string()))?;
+    chart.configure_mesh().x_desc(xlabel).y_desc(ylabel).draw().map_err(|e| err(e.to_string()))?;
+    if ideal {
+        let pts = vec![(0.0, 0.0), (100.0, 100.0), (xr.1, 100.0)];
+        chart.draw_series(LineSeries::new(pts, BLACK.mix(0.3))).map_err(|e| err(e.to_string()))?.label("ideal").legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.mix(0.3)));
+    }
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+            .map_err(|e| err(e.to_string()))?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+    }
+    chart.configure_series_labels().position(SeriesLabelPosition::LowerRight).border_style(BLACK).background_style(WHITE.mix(0.9)).draw().map_err(|e| err(e.to_string()))?;
+    root.present().map_err(|e| err(e.to_string()))?;
+    Ok(())
+}

@@ -1,1 +1,55 @@
-//! Elastic.
+//! The elastic-sharing evaluation: how many GPUs would elastic slices save
+//! on a real usage trace (genai-2026: per-pod GPU duty cycle and memory,
+//! each minute)?
+//!
+//! [`load`] reads the trace, [`eval`] compares exclusive GPUs, static
+//! peak-sized slices and eGPU's elastic slices against the lower bound, and
+//! [`write_report`] writes the table, JSON and a chart.
+
+pub mod eval;
+pub mod load;
+
+pub use eval::{ElasticConfig, Evaluation, Outcome, evaluate};
+pub use load::{Usage, UsageError};
+
+use crate::report::{ReportError, line_chart};
+use std::fmt::Write as _;
+use std::path::Path;
+
+/// The results table as Markdown.
+pub fn table(evals: &[Evaluation]) -> String {
+    let mut s = String::from("| GPU | strategy | GPUs | utilisation | violation pod-min | % of pod-min | refused mem (GiB·min, max GiB) | migrations | saving vs exclusive |\n|---|---|---|---|---|---|---|---|---|\n");
+    for e in evals {
+        for o in &e.outcomes {
+            let pct = 100.0 * o.violation_minutes as f64 / o.pod_minutes.max(1) as f64;
+            let _ = writeln!(s, "| {} GiB | {} | {} | {:.1}% | {} | {:.3}% | {:.1}, {:.2} | {} | {:.2}× |", e.config.gpu_mem_gib, o.strategy, o.gpus, 100.0 * o.utilization, o.violation_minutes, pct, o.refused_mem_gib_minutes, o.max_refused_gib, o.migrations, o.saving_vs_exclusive);
+        }
+        let lb = e.lower_bound as f64;
+        let el = e.outcomes.last().map_or(0, |o| o.gpus) as f64;
+        let _ = writeln!(s, "| {} GiB | lower bound | {} ({:.2}) | | | | | | {:.2}× |", e.config.gpu_mem_gib, e.lower_bound, e.lower_bound_exact, e.outcomes[0].gpus as f64 / lb.max(1.0));
+        let _ = writeln!(s, "| {} GiB | elastic ÷ lower bound | {:.3} | | | | | | |", e.config.gpu_mem_gib, el / lb.max(1.0));
+    }
+    s
+}
+
+/// Write `elastic.md`, `elastic.json` and one `elastic-<size>GiB.svg` per GPU size.
+pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<String, ReportError> {
+    std::fs::create_dir_all(dir).map_err(|e| ReportError::Io { path: dir.display().to_string(), source: e })?;
+    let mut md = format!("# Elastic sharing on {source}\n\n");
+    if let Some(e) = evals.first() {
+        let c = e.config;
+        let _ = write!(md, "{} pods, {} minutes. Elastic: resize every {} min from the last {} min, headroom {:.0}%, floors {:.2} GPU and {:.1} GiB.\n\n", e.pods, e.minutes, c.resize_every, c.window, 100.0 * c.headroom, c.compute_floor, c.mem_floor_gib);
+    }
+    md.push_str(&table(evals));
+    let w = |p: &Path, t: &str| std::fs::write(p, t).map_err(|e| ReportError::Io { path: p.display().to_string(), source: e });
+    w(&dir.join("elastic.md"), &md)?;
+    w(&dir.join("elastic.json"), &serde_json::to_string_pretty(evals)?)?;
+    for e in evals {
+        let mut series: Vec<(String, Vec<(f64, f64)>)> = e.outcomes.iter().map(|o| (o.strategy.clone(), o.in_use.iter().enumerate().map(|(t, &g)| (t as f64 / 60.0, f64::from(g))).collect())).collect();
+        series.push(("lower bound".into(), e.lower_bound_series.iter().enumerate().map(|(t, &g)| (t as f64 / 60.0, g)).collect()));
+        let ymax = e.outcomes.iter().map(|o| o.gpus).max().unwrap_or(1) as f64 * 1.1;
+        let path = dir.join(format!("elastic-{}GiB.svg", e.config.gpu_mem_gib));
+        line_chart(&path, &format!("GPUs in use, {} GiB GPUs", e.config.gpu_mem_gib), "hours", "GPUs", (0.0, e.minutes as f64 / 60.0), (0.0, ymax.max(1.0)), &series, false)?;
+    }
+    Ok(md)
+}
