@@ -1,0 +1,137 @@
+//! Bad input gets clear errors and meaningful exit codes (2 usage, 3 not
+//! found, 4 rejected, 5 unreachable), and bad state stops egpud clearly.
+
+mod common;
+use common::*;
+use std::process::Stdio;
+
+#[test]
+fn malformed_quantities_are_usage_errors() {
+    let node = Node::start("1x16GiB");
+    let o = node.egpu(&["create", "--name", "x", "--gpu-memory", "12XB"]);
+    assert_fails(&o, 2, &["unknown unit 'XB'"]);
+    let o = node.egpu(&["create", "--name", "x", "--gpu-memory", "lots"]);
+    assert_fails(&o, 2, &["is not a size"]);
+    let o = node.egpu(&["create", "--name", "x", "--gpu-memory", "1GiB", "--gpu-compute", "150%"]);
+    assert_fails(&o, 2, &["between 0% and 100%"]);
+    let o = node.egpu(&["create", "--name", "x", "--gpu-memory", "1GiB", "--priority", "urgent"]);
+    assert_fails(&o, 2, &["use high, normal or best-effort"]);
+    let o = node.egpu(&["create", "--name", "x"]);
+    assert_fails(&o, 2, &["--gpu-memory"]);
+    let o = node.egpu(&["create", "--name", "Bad Name", "--gpu-memory", "1GiB"]);
+    assert_fails(&o, 2, &["slice name 'Bad Name' is invalid"]);
+    let o = node.egpu(&["create", "--name", "x", "--gpu-memory", "1GiB", "--gpu-compute", "60%", "--gpu-compute-limit", "50%"]);
+    assert_fails(&o, 2, &["below the guaranteed share"]);
+    let o = node.egpu(&["create", "--name", "x", "--gpu-memory", "0"]);
+    assert_fails(&o, 2, &["must be greater than zero"]);
+    node.ok(&["create", "--name", "x", "--gpu-memory", "1GiB"]);
+    let o = node.egpu(&["resize", "x"]);
+    assert_fails(&o, 2, &["nothing to change"]);
+    assert_eq!(node.slices().len(), 1);
+}
+
+#[test]
+fn overcommit_is_rejected_saying_what_is_free() {
+    let node = Node::start("1x16GiB");
+    let o = node.egpu(&["create", "--name", "big", "--gpu-memory", "17GiB"]);
+    assert_fails(&o, 4, &["17GiB requested but the device has only 16GiB"]);
+    node.ok(&["create", "--name", "a", "--gpu-memory", "10GiB", "--gpu-compute", "60%"]);
+    let o = node.egpu(&["create", "--name", "b", "--gpu-memory", "7GiB"]);
+    assert_fails(&o, 4, &["only 6GiB of 16GiB is free"]);
+    let o = node.egpu(&["create", "--name", "b", "--gpu-memory", "1GiB", "--gpu-compute", "50%"]);
+    assert_fails(&o, 4, &["only 40% is unreserved"]);
+    node.ok(&["create", "--name", "b", "--gpu-memory", "6GiB", "--gpu-compute", "40%"]);
+    let o = node.egpu(&["resize", "a", "--gpu-memory", "11GiB"]);
+    assert_fails(&o, 4, &["only 10GiB of 16GiB is free"]);
+    let o = node.egpu(&["create", "--name", "a", "--gpu-memory", "1MiB"]);
+    assert_fails(&o, 4, &["already exists"]);
+    // A resize below the current limit is always allowed (usage may exceed it; nothing is killed).
+    node.ok(&["resize", "a", "--gpu-memory", "1MiB"]);
+    assert_eq!(node.slice("a")["devices"][0]["memory_limit_bytes"], 1u64 << 20);
+}
+
+#[test]
+fn unknown_slices_and_devices_are_not_found() {
+    let node = Node::start("2x16GiB");
+    for args in [
+        &["resize", "nope", "--gpu-memory", "1GiB"][..],
+        &["rm", "nope"],
+        &["get", "nope"],
+        &["exec", "nope", "--", "true"],
+        &["env", "nope"],
+    ] {
+        let o = node.egpu(args);
+        assert_fails(&o, 3, &["no slice named 'nope'"]);
+    }
+    let o = node.egpu(&["create", "--name", "x", "--gpu-memory", "1GiB", "--device", "5"]);
+    assert_fails(&o, 3, &["device 5 does not exist", "this node has 2 device(s)"]);
+    node.ok(&["create", "--name", "x", "--gpu-memory", "1GiB", "--device", "0"]);
+    let o = node.egpu(&["resize", "x", "--gpu-memory", "2GiB", "--device", "1"]);
+    assert_fails(&o, 2, &["has no device 1"]);
+}
+
+#[test]
+fn unreachable_egpud_says_how_to_start_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = std::process::Command::new(EGPU).env("EGPU_SOCKET", dir.path().join("none.sock")).args(["ls"]).output().unwrap();
+    assert_fails(&o, 5, &["cannot reach egpud at", "none.sock", "egpud --simulate 2x16GiB"]);
+}
+
+#[test]
+fn second_egpud_on_the_same_run_dir_is_refused() {
+    let node = Node::start("1x16GiB");
+    let o = node.daemon_cmd().stdout(Stdio::null()).output().unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains(&format!("another egpud (pid {}) already serves run directory", node.daemon_pid())), "{err}");
+    // The first one still serves.
+    node.ok(&["devices"]);
+}
+
+#[test]
+fn corrupted_store_stops_egpud_and_names_the_file() {
+    let mut node = Node::start("1x16GiB");
+    node.ok(&["create", "--name", "keep", "--gpu-memory", "2GiB"]);
+    node.kill9();
+    let store = node.state_dir().join("egpud.redb");
+    let len = std::fs::metadata(&store).unwrap().len() as usize;
+    std::fs::write(&store, vec![0xa5u8; len.max(4096)]).unwrap();
+    let o = node.daemon_cmd().stdout(Stdio::null()).output().unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains(&store.display().to_string()) && err.contains("move it aside") && err.contains("refuses to start"), "{err}");
+    // Nothing was discarded: the slice's files are where they were.
+    assert!(node.run_dir().join("slices/keep/limits").exists());
+}
+
+#[test]
+fn wrong_version_slice_table_is_recreated_with_a_clear_log() {
+    let mut node = Node::start("1x16GiB");
+    node.ok(&["create", "--name", "old", "--gpu-memory", "2GiB"]);
+    node.kill9();
+    let limits = node.run_dir().join("slices/old/limits");
+    let mut bytes = std::fs::read(&limits).unwrap();
+    bytes[8..12].copy_from_slice(&7u32.to_le_bytes());
+    std::fs::write(&limits, &bytes).unwrap();
+    assert!(egpu_abi::LimitsReader::open(&limits).is_err());
+    node.restart();
+    let log = node.log();
+    assert!(log.contains("recreated it from the store") && log.contains("ABI version 7"), "{log}");
+    let lim = egpu_abi::LimitsReader::open(&limits).expect("recreated at the current ABI version");
+    assert_eq!(lim.snapshot().devices()[0].mem_limit, 2 << 30);
+    assert_eq!(node.slice("old")["devices"][0]["memory_limit_bytes"], 2u64 << 30);
+}
+
+#[test]
+fn stale_socket_is_replaced_but_other_files_are_not() {
+    let mut node = Node::start("1x16GiB");
+    node.kill9();
+    assert!(node.socket().exists(), "kill -9 leaves the socket file behind");
+    node.restart(); // replaces the stale socket
+    node.kill9();
+    std::fs::remove_file(node.socket()).unwrap();
+    std::fs::write(node.socket(), b"not a socket").unwrap();
+    let o = node.daemon_cmd().stdout(Stdio::null()).output().unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("is not a socket; refusing to replace it"));
+}

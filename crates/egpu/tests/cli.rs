@@ -1,0 +1,130 @@
+//! The CLI end to end against a real egpud on simulated GPUs.
+
+mod common;
+use common::*;
+use std::time::Duration;
+
+#[test]
+fn create_resize_ls_get_rm() {
+    let node = Node::start("2x16GiB");
+    let id = node.ok(&["create", "--name", "train", "--gpu-memory", "4GiB", "--gpu-compute", "30%", "--gpu-compute-limit", "80%", "--priority", "high"]);
+    assert!(id.trim().starts_with("s-"), "{id}");
+    node.ok(&["create", "--name", "pair", "--gpu-memory", "1.5GB", "--device", "0,1"]);
+
+    let s = node.slice("train");
+    assert_eq!(s["id"], id.trim());
+    assert_eq!(s["priority"], "high");
+    assert_eq!(s["devices"][0]["memory_limit_bytes"], 4u64 << 30);
+    assert_eq!(s["devices"][0]["compute_share_percent"], 30.0);
+    assert_eq!(s["devices"][0]["compute_limit_percent"], 80.0);
+    let pair = node.slice("pair");
+    assert_eq!(pair["devices"].as_array().unwrap().len(), 2);
+    assert_eq!(pair["devices"][1]["memory_limit_bytes"], 1_500_000_000u64);
+
+    let gen_before = s["generation"].as_u64().unwrap();
+    let out = node.ok(&["resize", "train", "--gpu-memory", "6GiB", "--gpu-compute", "50%"]);
+    assert!(out.contains("6GiB"), "{out}");
+    let s = node.slice(id.trim()); // by id
+    assert_eq!(s["devices"][0]["memory_limit_bytes"], 6u64 << 30);
+    assert_eq!(s["devices"][0]["compute_share_percent"], 50.0);
+    assert!(s["generation"].as_u64().unwrap() > gen_before);
+
+    // The limits file itself carries the new limit (what the hook reads).
+    let lim = egpu_abi::LimitsReader::open(&node.run_dir().join("slices/train/limits")).unwrap();
+    assert_eq!(lim.snapshot().devices()[0].mem_limit, 6 << 30);
+
+    let devs = node.json(&["devices", "-o", "json"]);
+    assert_eq!(devs["devices"][0]["allocated_memory_bytes"], (6u64 << 30) + 1_500_000_000);
+    assert_eq!(devs["devices"][0]["allocated_compute_percent"], 50.0);
+    assert_eq!(devs["simulated"], true);
+
+    let table = node.ok(&["ls"]);
+    assert!(table.contains("train") && table.contains("6GiB") && table.contains("NAME"), "{table}");
+
+    node.ok(&["rm", "train"]);
+    node.ok(&["rm", "pair"]);
+    assert!(node.slices().is_empty());
+    assert!(!node.run_dir().join("slices/train").exists());
+}
+
+#[test]
+fn run_passes_exit_status_env_and_removes_its_slice() {
+    let node = Node::start("1x8GiB");
+    let o = node.egpu(&["run", "--gpu-memory", "1GiB", "--", "sh", "-c", "exit 7"]);
+    assert_eq!(o.status.code(), Some(7));
+    let o = node.egpu(&["run", "--gpu-memory", "1GiB", "--", "sh", "-c", "kill -TERM $$"]);
+    assert_eq!(o.status.code(), Some(128 + 15));
+    let o = node.egpu(&["run", "--gpu-memory", "1GiB", "--", "/nonexistent/prog"]);
+    assert_fails(&o, 127, &["cannot start /nonexistent/prog"]);
+
+    let env = node.ok(&["run", "--name", "envcheck", "--gpu-memory", "1GiB", "--", "env"]);
+    let has = |k: &str, v: &str| env.lines().any(|l| l.strip_prefix(k).and_then(|r| r.strip_prefix('=')).is_some_and(|x| x.contains(v)));
+    assert!(has("EGPU_SLICE_DIR", "slices/envcheck"), "{env}");
+    assert!(has("LD_PRELOAD", "libegpu.so"), "{env}");
+    assert!(has("LD_LIBRARY_PATH", "run/simlib"), "{env}");
+    assert!(has("CUDA_VISIBLE_DEVICES", &egpu_core::simspec::sim_uuid(0)), "{env}");
+    assert!(has("EGPU_SIM_GPUS", "1x8GiB"), "{env}");
+    assert!(has("EGPU_SIM_STATE", "simgpu.state"), "{env}");
+    assert!(node.slices().is_empty(), "run slices are removed when the program exits");
+}
+
+#[test]
+fn run_forwards_sigterm_to_the_program() {
+    let node = Node::start("1x8GiB");
+    let mark = node.dir.path().join("ready");
+    let script = format!("trap 'exit 42' TERM; touch {}; while :; do sleep 0.05; done", mark.display());
+    let mut cli = node.cli().args(["run", "--gpu-memory", "1GiB", "--", "sh", "-c", &script]).spawn().unwrap();
+    assert!(wait_until(Duration::from_secs(20), || mark.exists()));
+    signal(cli.id(), libc::SIGTERM);
+    let st = cli.wait().unwrap();
+    assert_eq!(st.code(), Some(42));
+    assert!(node.slices().is_empty());
+}
+
+#[test]
+fn ephemeral_slice_of_a_killed_cli_is_collected() {
+    let node = Node::start("1x8GiB");
+    let pidfile = node.dir.path().join("child.pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
+    let mut cli = node.cli().args(["run", "--name", "eph", "--gpu-memory", "1GiB", "--", "sh", "-c", &script]).spawn().unwrap();
+    assert!(wait_until(Duration::from_secs(20), || std::fs::read_to_string(&pidfile).is_ok_and(|s| s.ends_with('\n'))));
+    let s = node.slice("eph");
+    assert_eq!(s["ephemeral"], true);
+    assert_eq!(s["owner_pid"], cli.id());
+    cli.kill().unwrap();
+    cli.wait().unwrap();
+    assert!(wait_until(Duration::from_secs(10), || node.slices().is_empty()), "orphaned slice not collected: {:?}", node.slices());
+    let child: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    signal(child, libc::SIGKILL);
+}
+
+#[test]
+fn exec_and_env_use_the_named_slice() {
+    let node = Node::start("2x8GiB");
+    node.ok(&["create", "--name", "svc", "--gpu-memory", "2GiB", "--device", "1"]);
+    let out = node.ok(&["exec", "svc", "--", "sh", "-c", "echo $EGPU_SLICE_DIR $CUDA_VISIBLE_DEVICES; exit 0"]);
+    assert!(out.contains("slices/svc") && out.contains(&egpu_core::simspec::sim_uuid(1)), "{out}");
+    let exports = node.ok(&["env", "svc"]);
+    assert!(exports.contains("export EGPU_SLICE_DIR='") && exports.contains("export LD_PRELOAD='"), "{exports}");
+    let o = node.egpu(&["exec", "svc", "--", "sh", "-c", "exit 3"]);
+    assert_eq!(o.status.code(), Some(3));
+    assert_eq!(node.slices().len(), 1, "exec leaves the slice in place");
+}
+
+#[test]
+fn graceful_stop_keeps_slices_and_restart_adopts_them() {
+    let mut node = Node::start("2x16GiB");
+    node.ok(&["create", "--name", "a", "--gpu-memory", "3GiB", "--gpu-compute", "25%"]);
+    node.ok(&["create", "--name", "b", "--gpu-memory", "1GiB", "--device", "0,1", "--priority", "best-effort"]);
+    node.ok(&["resize", "a", "--gpu-memory", "5GiB"]);
+    let before = node.slices();
+    let st = node.terminate();
+    assert!(st.success(), "{st}");
+    assert!(!node.socket().exists(), "socket removed on shutdown");
+    assert!(node.run_dir().join("slices/a/limits").exists(), "slices stay");
+    node.restart();
+    let after = node.slices();
+    let strip = |v: &[serde_json::Value]| v.iter().map(|s| { let mut s = s.clone(); s["generation"] = 0.into(); s }).collect::<Vec<_>>();
+    assert_eq!(strip(&before), strip(&after));
+    assert!(node.log().contains("adopted slice"), "{}", node.log());
+}

@@ -1,0 +1,163 @@
+//! Test harness: a simulated node (egpud in temp dirs) and the egpu CLI.
+//! Every process started here is killed by pid; waits poll a condition with
+//! a bounded deadline.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const EGPUD: &str = env!("CARGO_BIN_EXE_egpud");
+pub const EGPU: &str = env!("CARGO_BIN_EXE_egpu");
+
+/// target/<profile>/, where cargo puts the binaries and the cdylibs.
+pub fn target_dir() -> PathBuf {
+    Path::new(EGPUD).parent().unwrap().to_path_buf()
+}
+
+pub fn probe_path() -> PathBuf {
+    target_dir().join("egpu-probe")
+}
+
+/// Polls `cond` until it holds or `timeout` passes; returns whether it held.
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() > end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+pub struct Node {
+    pub dir: tempfile::TempDir,
+    pub spec: String,
+    pub daemon: Option<Child>,
+}
+
+impl Node {
+    pub fn run_dir(&self) -> PathBuf {
+        self.dir.path().join("run")
+    }
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.path().join("state")
+    }
+    pub fn socket(&self) -> PathBuf {
+        self.run_dir().join("egpud.sock")
+    }
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join("egpud.log")
+    }
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// Starts egpud on `spec` simulated GPUs and waits until it answers.
+    pub fn start(spec: &str) -> Node {
+        let mut n = Node { dir: tempfile::tempdir().unwrap(), spec: spec.into(), daemon: None };
+        n.restart();
+        n
+    }
+
+    /// The egpud command line of this node.
+    pub fn daemon_cmd(&self) -> Command {
+        let mut c = Command::new(EGPUD);
+        c.args(["--simulate", &self.spec, "--log", "info"]).arg("--run-dir").arg(self.run_dir()).arg("--state-dir").arg(self.state_dir());
+        c
+    }
+
+    /// Starts egpud (again) and waits until the socket answers.
+    pub fn restart(&mut self) {
+        assert!(self.daemon.is_none(), "egpud already running");
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(self.log_path()).unwrap();
+        let mut child = self.daemon_cmd().stdout(Stdio::null()).stderr(log).spawn().unwrap();
+        let ok = wait_until(Duration::from_secs(30), || {
+            if let Ok(Some(st)) = child.try_wait() {
+                panic!("egpud exited with {st} while starting; log:\n{}", self.log());
+            }
+            self.egpu(&["devices", "-o", "json"]).status.success()
+        });
+        assert!(ok, "egpud did not answer within 30 s; log:\n{}", self.log());
+        self.daemon = Some(child);
+    }
+
+    pub fn daemon_pid(&self) -> u32 {
+        self.daemon.as_ref().unwrap().id()
+    }
+
+    /// SIGKILLs egpud (a crash) and reaps it.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.daemon.take() {
+            c.kill().unwrap();
+            c.wait().unwrap();
+        }
+    }
+
+    /// SIGTERMs egpud and waits for it to exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut c = self.daemon.take().unwrap();
+        signal(c.id(), libc::SIGTERM);
+        let mut st = None;
+        assert!(wait_until(Duration::from_secs(20), || {
+            st = c.try_wait().unwrap();
+            st.is_some()
+        }));
+        st.unwrap()
+    }
+
+    pub fn cli(&self) -> Command {
+        let mut c = Command::new(EGPU);
+        c.env("EGPU_SOCKET", self.socket());
+        c
+    }
+
+    pub fn egpu(&self, args: &[&str]) -> Output {
+        self.cli().args(args).output().unwrap()
+    }
+
+    /// Runs `egpu args` and asserts success; returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let o = self.egpu(args);
+        assert!(o.status.success(), "egpu {args:?} failed: {}\n{}", String::from_utf8_lossy(&o.stderr), String::from_utf8_lossy(&o.stdout));
+        String::from_utf8(o.stdout).unwrap()
+    }
+
+    pub fn json(&self, args: &[&str]) -> serde_json::Value {
+        serde_json::from_str(&self.ok(args)).unwrap()
+    }
+
+    /// `egpu ls -o json` as a value.
+    pub fn slices(&self) -> Vec<serde_json::Value> {
+        self.json(&["ls", "-o", "json"]).as_array().unwrap().clone()
+    }
+
+    pub fn slice(&self, name: &str) -> serde_json::Value {
+        self.json(&["get", name, "-o", "json"])
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+pub fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) on a pid this test started and has not reaped.
+    unsafe {
+        libc::kill(pid as libc::pid_t, sig);
+    }
+}
+
+/// Asserts `o` failed with exit code `code` and stderr containing every `needle`.
+pub fn assert_fails(o: &Output, code: i32, needles: &[&str]) {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(code), "stderr: {err}");
+    for n in needles {
+        assert!(err.contains(n), "stderr lacks {n:?}: {err}");
+    }
+}
