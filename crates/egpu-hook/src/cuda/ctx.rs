@@ -1,0 +1,238 @@
+//! Contexts cost device memory, so creating one is charged.
+//!
+//! - The cost is measured as the device's used-memory delta around the real
+//!   creation: with `cuMemGetInfo` when a context on the same device is
+//!   current before the call (and the new context after it), otherwise with
+//!   NVML's device memory info (there is no context to ask before the first
+//!   one exists). Without either, the last cost measured for that device in
+//!   this process is used.
+//! - Charge first: the last measured cost is pre-charged before the real
+//!   call, then settled to the measured cost. If the context does not fit,
+//!   it is destroyed again and `CUDA_ERROR_OUT_OF_MEMORY` returned.
+//! - `cuCtxDestroy` uncharges; a primary context is charged on this
+//!   process's first retain and uncharged on its last release or on reset.
+//! - Concurrent allocations by other processes on the device during the
+//!   measurement are attributed to the context (an over-charge, never an
+//!   escape).
+
+use super::drv::real as drv;
+use super::hooked;
+use super::sig;
+use crate::detour::Outcome;
+use crate::devmap;
+use crate::ledger::{Charge, LEDGER, Primary};
+use crate::state::{charge, uncharge};
+use egpu_abi::MAX_DEVICES;
+use egpu_cuda::{CUDA_ERROR_OUT_OF_MEMORY, CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam};
+use std::ffi::{c_int, c_uint};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Last measured context cost per slice device (this process).
+static COST: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+
+#[derive(Clone, Copy)]
+enum Source {
+    Cuda,
+    Nvml,
+}
+
+fn cuda_used(ctx: Option<CUcontext>) -> Option<u64> {
+    let info = hooked::cuMemGetInfo_v2.get()?;
+    let (mut f, mut t) = (0usize, 0usize);
+    // SAFETY: pushes/pops a context the caller just created, and reads memory info into locals.
+    unsafe {
+        if let Some(c) = ctx
+            && drv::cuCtxPushCurrent_v2.get()?(c) != 0
+        {
+            return None;
+        }
+        let r = info(&mut f, &mut t);
+        if ctx.is_some() {
+            let mut popped: CUcontext = std::ptr::null_mut();
+            drv::cuCtxPopCurrent_v2.get()?(&mut popped);
+        }
+        (r == 0).then_some(t.saturating_sub(f) as u64)
+    }
+}
+
+/// How to measure, decided before the creation.
+fn source_before(ordinal: CUdevice) -> Option<(Source, u64)> {
+    let same_device = devmap::current().is_ok_and(|(d, _)| d == ordinal);
+    if same_device && let Some(u) = cuda_used(None) {
+        return Some((Source::Cuda, u));
+    }
+    let uuid = devmap::uuid_of(ordinal).ok()?;
+    crate::nvml::real_used(&uuid).map(|u| (Source::Nvml, u))
+}
+
+fn used_after(src: Source, ordinal: CUdevice, ctx: CUcontext) -> Option<u64> {
+    match src {
+        Source::Cuda => cuda_used(Some(ctx)),
+        Source::Nvml => crate::nvml::real_used(&devmap::uuid_of(ordinal).ok()?),
+    }
+}
+
+/// Charges a context created by `make` on `ordinal`; `undo` destroys it if it does not fit.
+fn charged_create(ordinal: CUdevice, make: impl FnOnce() -> (u32, CUcontext), undo: impl FnOnce(CUcontext)) -> Result<(CUcontext, Charge), u32> {
+    let dev = devmap::slice_dev(ordinal)?;
+    let est = COST[dev].load(Ordering::Relaxed);
+    charge(dev, est)?;
+    let before = source_before(ordinal);
+    let (r, ctx) = make();
+    if r != 0 {
+        uncharge(dev, est);
+        return Err(r);
+    }
+    let cost = match before.and_then(|(src, b)| used_after(src, ordinal, ctx).map(|a| a.saturating_sub(b))) {
+        Some(c) => {
+            COST[dev].store(c, Ordering::Relaxed);
+            c
+        }
+        None => est,
+    };
+    crate::util::debug!("context on device {ordinal} costs {cost} bytes (pre-charged {est})");
+    if cost > est {
+        if charge(dev, cost - est).is_err() {
+            undo(ctx);
+            uncharge(dev, est);
+            return Err(CUDA_ERROR_OUT_OF_MEMORY);
+        }
+    } else {
+        uncharge(dev, est - cost);
+    }
+    Ok((ctx, Charge { dev, bytes: cost }))
+}
+
+fn destroy_ctx(ctx: CUcontext) {
+    if let Some(f) = hooked::cuCtxDestroy_v2.get() {
+        // SAFETY: destroys the context we just created.
+        unsafe { f(ctx) };
+    }
+}
+
+fn record(pctx: *mut CUcontext, res: Result<(CUcontext, Charge), u32>) -> Outcome {
+    match res {
+        Ok((ctx, c)) => {
+            LEDGER.lock().ctxs.insert(ctx as usize, c);
+            let _ = pctx;
+            Outcome::Success
+        }
+        Err(e) => Outcome::Error(e),
+    }
+}
+
+fn out(pctx: *mut CUcontext) -> CUcontext {
+    // SAFETY: read after the driver's success wrote it.
+    if pctx.is_null() { std::ptr::null_mut() } else { unsafe { *pctx } }
+}
+
+/// `cuCtxCreate_v2` (and the v1 `cuCtxCreate`, which has the same signature).
+#[doc(alias = "cuCtxCreate_v2")]
+pub(crate) fn create_v2(real: sig::cuCtxCreate_v2, pctx: *mut CUcontext, flags: c_uint, dev: CUdevice) -> Outcome {
+    // SAFETY: the real function with the caller's arguments.
+    let res = charged_create(dev, || (unsafe { real(pctx, flags, dev) }, out(pctx)), destroy_ctx);
+    record(pctx, res)
+}
+
+/// `cuCtxCreate_v3` (execution affinity).
+#[doc(alias = "cuCtxCreate_v3")]
+pub(crate) fn create_v3(real: sig::cuCtxCreate_v3, pctx: *mut CUcontext, params: *mut CUexecAffinityParam, n: c_int, flags: c_uint, dev: CUdevice) -> Outcome {
+    // SAFETY: the real function with the caller's arguments.
+    let res = charged_create(dev, || (unsafe { real(pctx, params, n, flags, dev) }, out(pctx)), destroy_ctx);
+    record(pctx, res)
+}
+
+/// `cuCtxCreate_v4` (`CUctxCreateParams`).
+#[doc(alias = "cuCtxCreate_v4")]
+pub(crate) fn create_v4(real: sig::cuCtxCreate_v4, pctx: *mut CUcontext, params: *mut CUctxCreateParams, flags: c_uint, dev: CUdevice) -> Outcome {
+    // SAFETY: the real function with the caller's arguments.
+    let res = charged_create(dev, || (unsafe { real(pctx, params, flags, dev) }, out(pctx)), destroy_ctx);
+    record(pctx, res)
+}
+
+/// `cuCtxDestroy_v2` (and v1).
+#[doc(alias = "cuCtxDestroy_v2")]
+pub(crate) fn destroy(real: sig::cuCtxDestroy_v2, ctx: CUcontext) -> Outcome {
+    // SAFETY: the real function with the caller's argument.
+    let r = unsafe { real(ctx) };
+    if r == 0
+        && let Some(c) = LEDGER.lock().ctxs.remove(&(ctx as usize))
+    {
+        uncharge(c.dev, c.bytes);
+    }
+    Outcome::from_code(r)
+}
+
+/// `cuDevicePrimaryCtxRetain`: the first retain by this process is charged.
+#[doc(alias = "cuDevicePrimaryCtxRetain")]
+pub(crate) fn primary_retain(real: sig::cuDevicePrimaryCtxRetain, pctx: *mut CUcontext, dev: CUdevice) -> Outcome {
+    let held = LEDGER.lock().primary.get(&dev).is_some_and(|p| p.refs > 0);
+    let already_active = || {
+        let (mut flags, mut active): (u32, c_int) = (0, 0);
+        // SAFETY: writes two integers.
+        drv::cuDevicePrimaryCtxGetState.get().is_some_and(|f| unsafe { f(dev, &mut flags, &mut active) } == 0 && active != 0)
+    };
+    if held || already_active() {
+        if let Err(e) = devmap::slice_dev(dev) {
+            return Outcome::Error(e);
+        }
+        // SAFETY: the real function with the caller's arguments.
+        let r = unsafe { real(pctx, dev) };
+        if r == 0 {
+            let sdev = devmap::slice_dev(dev).unwrap_or(0);
+            LEDGER.lock().primary.entry(dev).or_insert(Primary { refs: 0, charge: Charge { dev: sdev, bytes: 0 } }).refs += 1;
+        }
+        return Outcome::from_code(r);
+    }
+    let undo = |_ctx: CUcontext| {
+        if let Some(f) = hooked::cuDevicePrimaryCtxRelease_v2.get() {
+            // SAFETY: releases the retain we just made.
+            unsafe { f(dev) };
+        }
+    };
+    // SAFETY: the real function with the caller's arguments.
+    match charged_create(dev, || (unsafe { real(pctx, dev) }, out(pctx)), undo) {
+        Ok((_, c)) => {
+            LEDGER.lock().primary.insert(dev, Primary { refs: 1, charge: c });
+            Outcome::Success
+        }
+        Err(e) => Outcome::Error(e),
+    }
+}
+
+/// `cuDevicePrimaryCtxRelease_v2` (and v1): the last release uncharges.
+#[doc(alias = "cuDevicePrimaryCtxRelease_v2")]
+pub(crate) fn primary_release(real: sig::cuDevicePrimaryCtxRelease_v2, dev: CUdevice) -> Outcome {
+    // SAFETY: the real function with the caller's argument.
+    let r = unsafe { real(dev) };
+    if r == 0 {
+        let gone = {
+            let mut l = LEDGER.lock();
+            match l.primary.get_mut(&dev) {
+                Some(p) if p.refs > 1 => {
+                    p.refs -= 1;
+                    None
+                }
+                Some(_) => l.primary.remove(&dev).map(|p| p.charge),
+                None => None,
+            }
+        };
+        if let Some(c) = gone {
+            uncharge(c.dev, c.bytes);
+        }
+    }
+    Outcome::from_code(r)
+}
+
+/// `cuDevicePrimaryCtxReset_v2` (and v1): destroys the primary context.
+#[doc(alias = "cuDevicePrimaryCtxReset_v2")]
+pub(crate) fn primary_reset(real: sig::cuDevicePrimaryCtxReset_v2, dev: CUdevice) -> Outcome {
+    // SAFETY: the real function with the caller's argument.
+    let r = unsafe { real(dev) };
+    if r == 0
+        && let Some(p) = LEDGER.lock().primary.remove(&dev)
+    {
+        uncharge(p.charge.dev, p.charge.bytes);
+    }
+    Outcome::from_code(r)
+}

@@ -1,0 +1,281 @@
+//! The stream-ordered allocator and memory pools, charged by each pool's
+//! *reserved* size (`CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`): that is the
+//! device memory the pool holds, whether or not it is handed out.
+//!
+//! - Before an allocation, the growth it can cause (request minus the pool's
+//!   unused reservation) is charged first; after it, the charge is settled to
+//!   the pool's real reserved size. If the pool grew by more than that and
+//!   the rest does not fit, the allocation is freed, the pool trimmed, and
+//!   `CUDA_ERROR_OUT_OF_MEMORY` returned.
+//! - Frees, trims, synchronisations and pool destruction settle the charge
+//!   down to the reserved size (a pool returns memory at synchronisation,
+//!   depending on its release threshold). Refused allocations first settle
+//!   every pool, so memory a pool already gave back is not held against the
+//!   slice.
+//! - Pools located on the host are never charged.
+
+use super::drv::real as drv;
+use super::hooked;
+use super::sig;
+use crate::detour::Outcome;
+use crate::devmap;
+use crate::ledger::{Charge, LEDGER, PoolAcct, Ptr};
+use crate::state::{charge, uncharge};
+use egpu_cuda::{CU_MEM_LOCATION_TYPE_DEVICE, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY, CUdeviceptr, CUmemPoolProps, CUmemoryPool, CUresult, CUstream};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Device index marking a host-located pool (never charged).
+const HOST: usize = usize::MAX;
+static ANY_POOLS: AtomicBool = AtomicBool::new(false);
+
+fn attr(pool: usize, which: u32) -> Option<u64> {
+    let f = drv::cuMemPoolGetAttribute.get()?;
+    let mut v: u64 = 0;
+    // SAFETY: both attributes are cuuint64_t written into `v`.
+    let r = unsafe { f(pool as CUmemoryPool, which, (&mut v as *mut u64).cast()) };
+    (r == 0).then_some(v)
+}
+
+/// Settles the pool's charge to its reserved size (plus allocations in
+/// flight). Growth is charged only when `grow` (an allocation path); it fails
+/// with out-of-memory if it does not fit.
+fn reconcile(pool: usize, grow: bool) -> Result<(), CUresult> {
+    let Some(reserved) = attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) else { return Ok(()) };
+    let (dev, delta_up, delta_down) = {
+        let mut l = LEDGER.lock();
+        let Some(a) = l.pools.get_mut(&pool) else { return Ok(()) };
+        if a.dev == HOST {
+            return Ok(());
+        }
+        let target = reserved.saturating_add(a.inflight);
+        if target > a.charged {
+            if !grow {
+                return Ok(());
+            }
+            (a.dev, target - a.charged, 0)
+        } else {
+            let d = a.charged - target;
+            a.charged = target;
+            (a.dev, 0, d)
+        }
+    };
+    uncharge(dev, delta_down);
+    if delta_up > 0 {
+        charge(dev, delta_up)?;
+        if let Some(a) = LEDGER.lock().pools.get_mut(&pool) {
+            a.charged += delta_up;
+        }
+    }
+    Ok(())
+}
+
+/// Settles one pool's charge down to what it still reserves.
+pub fn settle(pool: usize) {
+    let _ = reconcile(pool, false);
+}
+
+/// Settles every pool this process uses (after a refusal, on queries and on
+/// synchronisation).
+pub fn release_unused() {
+    if !ANY_POOLS.load(Ordering::Acquire) {
+        return;
+    }
+    let pools: Vec<usize> = LEDGER.lock().pools.keys().copied().collect();
+    for p in pools {
+        settle(p);
+    }
+}
+
+/// Allocates from `pool` on slice device `dev`, charging the pool's growth.
+fn alloc_in_pool(dptr: *mut CUdeviceptr, size: usize, pool: usize, dev: usize, stream: CUstream, alloc: impl FnOnce() -> u32) -> Outcome {
+    let reserved = attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).unwrap_or(0);
+    let used = attr(pool, CU_MEMPOOL_ATTR_USED_MEM_CURRENT).unwrap_or(reserved);
+    let est = (size as u64).saturating_sub(reserved.saturating_sub(used));
+    {
+        let mut l = LEDGER.lock();
+        l.pools.entry(pool).or_insert(PoolAcct { dev, charged: 0, inflight: 0 });
+    }
+    ANY_POOLS.store(true, Ordering::Release);
+    // The first time we see a pool (a default pool used before any hook saw
+    // it), bring its charge up to what it already reserves.
+    if let Err(e) = reconcile(pool, true) {
+        return Outcome::Error(e);
+    }
+    if let Err(e) = charge(dev, est) {
+        return Outcome::Error(e);
+    }
+    if let Some(a) = LEDGER.lock().pools.get_mut(&pool) {
+        a.charged += est;
+        a.inflight += est;
+    }
+    let r = alloc();
+    if let Some(a) = LEDGER.lock().pools.get_mut(&pool) {
+        a.inflight -= est.min(a.inflight);
+    }
+    if r != 0 {
+        settle(pool);
+        return Outcome::Error(r);
+    }
+    // SAFETY: on success the driver wrote the caller's `*dptr`.
+    let p = unsafe { *dptr };
+    LEDGER.lock().ptrs.insert(p, Ptr { charge: Charge { dev, bytes: size as u64 }, pool });
+    if reconcile(pool, true).is_err() {
+        // The pool grew past the limit: give the memory back and refuse.
+        LEDGER.lock().ptrs.remove(&p);
+        // SAFETY: frees and trims what we just allocated, on the caller's stream.
+        unsafe {
+            if let Some(f) = hooked::cuMemFreeAsync.get() {
+                f(p, stream);
+            }
+            if let Some(f) = hooked::cuStreamSynchronize.get() {
+                f(stream);
+            }
+            if let Some(f) = hooked::cuMemPoolTrimTo.get() {
+                f(pool as CUmemoryPool, 0);
+            }
+        }
+        settle(pool);
+        return Outcome::Error(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    Outcome::Success
+}
+
+/// `cuMemAllocAsync` / `_ptsz`: from the current device's current pool.
+#[doc(alias = "cuMemAllocAsync")]
+pub(crate) fn alloc_async(real: sig::cuMemAllocAsync, dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> Outcome {
+    let (ord, dev) = match devmap::current() {
+        Ok(d) => d,
+        Err(e) => return Outcome::Error(e),
+    };
+    let Some(getpool) = drv::cuDeviceGetMemPool.get() else { return Outcome::Error(CUDA_ERROR_NOT_SUPPORTED) };
+    let mut pool: CUmemoryPool = std::ptr::null_mut();
+    // SAFETY: writes one pool handle.
+    let r = unsafe { getpool(&mut pool, ord) };
+    if r != 0 {
+        return Outcome::Error(r);
+    }
+    // SAFETY: the real function with the caller's arguments.
+    alloc_in_pool(dptr, size, pool as usize, dev, stream, || unsafe { real(dptr, size, stream) })
+}
+
+/// `cuMemAllocFromPoolAsync` / `_ptsz`.
+#[doc(alias = "cuMemAllocFromPoolAsync")]
+pub(crate) fn alloc_from_pool(real: sig::cuMemAllocFromPoolAsync, dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream) -> Outcome {
+    let known = LEDGER.lock().pools.get(&(pool as usize)).map(|a| a.dev);
+    let dev = match known {
+        Some(HOST) => return Outcome::Passthrough,
+        Some(d) => d,
+        // A device's default pool, never created through us: the current device's.
+        None => match devmap::current() {
+            Ok((_, d)) => d,
+            Err(e) => return Outcome::Error(e),
+        },
+    };
+    // SAFETY: the real function with the caller's arguments.
+    alloc_in_pool(dptr, size, pool as usize, dev, stream, || unsafe { real(dptr, size, pool, stream) })
+}
+
+/// `cuMemFreeAsync` / `_ptsz`.
+#[doc(alias = "cuMemFreeAsync")]
+pub(crate) fn free_async(real: sig::cuMemFreeAsync, dptr: CUdeviceptr, stream: CUstream) -> Outcome {
+    // SAFETY: the real function with the caller's arguments.
+    let r = unsafe { real(dptr, stream) };
+    if r != 0 {
+        return Outcome::Error(r);
+    }
+    let e = LEDGER.lock().ptrs.remove(&dptr);
+    match e {
+        Some(Ptr { pool: 0, charge }) => uncharge(charge.dev, charge.bytes),
+        Some(Ptr { pool, .. }) => settle(pool),
+        None => {}
+    }
+    Outcome::Success
+}
+
+/// `cuMemPoolCreate`: device pools are tracked (charged as they reserve);
+/// host pools never.
+#[doc(alias = "cuMemPoolCreate")]
+pub(crate) fn create(real: sig::cuMemPoolCreate, pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> Outcome {
+    // SAFETY: the caller's props, read once (null checked).
+    let loc = if props.is_null() { None } else { Some(unsafe { (*props).location }) };
+    let dev = match loc {
+        Some(l) if l.type_ == CU_MEM_LOCATION_TYPE_DEVICE => match devmap::slice_dev(l.id) {
+            Ok(d) => d,
+            Err(e) => return Outcome::Error(e),
+        },
+        Some(_) => HOST,
+        None => return Outcome::Passthrough,
+    };
+    // SAFETY: the real function with the caller's arguments.
+    let r = unsafe { real(pool, props) };
+    if r != 0 {
+        return Outcome::Error(r);
+    }
+    // SAFETY: on success the driver wrote the pool handle.
+    let p = unsafe { *pool } as usize;
+    LEDGER.lock().pools.insert(p, PoolAcct { dev, charged: 0, inflight: 0 });
+    ANY_POOLS.store(true, Ordering::Release);
+    Outcome::Success
+}
+
+/// `cuMemPoolDestroy`: uncharges the pool, except for allocations still
+/// outstanding, which keep their own size charged until freed.
+#[doc(alias = "cuMemPoolDestroy")]
+pub(crate) fn destroy(real: sig::cuMemPoolDestroy, pool: CUmemoryPool) -> Outcome {
+    // SAFETY: the real function with the caller's argument.
+    let r = unsafe { real(pool) };
+    if r != 0 {
+        return Outcome::Error(r);
+    }
+    let p = pool as usize;
+    let (dev, release) = {
+        let mut l = LEDGER.lock();
+        let Some(a) = l.pools.remove(&p) else { return Outcome::Success };
+        let mut keep = 0u64;
+        for v in l.ptrs.values_mut().filter(|v| v.pool == p) {
+            v.pool = 0;
+            keep += v.charge.bytes;
+        }
+        // Outstanding pointers now carry their own size until freed.
+        (a.dev, a.charged - keep.min(a.charged))
+    };
+    if dev != HOST {
+        uncharge(dev, release);
+    }
+    Outcome::Success
+}
+
+/// `cuMemPoolTrimTo`: settles the charge to what the pool still reserves.
+#[doc(alias = "cuMemPoolTrimTo")]
+pub(crate) fn trim_to(real: sig::cuMemPoolTrimTo, pool: CUmemoryPool, keep: usize) -> Outcome {
+    // SAFETY: the real function with the caller's arguments.
+    let r = unsafe { real(pool, keep) };
+    if r == 0 {
+        settle(pool as usize);
+    }
+    Outcome::from_code(r)
+}
+
+/// `cuStreamSynchronize` / `_ptsz`: pools release memory here.
+#[doc(alias = "cuStreamSynchronize")]
+pub(crate) fn synchronize_stream(real: sig::cuStreamSynchronize, stream: CUstream) -> Outcome {
+    if !ANY_POOLS.load(Ordering::Acquire) {
+        return Outcome::Passthrough;
+    }
+    // SAFETY: the real function with the caller's argument.
+    let r = unsafe { real(stream) };
+    release_unused();
+    Outcome::from_code(r)
+}
+
+/// `cuCtxSynchronize`: pools release memory here.
+#[doc(alias = "cuCtxSynchronize")]
+pub(crate) fn synchronize_ctx(real: sig::cuCtxSynchronize) -> Outcome {
+    if !ANY_POOLS.load(Ordering::Acquire) {
+        return Outcome::Passthrough;
+    }
+    // SAFETY: the real function, no arguments.
+    let r = unsafe { real() };
+    release_unused();
+    Outcome::from_code(r)
+}

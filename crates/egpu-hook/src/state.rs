@@ -1,0 +1,205 @@
+//! Per-process state: the slice this process runs in, its usage record, and
+//! the fail-closed decision.
+//!
+//! - Initialised lazily on the first intercepted call (no constructor), once.
+//! - If the slice table is missing, corrupt or of another ABI version, every
+//!   intercepted CUDA entry point returns `CUDA_ERROR_NOT_INITIALIZED` and
+//!   every NVML one `NVML_ERROR_UNINITIALIZED`, and one line on stderr says
+//!   what is wrong and what to do. `cuInit` failing keeps the real driver
+//!   uninitialised, so entry points we do not intercept fail too.
+//! - The usage record is claimed on the first charge. A fork child starts
+//!   with none (POSIX record locks are not inherited) and claims its own.
+
+use crate::util::{SpinLock, say, say_once};
+use egpu_abi::{ChargeError, LimitsReader, ProcSlot, SliceState, UsageFile, paths};
+use egpu_cuda::{CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_OUT_OF_MEMORY, CUresult, NVML_ERROR_UNINITIALIZED, nvmlReturn_t};
+use std::path::PathBuf;
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+/// Status every CUDA entry point returns when the hook fails closed.
+pub const CUDA_FAIL_CLOSED: CUresult = CUDA_ERROR_NOT_INITIALIZED;
+/// Status every NVML entry point returns when the hook fails closed.
+pub const NVML_FAIL_CLOSED: nvmlReturn_t = NVML_ERROR_UNINITIALIZED;
+
+/// The slice this process is attached to.
+pub struct Slice {
+    pub dir: PathBuf,
+    pub limits: LimitsReader,
+    pub usage: UsageFile,
+    pub name: String,
+    /// Device UUIDs in slice order.
+    pub uuids: Vec<String>,
+}
+
+enum Init {
+    Ready(Slice),
+    Failed(String),
+}
+
+static STATE: OnceLock<Init> = OnceLock::new();
+static SAID_FAILED: AtomicBool = AtomicBool::new(false);
+const NO_SLOT: usize = usize::MAX;
+static SLOT: AtomicUsize = AtomicUsize::new(NO_SLOT);
+static CLAIM: SpinLock<()> = SpinLock::new(());
+
+fn init() -> Init {
+    // SAFETY: registers a plain extern "C" handler; pthread_atfork has no other precondition.
+    unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+    let dir = std::env::var_os(paths::SLICE_DIR_ENV).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(paths::CONTAINER_SLICE_DIR));
+    let how = "run the workload through `egpu run`/`egpu exec` (or set EGPU_SLICE_DIR to <run-dir>/slices/<name>); libegpu never runs a GPU workload without limits";
+    let limits = match LimitsReader::open(&paths::limits_path(&dir)) {
+        Ok(l) => l,
+        Err(e) => return Init::Failed(format!("GPU access refused: {e}. To fix: {how}")),
+    };
+    let usage = match UsageFile::open(&paths::usage_path(&dir)) {
+        Ok(u) => u,
+        Err(e) => return Init::Failed(format!("GPU access refused: {e}. To fix: {how}")),
+    };
+    let n = limits.snapshot().n_devices;
+    if usage.n_devices() != n {
+        return Init::Failed(format!(
+            "GPU access refused: slice {} has {n} devices in its limits file but {} in its usage file; restart egpud to rewrite it",
+            dir.display(),
+            usage.n_devices()
+        ));
+    }
+    let r = limits.region();
+    let uuids = (0..n).map(|i| r.device_uuid(i)).collect();
+    let name = r.name();
+    crate::util::debug!("attached to slice '{name}' at {} ({n} devices)", dir.display());
+    Init::Ready(Slice { dir, limits, usage, name, uuids })
+}
+
+fn state() -> &'static Init {
+    STATE.get_or_init(init)
+}
+
+fn failed(msg: &str) {
+    say_once(&SAID_FAILED, || msg.to_string());
+}
+
+/// The slice, or the fail-closed CUDA status (message printed once).
+pub fn slice() -> Result<&'static Slice, CUresult> {
+    match state() {
+        Init::Ready(s) => Ok(s),
+        Init::Failed(m) => {
+            failed(m);
+            Err(CUDA_FAIL_CLOSED)
+        }
+    }
+}
+
+/// Same as [`slice`] with the NVML status.
+pub fn slice_nvml() -> Result<&'static Slice, nvmlReturn_t> {
+    slice().map_err(|_| NVML_FAIL_CLOSED)
+}
+
+/// Hot-path check: one atomic load once initialised.
+#[inline]
+pub fn gate() -> Result<(), CUresult> {
+    match STATE.get() {
+        Some(Init::Ready(_)) => Ok(()),
+        _ => slice().map(|_| ()),
+    }
+}
+
+impl Slice {
+    /// This process's record, claimed on first use.
+    pub fn slot(&self) -> Result<ProcSlot, CUresult> {
+        let i = SLOT.load(Ordering::Acquire);
+        if i != NO_SLOT {
+            return Ok(ProcSlot { index: i });
+        }
+        let _g = CLAIM.lock();
+        let i = SLOT.load(Ordering::Acquire);
+        if i != NO_SLOT {
+            return Ok(ProcSlot { index: i });
+        }
+        // SAFETY: getpid has no preconditions.
+        let pid = unsafe { libc::getpid() } as u32;
+        match self.usage.claim(pid) {
+            Ok(s) => {
+                SLOT.store(s.index, Ordering::Release);
+                crate::util::debug!("pid {pid} claimed usage record {}", s.index);
+                Ok(s)
+            }
+            Err(e) => {
+                say(&format!("cannot attach to slice '{}': {e}; allocation refused", self.name));
+                Err(CUDA_ERROR_OUT_OF_MEMORY)
+            }
+        }
+    }
+
+    /// Slice usage on device `dev` (sum of all records).
+    pub fn used(&self, dev: usize) -> u64 {
+        self.usage.used(dev)
+    }
+
+    /// The current memory limit of device `dev`.
+    pub fn limit(&self, dev: usize) -> u64 {
+        let s = self.limits.snapshot();
+        s.devices().get(dev).map_or(0, |d| d.mem_limit)
+    }
+}
+
+static SAID_DELETED: AtomicBool = AtomicBool::new(false);
+
+/// Charges `bytes` on slice device `dev` before the real allocation. On
+/// refusal, sweeps records of dead processes, returns pool memory the
+/// process no longer uses, and retries once.
+pub fn charge(dev: usize, bytes: u64) -> Result<(), CUresult> {
+    let s = slice()?;
+    let snap = s.limits.snapshot();
+    if snap.state == SliceState::Deleted {
+        say_once(&SAID_DELETED, || format!("slice '{}' was deleted: new GPU allocations are refused (the process keeps running)", s.name));
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
+    let Some(d) = snap.devices().get(dev) else {
+        return Err(CUDA_ERROR_INVALID_DEVICE);
+    };
+    let slot = s.slot()?;
+    let mut first = true;
+    loop {
+        match s.usage.try_charge(&slot, dev, bytes, d.mem_limit) {
+            Ok(total) => {
+                crate::util::debug!("charge dev {dev} +{bytes} -> {total} / {}", d.mem_limit);
+                return Ok(());
+            }
+            Err(ChargeError::BadDevice(_)) => return Err(CUDA_ERROR_INVALID_DEVICE),
+            Err(ChargeError::OverLimit { used, requested, limit }) => {
+                if !first {
+                    crate::util::debug!("refuse dev {dev} +{requested}: used {used} limit {limit}");
+                    return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                }
+                first = false;
+                let reclaimed = s.usage.sweep(Some(slot.index));
+                if !reclaimed.is_empty() {
+                    crate::util::debug!("swept {} dead records", reclaimed.len());
+                }
+                crate::cuda::pool::release_unused();
+            }
+        }
+    }
+}
+
+/// Returns `bytes` on `dev` to the slice.
+pub fn uncharge(dev: usize, bytes: u64) {
+    if bytes == 0 {
+        return;
+    }
+    if let Ok(s) = slice() {
+        let i = SLOT.load(Ordering::Acquire);
+        if i != NO_SLOT {
+            s.usage.uncharge(&ProcSlot { index: i }, dev, bytes);
+            crate::util::debug!("uncharge dev {dev} -{bytes} -> {}", s.used(dev));
+        }
+    }
+}
+
+extern "C" fn after_fork_child() {
+    SLOT.store(NO_SLOT, Ordering::Release);
+    CLAIM.force_unlock();
+    crate::ledger::reset_after_fork();
+    crate::detour::reset_after_fork();
+}

@@ -1,0 +1,81 @@
+//! `egpu-probe alloc`.
+
+use crate::Global;
+use crate::common::{setup, wait_stdin};
+use crate::family::{self, Family};
+use egpu_workloads::api::Api;
+use egpu_workloads::out::emit;
+use egpu_workloads::{exit, parse_bytes};
+use serde_json::json;
+
+#[derive(clap::Args)]
+pub struct AllocArgs {
+    /// mem, pitch, managed, array, mipmap, async, pool, vmm, multicast, graph, ctx, host, hostvmm.
+    #[arg(long, default_value = "mem")]
+    family: Family,
+    /// Bytes per allocation (e.g. 64MiB).
+    #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
+    size: u64,
+    /// How many allocations (stops earlier at out-of-memory).
+    #[arg(long, default_value_t = 1)]
+    count: u64,
+    /// Keep allocating until out-of-memory (then exit 0).
+    #[arg(long)]
+    until_oom: bool,
+    /// After allocating, print "holding" and wait until stdin is closed.
+    #[arg(long)]
+    hold: bool,
+    /// Exit without freeing (like a crash; the slice reclaims the record).
+    #[arg(long)]
+    no_free: bool,
+}
+
+pub fn run(api: Api, g: &Global, a: AllocArgs) -> i32 {
+    let cu = setup(api, g.device, g.own_ctx);
+    let mut st = family::Ctx::default();
+    let mut held = Vec::new();
+    let (mut stopped, mut code) = ("count", 0u32);
+    let want = if a.until_oom { u64::MAX } else { a.count };
+    let bytes = family::expected_bytes(a.family, a.size as usize);
+    let mut i = 0u64;
+    while i < want && i < 1_000_000 {
+        match family::alloc(&cu, &mut st, a.family, a.size as usize) {
+            Ok(h) => {
+                held.push(h);
+                emit(json!({"event": "alloc", "family": a.family.name(), "i": i, "ok": true, "bytes": bytes}));
+            }
+            Err(e) => {
+                code = e.code;
+                stopped = if e.code == egpu_cuda::CUDA_ERROR_OUT_OF_MEMORY { "oom" } else { "error" };
+                emit(json!({"event": stopped, "family": a.family.name(), "i": i, "call": e.call, "code": e.code}));
+                break;
+            }
+        }
+        i += 1;
+    }
+    let n = held.len() as u64;
+    if a.hold {
+        emit(json!({"event": "holding", "allocated": n, "pid": std::process::id(), "mem": cu.mem_info()}));
+        wait_stdin();
+    }
+    if a.no_free {
+        emit(json!({"event": "exit-without-free", "allocated": n}));
+        std::process::exit(exit::OK);
+    }
+    let mut free_err = None;
+    for h in held {
+        if let Err(e) = family::free(&cu, &st, h) {
+            free_err = Some(e);
+        }
+    }
+    family::finish(&cu, &mut st);
+    let mem_after = cu.mem_info();
+    cu.teardown(g.own_ctx);
+    emit(json!({"event": "summary", "family": a.family.name(), "via": g.via_name(), "allocated": n, "bytes": n * bytes,
+                "stopped": stopped, "code": code, "free_error": free_err.map(|e| e.to_string()), "mem_after_free": mem_after}));
+    match (stopped, free_err) {
+        (_, Some(_)) | ("error", _) => exit::FAILED,
+        ("oom", _) if !a.until_oom => exit::OOM,
+        _ => exit::OK,
+    }
+}

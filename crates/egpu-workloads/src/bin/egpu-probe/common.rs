@@ -1,0 +1,64 @@
+//! Set-up shared by the subcommands: the function table, a context, memory
+//! queries, and waiting for the controlling test.
+
+use egpu_cuda::*;
+use egpu_workloads::api::{Api, CallError};
+use egpu_workloads::call;
+use egpu_workloads::exit;
+use egpu_workloads::out::emit;
+use serde_json::json;
+use std::io::Read;
+
+pub struct Cuda {
+    pub api: Api,
+    pub dev: CUdevice,
+    pub ctx: CUcontext,
+}
+
+/// Prints the error as JSON and exits with `code`.
+pub fn die(e: CallError, code: i32) -> ! {
+    emit(json!({"event": "error", "call": e.call, "code": e.code}));
+    std::process::exit(code)
+}
+
+/// `cuInit`, the device, and a current context (primary unless `own_ctx`).
+pub fn setup(api: Api, ordinal: i32, own_ctx: bool) -> Cuda {
+    call!(api, cuInit(0)).unwrap_or_else(|e| die(e, exit::INIT));
+    let mut dev: CUdevice = 0;
+    call!(api, cuDeviceGet(&mut dev, ordinal)).unwrap_or_else(|e| die(e, exit::INIT));
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    if own_ctx {
+        call!(api, cuCtxCreate_v2(&mut ctx, 0, dev)).unwrap_or_else(|e| die(e, exit::INIT));
+    } else {
+        call!(api, cuDevicePrimaryCtxRetain(&mut ctx, dev)).unwrap_or_else(|e| die(e, exit::INIT));
+        call!(api, cuCtxSetCurrent(ctx)).unwrap_or_else(|e| die(e, exit::INIT));
+    }
+    Cuda { api, dev, ctx }
+}
+
+impl Cuda {
+    /// `cuMemGetInfo_v2` as JSON (or the error).
+    pub fn mem_info(&self) -> serde_json::Value {
+        let (mut f, mut t) = (0usize, 0usize);
+        match call!(self.api, cuMemGetInfo_v2(&mut f, &mut t)) {
+            Ok(()) => json!({"free": f, "total": t}),
+            Err(e) => json!({"error": e.code}),
+        }
+    }
+
+    /// Releases the context made by [`setup`].
+    pub fn teardown(&self, own_ctx: bool) {
+        if own_ctx {
+            let _ = call!(self.api, cuCtxDestroy_v2(self.ctx));
+        } else {
+            let _ = call!(self.api, cuDevicePrimaryCtxRelease_v2(self.dev));
+        }
+    }
+}
+
+/// Blocks until stdin reaches end of file (the controlling test closes it).
+pub fn wait_stdin() {
+    let mut buf = [0u8; 256];
+    let mut i = std::io::stdin().lock();
+    while matches!(i.read(&mut buf), Ok(n) if n > 0) {}
+}

@@ -1,0 +1,91 @@
+//! `egpu-probe`: a CUDA driver API / NVML test program for eGPU.
+//!
+//! Every event is one JSON object per line on stdout. Exit codes: 0 done;
+//! 1 unexpected driver error; 2 usage; 3 stopped at out-of-memory before the
+//! requested count; 4 the driver could not be initialised (e.g. the hook
+//! failed closed). See `egpu-probe --help` and `docs/hook.md`.
+
+mod alloc;
+mod bench;
+mod common;
+mod direct;
+mod family;
+mod info;
+mod ipc;
+mod loops;
+
+use clap::{Args, Parser, Subcommand};
+use egpu_workloads::via::{self, Via};
+
+#[derive(Parser)]
+#[command(name = "egpu-probe", version, about = "CUDA driver API / NVML probe for eGPU slices (JSON lines on stdout)")]
+#[command(after_help = "Exit codes: 0 done, 1 driver error, 2 usage, 3 stopped at out-of-memory, 4 driver initialisation refused.\nEnvironment: LD_PRELOAD=libegpu.so, EGPU_SLICE_DIR, CUDA_VISIBLE_DEVICES; on the simulated GPU LD_LIBRARY_PATH, EGPU_SIM_GPUS, EGPU_SIM_STATE.")]
+struct Cli {
+    #[command(flatten)]
+    g: Global,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Args, Clone)]
+pub struct Global {
+    /// How to reach the driver: direct (link-time), dlopen (dlopen+dlsym) or procaddr (cuGetProcAddress).
+    #[arg(long, global = true, default_value = "procaddr", env = "EGPU_PROBE_VIA")]
+    via: Via,
+    /// Use the per-thread-default-stream variants (_ptsz) of stream functions.
+    #[arg(long, global = true)]
+    ptds: bool,
+    /// CUDA device ordinal.
+    #[arg(long, global = true, default_value_t = 0)]
+    device: i32,
+    /// Create an own context (cuCtxCreate) instead of retaining the primary one.
+    #[arg(long, global = true)]
+    own_ctx: bool,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Print cuMemGetInfo / cuDeviceTotalMem / NVML memory, device count and UUIDs.
+    Info,
+    /// Allocate --count objects of --family (or until OOM), optionally hold them.
+    Alloc(alloc::AllocArgs),
+    /// Allocate --step at a time up to --until; on OOM report "blocked" and retry every ~1 ms until it fits.
+    Grow(loops::GrowArgs),
+    /// Random allocate/free loop for --seconds, holding at most --max.
+    Churn(loops::ChurnArgs),
+    /// Allocate --size, print its CUDA IPC handle, hold until stdin closes.
+    IpcExport(ipc::ExportArgs),
+    /// Open an IPC handle from ipc-export, report memory info, hold until stdin closes.
+    IpcImport(ipc::ImportArgs),
+    /// Allocate in the parent, fork, allocate in the child; report both.
+    Fork(ipc::ForkArgs),
+    /// Median ns per call of cuMemAlloc+cuMemFree and of cuLaunchKernel (1-thread kernel).
+    Bench(bench::BenchArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let direct = if cli.g.via == Via::Direct { direct::table() } else { Vec::new() };
+    let api = via::load(cli.g.via, cli.g.ptds, &direct);
+    let code = match cli.cmd {
+        Cmd::Info => info::run(api, &cli.g),
+        Cmd::Alloc(a) => alloc::run(api, &cli.g, a),
+        Cmd::Grow(a) => loops::grow(api, &cli.g, a),
+        Cmd::Churn(a) => loops::churn(api, &cli.g, a),
+        Cmd::IpcExport(a) => ipc::export(api, &cli.g, a),
+        Cmd::IpcImport(a) => ipc::import(api, &cli.g, a),
+        Cmd::Fork(a) => ipc::fork(api, &cli.g, a),
+        Cmd::Bench(a) => bench::run(api, &cli.g, a),
+    };
+    std::process::exit(code);
+}
+
+impl Global {
+    pub fn via_name(&self) -> &'static str {
+        match self.via {
+            Via::Direct => "direct",
+            Via::Dlopen => "dlopen",
+            Via::Procaddr => "procaddr",
+        }
+    }
+}
