@@ -1,0 +1,163 @@
+//! The few driver-API calls egpu-burn makes, resolved from `libcuda.so.1` at
+//! run time (dlopen), so an interposer such as `libegpu.so` sees them.
+//! All the unsafe code of the crate is here.
+
+use anyhow::{Context, Result, bail};
+use egpu_cuda::{CUDA_SUCCESS, CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUmodule, CUresult, CUstream};
+use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
+
+type Launch = unsafe extern "C" fn(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void) -> CUresult;
+
+/// Function pointers of the driver, valid while `_lib` is loaded.
+pub struct Driver {
+    init: unsafe extern "C" fn(c_uint) -> CUresult,
+    device_get: unsafe extern "C" fn(*mut CUdevice, c_int) -> CUresult,
+    ctx_create: unsafe extern "C" fn(*mut CUcontext, c_uint, CUdevice) -> CUresult,
+    module_load_data: unsafe extern "C" fn(*mut CUmodule, *const c_void) -> CUresult,
+    module_get_function: unsafe extern "C" fn(*mut CUfunction, CUmodule, *const c_char) -> CUresult,
+    mem_alloc: unsafe extern "C" fn(*mut CUdeviceptr, usize) -> CUresult,
+    stream_create: unsafe extern "C" fn(*mut CUstream, c_uint) -> CUresult,
+    stream_sync: unsafe extern "C" fn(CUstream) -> CUresult,
+    event_create: unsafe extern "C" fn(*mut CUevent, c_uint) -> CUresult,
+    event_record: unsafe extern "C" fn(CUevent, CUstream) -> CUresult,
+    event_sync: unsafe extern "C" fn(CUevent) -> CUresult,
+    event_elapsed: unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult,
+    launch: Launch,
+    error_name: unsafe extern "C" fn(CUresult, *mut *const c_char) -> CUresult,
+    _lib: libloading::Library,
+}
+
+macro_rules! sym {
+    ($lib:expr, $name:literal) => {{
+        // SAFETY: the symbol is a driver-API function whose C signature is
+        // the type of the field it is stored in (CUDA 12 `cuda.h`); the
+        // pointer is copied out and only used while the library stays loaded
+        // (it lives in the same `Driver`).
+        let s = unsafe { $lib.get(concat!($name, "\0").as_bytes()) }.with_context(|| format!("libcuda.so.1 has no {}", $name))?;
+        *s
+    }};
+}
+
+impl Driver {
+    /// dlopens `libcuda.so.1` (whatever the loader finds: the real driver,
+    /// the simulated one, or the one an interposer hands out).
+    pub fn load() -> Result<Driver> {
+        // SAFETY: loading the CUDA driver runs its initialisers, which are
+        // designed to be loaded into any process.
+        let lib = unsafe { libloading::Library::new("libcuda.so.1") }.context("cannot load libcuda.so.1 (is a driver or the simulated GPU on LD_LIBRARY_PATH?)")?;
+        Ok(Driver {
+            init: sym!(lib, "cuInit"),
+            device_get: sym!(lib, "cuDeviceGet"),
+            ctx_create: sym!(lib, "cuCtxCreate_v2"),
+            module_load_data: sym!(lib, "cuModuleLoadData"),
+            module_get_function: sym!(lib, "cuModuleGetFunction"),
+            mem_alloc: sym!(lib, "cuMemAlloc_v2"),
+            stream_create: sym!(lib, "cuStreamCreate"),
+            stream_sync: sym!(lib, "cuStreamSynchronize"),
+            event_create: sym!(lib, "cuEventCreate"),
+            event_record: sym!(lib, "cuEventRecord"),
+            event_sync: sym!(lib, "cuEventSynchronize"),
+            event_elapsed: sym!(lib, "cuEventElapsedTime"),
+            launch: sym!(lib, "cuLaunchKernel"),
+            error_name: sym!(lib, "cuGetErrorName"),
+            _lib: lib,
+        })
+    }
+
+    /// Maps a status to an error naming the call and the code.
+    fn check(&self, r: CUresult, what: &str) -> Result<()> {
+        if r == CUDA_SUCCESS {
+            return Ok(());
+        }
+        let mut name: *const c_char = std::ptr::null();
+        // SAFETY: cuGetErrorName writes a pointer to a static string or fails.
+        let named = unsafe { (self.error_name)(r, &mut name) } == CUDA_SUCCESS && !name.is_null();
+        let text = if named {
+            // SAFETY: on success the driver returned a NUL-terminated static string.
+            unsafe { CStr::from_ptr(name) }.to_string_lossy().into_owned()
+        } else {
+            format!("error {r}")
+        };
+        bail!("{what} failed: {text}")
+    }
+}
+
+/// A context, the busy kernel, a stream and its argument buffer on one device.
+pub struct Burner<'d> {
+    d: &'d Driver,
+    func: CUfunction,
+    stream: CUstream,
+    sink: CUdeviceptr,
+}
+
+impl<'d> Burner<'d> {
+    pub fn new(d: &'d Driver, device: i32, ptx: &str, entry: &str) -> Result<Burner<'d>> {
+        // SAFETY: plain driver call; its out-pointer (if any) is a live local of the matching type.
+        d.check(unsafe { (d.init)(0) }, "cuInit")?;
+        let mut dev: CUdevice = 0;
+        // SAFETY: plain driver call; its out-pointer (if any) is a live local of the matching type.
+        d.check(unsafe { (d.device_get)(&mut dev, device) }, "cuDeviceGet")?;
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: plain driver call; its out-pointer (if any) is a live local of the matching type.
+        d.check(unsafe { (d.ctx_create)(&mut ctx, 0, dev) }, "cuCtxCreate")?;
+        if !ptx.ends_with('\0') {
+            bail!("PTX image must be NUL-terminated");
+        }
+        let mut module: CUmodule = std::ptr::null_mut();
+        // SAFETY: `ptx` is NUL-terminated (checked above) and outlives the call; out-pointer to a live local.
+        d.check(unsafe { (d.module_load_data)(&mut module, ptx.as_ptr().cast()) }, "cuModuleLoadData")?;
+        let entry = std::ffi::CString::new(entry)?;
+        let mut func: CUfunction = std::ptr::null_mut();
+        // SAFETY: `module` was loaded above; `entry` is a live C string; out-pointer to a live local.
+        d.check(unsafe { (d.module_get_function)(&mut func, module, entry.as_ptr()) }, "cuModuleGetFunction")?;
+        let mut sink: CUdeviceptr = 0;
+        // SAFETY: plain driver call; its out-pointer (if any) is a live local of the matching type.
+        d.check(unsafe { (d.mem_alloc)(&mut sink, 4) }, "cuMemAlloc")?;
+        let mut stream: CUstream = std::ptr::null_mut();
+        // SAFETY: plain driver call; its out-pointer (if any) is a live local of the matching type.
+        d.check(unsafe { (d.stream_create)(&mut stream, egpu_cuda::CU_STREAM_NON_BLOCKING) }, "cuStreamCreate")?;
+        Ok(Burner { d, func, stream, sink })
+    }
+
+    /// One launch of the busy kernel with `iters` loop steps per thread.
+    pub fn launch(&self, grid: u32, block: u32, iters: u32) -> Result<()> {
+        let mut iters = iters;
+        let mut sink = self.sink;
+        let mut params: [*mut c_void; 2] = [(&raw mut iters).cast(), (&raw mut sink).cast()];
+        // SAFETY: `func` was loaded from our module and takes (u32, u64);
+        // `params` points at two live locals of those types for the call
+        // (the driver copies arguments at launch).
+        let r = unsafe { (self.d.launch)(self.func, grid, 1, 1, block, 1, 1, 0, self.stream, params.as_mut_ptr(), std::ptr::null_mut()) };
+        self.d.check(r, "cuLaunchKernel")
+    }
+
+    pub fn new_event(&self) -> Result<CUevent> {
+        let mut e: CUevent = std::ptr::null_mut();
+        // SAFETY: out-pointer to a live local.
+        self.d.check(unsafe { (self.d.event_create)(&mut e, egpu_cuda::CU_EVENT_DEFAULT) }, "cuEventCreate")?;
+        Ok(e)
+    }
+
+    pub fn record(&self, e: CUevent) -> Result<()> {
+        // SAFETY: `e` came from cuEventCreate in our context; `stream` is ours.
+        self.d.check(unsafe { (self.d.event_record)(e, self.stream) }, "cuEventRecord")
+    }
+
+    pub fn wait(&self, e: CUevent) -> Result<()> {
+        // SAFETY: `e` came from cuEventCreate in our context.
+        self.d.check(unsafe { (self.d.event_sync)(e) }, "cuEventSynchronize")
+    }
+
+    /// GPU time between two completed events, ns (None if the driver cannot tell).
+    pub fn elapsed_ns(&self, a: CUevent, b: CUevent) -> Option<u64> {
+        let mut ms = 0f32;
+        // SAFETY: both events are ours and recorded; out-pointer to a live local.
+        let r = unsafe { (self.d.event_elapsed)(&mut ms, a, b) };
+        (r == CUDA_SUCCESS && ms >= 0.0).then(|| (f64::from(ms) * 1e6) as u64)
+    }
+
+    pub fn sync(&self) -> Result<()> {
+        // SAFETY: `stream` is ours.
+        self.d.check(unsafe { (self.d.stream_sync)(self.stream) }, "cuStreamSynchronize")
+    }
+}
