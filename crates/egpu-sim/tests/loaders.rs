@@ -1,0 +1,99 @@
+//! Loader behaviour: line-numbered errors, lenient skipping, and no panic
+//! on any input (property-tested; the same functions are fuzzed under fuzz/).
+
+use egpu_sim::elastic::load as usage;
+use egpu_sim::trace::{load_nodes, load_pods};
+use proptest::prelude::*;
+
+const NODES: &str = "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\nn1,96000,393216,8,G2\n";
+
+#[test]
+fn good_rows_load() {
+    let (c, s) = load_nodes("nodes.csv", NODES, false).unwrap();
+    assert_eq!((c.nodes().len(), c.gpu_count(), s.count), (2, 10, 0));
+    let pods = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase\np0,1000,100,1,500,,LS,Running\np1,2000,100,2,1000,G2|P100,BE,Running\np2,500,10,0,0,,BE,Running\n";
+    let (p, _) = load_pods("pods.csv", pods, &c, false).unwrap();
+    assert_eq!(p.len(), 3);
+    assert!(p[1].pod.gpu_types().allows(c.gpu_type("G2")));
+    assert!(!p[1].pod.gpu_types().allows(None));
+}
+
+fn pod_err(row: &str) -> String {
+    let (c, _) = load_nodes("nodes.csv", NODES, false).unwrap();
+    let text = format!("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np0,1000,100,1,500,\n{row}\n");
+    load_pods("pods.csv", &text, &c, false).unwrap_err().to_string()
+}
+
+#[test]
+fn bad_rows_name_the_line_and_the_problem() {
+    assert!(pod_err("p1,abc,100,1,500,").starts_with("pods.csv:3: column 'cpu_milli'"), "{}", pod_err("p1,abc,100,1,500,"));
+    assert!(pod_err("p1,1000,100").contains("pods.csv:3: truncated row"));
+    assert!(pod_err("p1,1000,100,1,500,A100").contains("unknown GPU type 'A100'"));
+    assert!(pod_err("p1,1000,100,1,1500,").contains("outside 1..=1000"));
+    assert!(pod_err("p1,1000,100,9,1000,").contains("can never be placed"));
+    assert!(pod_err("p1,1000,100,2,500,").contains("whole"));
+    let e = load_nodes("nodes.csv", "sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,2,\n", false).unwrap_err();
+    assert_eq!((e.line, e.msg.contains("no GPU model")), (2, true));
+    assert!(load_nodes("n.csv", "sn,cpu\n", false).unwrap_err().msg.contains("missing column 'cpu_milli'"));
+}
+
+#[test]
+fn lenient_mode_counts_what_it_skips() {
+    let (c, _) = load_nodes("nodes.csv", NODES, false).unwrap();
+    let text = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,1,1,500\np1,x,1,1,500\np2,1,1\np3,1,1,0,0\n";
+    let (p, s) = load_pods("pods.csv", text, &c, true).unwrap();
+    assert_eq!((p.len(), s.count), (2, 2));
+    assert!(s.examples[0].starts_with("pods.csv:3:"));
+}
+
+#[test]
+fn usage_rows_parse_and_align() {
+    let duty = "value,timestamp_anon,container_ip\n50.0,60.0,a\n100.0,120.0,a\n";
+    let mem = "timestamp_anon,value,container_ip\n60.0,1073741824.0,a\n";
+    let (d, _) = usage::parse_metric("d", duty, false).unwrap();
+    let (m, _) = usage::parse_metric("m", mem, false).unwrap();
+    let u = usage::align(&d, &m);
+    assert_eq!((u.pods.len(), u.minutes), (1, 2));
+    assert_eq!(u.duty[0], vec![0.5, 1.0]);
+    assert!(u.mem[0][1].is_nan());
+    assert!(usage::parse_metric("d", "value,timestamp_anon,container_ip\n-1,0,a\n", false).unwrap_err().to_string().starts_with("d:2:"));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn loaders_never_panic(text in "\\PC{0,400}", lenient: bool) {
+        let _ = load_nodes("n", &text, lenient);
+        let (c, _) = load_nodes("nodes.csv", NODES, false).unwrap();
+        let _ = load_pods("p", &text, &c, lenient);
+        let _ = usage::parse_metric("u", &text, lenient);
+    }
+
+    #[test]
+    fn structured_rows_never_panic_and_errors_have_lines(
+        rows in prop::collection::vec((
+            "[a-z0-9]{0,4}", "-?[0-9]{0,7}(\\.[05])?", "[0-9x]{0,6}", "-?[0-9]{0,2}", "-?[0-9]{0,5}", "(|nan|P100|G2|V100|P100\\|G2)", "(LS|BE|x|)"
+        ), 0..20),
+        lenient: bool,
+    ) {
+        let mut text = String::from("name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos\n");
+        for r in &rows {
+            text.push_str(&format!("{},{},{},{},{},{},{}\n", r.0, r.1, r.2, r.3, r.4, r.5, r.6));
+        }
+        let (c, _) = load_nodes("nodes.csv", NODES, false).unwrap();
+        match load_pods("pods.csv", &text, &c, lenient) {
+            Ok((pods, skipped)) => {
+                prop_assert_eq!(pods.len() + skipped.count, rows.len());
+                for p in &pods {
+                    prop_assert!(p.pod.gpu_milli() <= 1000);
+                    prop_assert!(c.nodes().iter().any(|n| n.fits(&p.pod)), "loaded a pod no empty node fits");
+                }
+            }
+            Err(e) => {
+                prop_assert!(!lenient);
+                prop_assert!(e.line >= 2 && e.line <= rows.len() as u64 + 1, "line {} out of range", e.line);
+            }
+        }
+    }
+}

@@ -1,0 +1,77 @@
+//! End-to-end simulation on a subsample of the embedded openb trace, small
+//! enough for the dev profile.
+
+use egpu_place::PolicyKind;
+use egpu_sim::sweep::{self, Sweep, Trace};
+use egpu_sim::{data, elastic, report, trace, workload};
+
+fn small_trace() -> Trace {
+    let (cluster, _) = trace::load_nodes("nodes", data::OPENB_NODES, false).unwrap();
+    // Every 8th node and every 8th pod keep the trace's mix at 1/8 scale.
+    let mut small = egpu_place::Cluster::new();
+    for (i, n) in cluster.nodes().iter().enumerate().filter(|(i, _)| i % 8 == 0) {
+        let t = n.gpu_type().map(|t| &cluster.gpu_types()[usize::from(t.0)]);
+        let gpu_type = t.map(|t| small.gpu_type_or_insert(&t.name, t.memory_mib).unwrap());
+        small.add_node(egpu_place::NodeSpec { name: format!("{}-{i}", n.name()), cpu_milli: n.cpu_capacity(), memory_mib: n.mem_capacity_mib(), gpu_type, nvlink_groups: vec![0; n.gpus().len()], max_pods: 1001 }).unwrap();
+    }
+    let (pods, _) = trace::load_pods("pods", data::OPENB_DEFAULT_PODS, &small, true).unwrap();
+    let pods = pods.into_iter().step_by(8).collect();
+    Trace::new("default/8".into(), small, pods, 0.95)
+}
+
+#[test]
+fn inflation_reaches_the_target_and_seeds_reproduce() {
+    let t = small_trace();
+    let cap = t.cluster.gpu_capacity_milli();
+    let a = workload::arrivals(&t.pods, cap, 1.3, 7);
+    assert_eq!(a, workload::arrivals(&t.pods, cap, 1.3, 7));
+    assert_ne!(a, workload::arrivals(&t.pods, cap, 1.3, 8));
+    let total: u64 = a.iter().map(|&i| t.pods[i].pod.total_gpu_milli()).sum();
+    assert!(total as f64 <= 1.3 * cap as f64 && total as f64 > 1.3 * cap as f64 - 8000.0, "total {total} vs capacity {cap}");
+}
+
+#[test]
+fn sweep_produces_curves_and_fgd_beats_random() {
+    let t = small_trace();
+    let runs = sweep::run(&Sweep { trace: &t, policies: &[PolicyKind::Random, PolicyKind::Fgd, PolicyKind::Egpu], seeds: &[1], inflation: 1.3, threads: 2 }, &|_| {});
+    assert_eq!(runs.len(), 3);
+    for r in &runs {
+        assert_eq!(r.invalid, 0);
+        assert_eq!(r.placed + r.failed, r.pods);
+        let a: Vec<f64> = r.alloc_pct.iter().flatten().copied().collect();
+        assert!(a.len() > 120, "curve has gaps");
+        assert!(a.windows(2).all(|w| w[1] + 1e-9 >= w[0] - 1.0), "allocation should not drop");
+        assert!(a.iter().all(|&x| (0.0..=100.0).contains(&x)));
+    }
+    let un = |p: &str| runs.iter().find(|r| r.policy == p).and_then(|r| r.unallocated_at(100)).unwrap();
+    assert!(un("fgd") < un("random"), "fgd {} vs random {}", un("fgd"), un("random"));
+    let dir = std::env::temp_dir().join(format!("egpu-sim-test-{}", std::process::id()));
+    let s = report::write_all(&dir, "default/8", "test", 1.3, 0.0, &runs).unwrap();
+    assert_eq!(s.len(), 3);
+    for f in ["summary.md", "results.json", "curves.csv", "allocation.svg"] {
+        assert!(std::fs::metadata(dir.join(f)).unwrap().len() > 100, "{f} is empty");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn elastic_strategies_are_ordered_and_count_violations() {
+    // Two pods on a 10-minute grid: one steady, one that bursts late.
+    let mut rows_d = Vec::new();
+    let mut rows_m = Vec::new();
+    for t in 0..10 {
+        rows_d.push(("a".to_string(), 60.0 * t as f64, 10.0));
+        rows_d.push(("b".to_string(), 60.0 * t as f64, if t < 8 { 10.0 } else { 90.0 }));
+        rows_m.push(("a".to_string(), 60.0 * t as f64, 10.0 * (1u64 << 30) as f64));
+        rows_m.push(("b".to_string(), 60.0 * t as f64, if t < 8 { 5.0 } else { 30.0 } * (1u64 << 30) as f64));
+    }
+    let u = elastic::load::align(&rows_d, &rows_m);
+    let e = elastic::evaluate(&u, elastic::ElasticConfig { gpu_mem_gib: 80.0, resize_every: 5, window: 5, headroom: 0.1, compute_floor: 0.0, mem_floor_gib: 0.0 });
+    let g: Vec<usize> = e.outcomes.iter().map(|o| o.gpus).collect();
+    assert_eq!(g[0], 2, "exclusive: one GPU per pod");
+    assert_eq!(g[1], 1, "static peak: 10%+90% compute and 10+30 GiB fit one GPU");
+    assert_eq!(e.lower_bound, 1, "at most 100% compute and 40 GiB at any minute");
+    // b's memory jumps from 5 to 30 GiB between resizes: refused memory at minutes 8 and 9.
+    let el = &e.outcomes[2];
+    assert!(el.violation_minutes >= 2 && el.refused_mem_gib_minutes > 40.0, "{el:?}");
+}
