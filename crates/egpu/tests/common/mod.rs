@@ -161,3 +161,68 @@ pub fn assert_fails(o: &Output, code: i32, needles: &[&str]) {
         assert!(err.contains(n), "stderr lacks {n:?}: {err}");
     }
 }
+
+/// A child whose stdout JSON lines arrive on a channel (read by a thread), so
+/// a test can wait for an event with a deadline.
+pub struct Lines {
+    pub child: Child,
+    rx: std::sync::mpsc::Receiver<String>,
+    pub seen: Vec<String>,
+}
+
+impl Lines {
+    pub fn spawn(mut cmd: Command) -> Lines {
+        let mut child = cmd.stdout(Stdio::piped()).stdin(Stdio::piped()).spawn().unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Lines { child, rx, seen: Vec::new() }
+    }
+
+    /// Waits up to `timeout` for a JSON line whose "event" is `event`.
+    pub fn wait_event(&mut self, event: &str, timeout: Duration) -> Option<serde_json::Value> {
+        let end = Instant::now() + timeout;
+        loop {
+            let left = end.checked_duration_since(Instant::now())?;
+            let line = self.rx.recv_timeout(left).ok()?;
+            self.seen.push(line.clone());
+            if let Ok(v) = serde_json::from_str::<serde_json::Value>(&line)
+                && v["event"] == event
+            {
+                return Some(v);
+            }
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Closes stdin (a probe holding memory then exits) and waits up to `timeout`.
+    pub fn finish(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        drop(self.child.stdin.take());
+        let mut st = None;
+        wait_until(timeout, || {
+            st = self.child.try_wait().unwrap();
+            st.is_some()
+        });
+        st
+    }
+}
+
+impl Drop for Lines {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
