@@ -42,7 +42,9 @@ pub struct DeviceLimits {
     /// Arbiter: cumulative GPU-time allowance of the whole slice on this
     /// device, in the hook's measured ns (the unit of `UsageRegion::consumed_ns`).
     /// A launch may start while `consumed_ns` plus the launcher's unfinished
-    /// work is below it. Only ever grows; 0 means "no arbiter has run".
+    /// work is below it. Set each period to the slice's `consumed_ns` at the
+    /// tick plus its budget, so unused allowance is not banked (it may
+    /// decrease). Ignored while `arbiter_period_ns` is 0.
     pub allowance_ns: AtomicU64,
     /// Arbiter: CLOCK_MONOTONIC ns at which the epoch `budget_epoch` started;
     /// the next allowance is due at `epoch_start_ns + arbiter_period_ns`.
