@@ -88,3 +88,68 @@ impl Arbiter {
         (budgets, errors)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ArbiterConfig;
+    use crate::gate::{Decision, GateView, ProcGate};
+    use egpu_abi::limits::DeviceInit;
+    use egpu_abi::{DeviceLimitsSnapshot, LimitsReader};
+
+    fn slice(dir: &std::path::Path, name: &str, share: u32, limit: u32) -> (LimitsWriter, UsageFile) {
+        let d = dir.join(name);
+        std::fs::create_dir(&d).unwrap();
+        let init = DeviceInit {
+            uuid: "GPU-x".into(),
+            host_index: 0,
+            limits: DeviceLimitsSnapshot { host_index: 0, mem_limit: 1 << 30, compute_share_bps: share, compute_limit_bps: limit },
+        };
+        (LimitsWriter::create(&d.join("limits"), name, 1, &[init]).unwrap(), UsageFile::create(&d.join("usage"), 1).unwrap())
+    }
+
+    #[test]
+    fn tick_publishes_allowances_the_hook_gate_obeys() {
+        let dir = tempfile::tempdir().unwrap();
+        let (la, ua) = slice(dir.path(), "a", 3000, 3000);
+        let (lb, ub) = slice(dir.path(), "b", 7000, 7000);
+        let mut arb = Arbiter::new(ArbiterConfig::default());
+        let p = arb.config().period_ns;
+        let truth = [Some(0)];
+        let refs = [
+            TableRef { slice: 1, limits: &la, usage: &ua, true_ns: &truth },
+            TableRef { slice: 2, limits: &lb, usage: &ub, true_ns: &truth },
+        ];
+        let (b, errs) = arb.tick_tables(5, &refs);
+        assert!(errs.is_empty());
+        assert_eq!((b[0].budget_ns, b[1].budget_ns), (3 * p / 10, 7 * p / 10));
+        // The hook's read-only view sees the published words, and its gate obeys them.
+        let r = LimitsReader::open(la.path()).unwrap();
+        let d = &r.region().devices[0];
+        assert_eq!(d.allowance_ns.load(Ordering::Relaxed), 3 * p / 10);
+        assert_eq!(d.epoch_start_ns.load(Ordering::Relaxed), 5);
+        assert_eq!(d.budget_epoch.load(Ordering::Relaxed), 1);
+        let v = GateView::from_tables(r.region(), ua.region(), 0, 3000);
+        let g = ProcGate::new();
+        assert_eq!(g.before_launch(&v, 6), Decision::Go);
+        ua.region().consumed_ns[0].store(3 * p / 10, Ordering::Relaxed);
+        assert_eq!(g.before_launch(&v, 6), Decision::WaitUntil(5 + p));
+        // A deleted slice is skipped; a resize shows at the next tick.
+        lb.mark_deleted();
+        la.publish(1, &[DeviceLimitsSnapshot { host_index: 0, mem_limit: 1 << 30, compute_share_bps: 6000, compute_limit_bps: 6000 }]).unwrap();
+        let (b, _) = arb.tick_tables(5 + p, &refs);
+        assert_eq!(b.len(), 1);
+        assert_eq!(b[0].budget_ns, 6 * p / 10);
+    }
+
+    #[test]
+    fn inconsistent_tables_are_reported_not_ticked() {
+        let dir = tempfile::tempdir().unwrap();
+        let (la, _) = slice(dir.path(), "a", 3000, 3000);
+        let u2 = UsageFile::create(&dir.path().join("u2"), 2).unwrap();
+        let mut arb = Arbiter::new(ArbiterConfig::default());
+        let (b, errs) = arb.tick_tables(0, &[TableRef { slice: 9, limits: &la, usage: &u2, true_ns: &[] }]);
+        assert!(b.is_empty());
+        assert!(matches!(errs[..], [TablesError::DeviceCount { slice: 9, limits: 1, usage: 2 }]));
+    }
+}
