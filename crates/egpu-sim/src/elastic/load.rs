@@ -92,7 +92,6 @@ pub fn align(duty: &[Sample], mem: &[Sample]) -> Usage {
     if !t0.is_finite() {
         return Usage::default();
     }
-    let minutes = (((t1 - t0) / 60.0).round() as usize).min(1 << 20) + 1;
     let mut index: HashMap<&str, usize> = HashMap::new();
     let mut pods = Vec::new();
     for r in duty.iter().chain(mem) {
@@ -101,6 +100,8 @@ pub fn align(duty: &[Sample], mem: &[Sample]) -> Usage {
             pods.len() - 1
         });
     }
+    // Bound the grid (pods × minutes) so hostile timestamps cannot exhaust memory.
+    let minutes = (((t1 - t0) / 60.0).round() as usize).min(50_000_000 / pods.len().max(1)) + 1;
     let mut u = Usage { minutes, duty: vec![vec![f32::NAN; minutes]; pods.len()], mem: vec![vec![f32::NAN; minutes]; pods.len()], pods, skipped_rows: 0 };
     for (rows, dst, scale) in [(duty, 0, 0.01), (mem, 1, 1.0)] {
         for (p, t, v) in rows {
