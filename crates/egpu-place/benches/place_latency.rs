@@ -115,8 +115,8 @@ fn percentiles() {
     // (version, score) slot per node per pod shape seen).
     let b = setup(PolicyKind::Egpu);
     let node = std::mem::size_of::<egpu_place::Node>();
-    let gpus: usize = b.cluster.nodes().iter().map(|n| n.gpus().len() * std::mem::size_of::<egpu_place::Gpu>() + n.name().len()).sum();
-    let model = b.cluster.nodes().len() * node + gpus;
+    let gpus: usize = b.cluster.nodes().iter().map(|n| std::mem::size_of_val(n.gpus()) + n.name().len()).sum();
+    let model = std::mem::size_of_val(b.cluster.nodes()) + gpus;
     println!("model memory for {} GPUs: {:.1} KiB ({} B per node struct); cache slot {} B per node per shape", b.cluster.gpu_count(), model as f64 / 1024.0, node, std::mem::size_of::<(u64, (i64, u8))>());
 }
 
