@@ -1,7 +1,7 @@
 //! `egpu-probe alloc`.
 
 use crate::Global;
-use crate::common::{setup, wait_stdin};
+use crate::common::setup;
 use crate::family::{self, Family};
 use egpu_workloads::api::Api;
 use egpu_workloads::out::emit;
@@ -25,6 +25,9 @@ pub struct AllocArgs {
     /// After allocating, print "holding" and wait until stdin is closed.
     #[arg(long)]
     hold: bool,
+    /// After setting up the context, print "ready" and wait for a line on stdin.
+    #[arg(long)]
+    wait_go: bool,
     /// Exit without freeing (like a crash; the slice reclaims the record).
     #[arg(long)]
     no_free: bool,
@@ -33,6 +36,9 @@ pub struct AllocArgs {
 pub fn run(api: Api, g: &Global, a: AllocArgs) -> i32 {
     let cu = setup(api, g.device, g.own_ctx);
     let mut st = family::Ctx::default();
+    if a.wait_go {
+        crate::common::wait_go();
+    }
     let mut held = Vec::new();
     let (mut stopped, mut code) = ("count", 0u32);
     let want = if a.until_oom { u64::MAX } else { a.count };
@@ -56,7 +62,7 @@ pub fn run(api: Api, g: &Global, a: AllocArgs) -> i32 {
     let n = held.len() as u64;
     if a.hold {
         emit(json!({"event": "holding", "allocated": n, "pid": std::process::id(), "mem": cu.mem_info()}));
-        wait_stdin();
+        crate::common::hold(&cu);
     }
     if a.no_free {
         emit(json!({"event": "exit-without-free", "allocated": n}));

@@ -62,3 +62,22 @@ pub fn wait_stdin() {
     let mut i = std::io::stdin().lock();
     while matches!(i.read(&mut buf), Ok(n) if n > 0) {}
 }
+
+/// Like [`wait_stdin`]; each line `info` on stdin prints `{"event":"mem",...}` (cuMemGetInfo now).
+pub fn hold(cu: &Cuda) {
+    let mut l = String::new();
+    while matches!(std::io::stdin().read_line(&mut l), Ok(n) if n > 0) {
+        if l.trim() == "info" {
+            emit(json!({"event": "mem", "mem": cu.mem_info()}));
+        }
+        l.clear();
+    }
+}
+
+/// Prints "ready" and blocks until a line arrives on stdin (lets a test start
+/// several probes' allocations together, after all have their contexts).
+pub fn wait_go() {
+    emit(json!({"event": "ready", "pid": std::process::id()}));
+    let mut l = String::new();
+    let _ = std::io::stdin().read_line(&mut l);
+}

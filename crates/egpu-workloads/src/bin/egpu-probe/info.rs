@@ -55,6 +55,8 @@ fn nvml(api: &Api) -> Value {
 
 pub fn run(api: Api, g: &Global) -> i32 {
     let nv = nvml(&api);
+    // NVML first and on its own line: it is answered even when no context can be made.
+    emit(json!({"event": "nvml", "nvml": nv.clone()}));
     let cu = setup(api, g.device, g.own_ctx);
     let mut count: i32 = 0;
     let _ = call!(cu.api, cuDeviceGetCount(&mut count));

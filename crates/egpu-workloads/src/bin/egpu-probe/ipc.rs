@@ -92,6 +92,7 @@ pub fn fork(api: Api, g: &Global, a: ForkArgs) -> i32 {
         if r.is_ok() {
             let _ = call!(c.api, cuMemFree_v2(p));
         }
+        c.teardown(g.own_ctx);
         std::process::exit(if r.is_ok() { exit::OK } else { exit::FAILED });
     }
     let mut status = 0;
@@ -102,5 +103,8 @@ pub fn fork(api: Api, g: &Global, a: ForkArgs) -> i32 {
         let _ = call!(cu.api, cuMemFree_v2(p));
     }
     emit(json!({"event": "parent-done", "child_ok": child_ok, "mem": cu.as_ref().map(|c| c.mem_info())}));
+    if let Some(c) = &cu {
+        c.teardown(g.own_ctx);
+    }
     if child_ok { exit::OK } else { exit::FAILED }
 }

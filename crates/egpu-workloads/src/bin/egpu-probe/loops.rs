@@ -1,7 +1,7 @@
 //! `egpu-probe grow` (blocked until a live resize) and `egpu-probe churn`.
 
 use crate::Global;
-use crate::common::{setup, wait_stdin};
+use crate::common::setup;
 use crate::family::{self, Family};
 use egpu_cuda::CUDA_ERROR_OUT_OF_MEMORY;
 use egpu_workloads::api::Api;
@@ -24,11 +24,17 @@ pub struct GrowArgs {
     /// After reaching --until, print "holding" and wait until stdin is closed.
     #[arg(long)]
     hold: bool,
+    /// After setting up the context, print "ready" and wait for a line on stdin.
+    #[arg(long)]
+    wait_go: bool,
 }
 
 pub fn grow(api: Api, g: &Global, a: GrowArgs) -> i32 {
     let cu = setup(api, g.device, g.own_ctx);
     let mut st = family::Ctx::default();
+    if a.wait_go {
+        crate::common::wait_go();
+    }
     let mut held = Vec::new();
     let mut total = 0u64;
     let mut blocked_since: Option<Instant> = None;
@@ -69,7 +75,7 @@ pub fn grow(api: Api, g: &Global, a: GrowArgs) -> i32 {
     emit(json!({"event": "done", "t_ns": monotonic_ns(), "total": total, "mem": cu.mem_info()}));
     if a.hold {
         emit(json!({"event": "holding", "total": total}));
-        wait_stdin();
+        crate::common::hold(&cu);
     }
     for h in held {
         let _ = family::free(&cu, &st, h);
@@ -93,6 +99,9 @@ pub struct ChurnArgs {
     /// Largest single allocation.
     #[arg(long, default_value = "64MiB", value_parser = parse_bytes)]
     max_alloc: u64,
+    /// After setting up the context, print "ready" and wait for a line on stdin.
+    #[arg(long)]
+    wait_go: bool,
     /// Stop after this many operations (0: only --seconds).
     #[arg(long, default_value_t = 0)]
     ops: u64,
@@ -101,6 +110,9 @@ pub struct ChurnArgs {
 pub fn churn(api: Api, g: &Global, a: ChurnArgs) -> i32 {
     let cu = setup(api, g.device, g.own_ctx);
     let mut st = family::Ctx::default();
+    if a.wait_go {
+        crate::common::wait_go();
+    }
     let mut rng = a.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
     let mut next = move || {
         rng ^= rng << 13;

@@ -1,0 +1,158 @@
+//! The memory-escape suite: every allocation family, from several processes
+//! of one slice at once, through all three ways into the driver, on the
+//! simulated GPU. The slice's charged total must never exceed its limit, the
+//! simulated driver's own accounting (the independent witness) must agree,
+//! and usage must return to zero after frees.
+
+mod common;
+
+use common::*;
+
+const FAMILIES: &[&str] = &["mem", "pitch", "managed", "array", "mipmap", "async", "pool", "vmm", "multicast", "graph"];
+const WAYS: &[&str] = &["direct", "dlopen", "procaddr"];
+
+/// Context cost of the simulated driver (EGPU_SIM_CTX_BYTES default).
+const CTX: u64 = 32 * MIB;
+
+fn alloc_args<'a>(way: &'a str, family: &'a str, size: &'a str) -> Vec<&'a str> {
+    vec!["--via", way, "alloc", "--family", family, "--size", size, "--until-oom", "--hold"]
+}
+
+#[test]
+fn every_family_every_way_stays_within_the_limit() {
+    let w = World::new("1x4GiB");
+    let limit = 512 * MIB;
+    let s = w.slice("fam", &[(0, limit)]);
+    for family in FAMILIES {
+        for way in WAYS {
+            let mut p = Running::start(w.probe(&s, &alloc_args(way, family, "64MiB")));
+            let h = p.wait_for("holding");
+            let n = h["allocated"].as_u64().unwrap();
+            let used = s.used(0);
+            let witness = w.sim_used(0);
+            assert!(used <= limit, "{family}/{way}: charged {used} > limit {limit}");
+            assert!(witness <= limit, "{family}/{way}: simulated driver holds {witness} > limit {limit}");
+            // It was refused at the limit, not before: one more 64MiB would not fit.
+            assert!(used + 64 * MIB > limit, "{family}/{way}: refused early: charged {used}, {n} allocations");
+            assert!(n >= (limit - CTX) / (64 * MIB) - 1, "{family}/{way}: only {n} allocations");
+            // The slice view agrees with the charges.
+            let free = h["mem"]["free"].as_u64().unwrap();
+            assert_eq!(free, limit - used, "{family}/{way}: cuMemGetInfo free");
+            let (code, rest) = p.finish();
+            assert_eq!(code, 0, "{family}/{way}: {rest:?}");
+            assert_eq!(s.used(0), 0, "{family}/{way}: usage must return to zero after frees: {rest:?}");
+        }
+    }
+}
+
+#[test]
+fn several_processes_of_one_slice_never_exceed_the_limit() {
+    let w = World::new("1x4GiB");
+    let limit = 640 * MIB;
+    let s = w.slice("many", &[(0, limit)]);
+    // Three processes, each a different way in and family, all racing to the limit.
+    let mut ps: Vec<Running> = [("direct", "mem"), ("dlopen", "vmm"), ("procaddr", "async"), ("procaddr", "array")]
+        .iter()
+        .map(|(way, fam)| {
+            let mut a = alloc_args(way, fam, "32MiB");
+            a.push("--wait-go");
+            Running::start(w.probe(&s, &a))
+        })
+        .collect();
+    // Every process has its context before anyone allocates; then all go at once.
+    for p in &mut ps {
+        p.wait_for("ready");
+    }
+    for p in &mut ps {
+        p.write("go\n");
+    }
+    let mut total = 0;
+    for p in &mut ps {
+        total += p.wait_for("holding")["allocated"].as_u64().unwrap() * 32 * MIB;
+    }
+    let used = s.used(0);
+    assert!(used <= limit, "charged {used} > limit {limit}");
+    assert!(w.sim_used(0) <= limit, "simulated driver holds more than the limit");
+    assert_eq!(used, total + 4 * CTX, "charges = allocations + 4 contexts");
+    assert!(used + 32 * MIB > limit, "processes were refused early ({used})");
+    for p in ps {
+        assert_eq!(p.finish().0, 0);
+    }
+    assert_eq!(s.used(0), 0);
+    assert_eq!(w.sim_used(0), 0);
+}
+
+#[test]
+fn concurrent_churn_never_exceeds_and_returns_to_zero() {
+    let w = World::new("1x4GiB");
+    let limit = 512 * MIB;
+    let s = w.slice("churn", &[(0, limit)]);
+    // 4 contexts + 3 processes at their maximum fit; all 4 at their maximum do not.
+    let mut kids: Vec<Running> = (0..4)
+        .map(|i| {
+            let seed = (i + 1).to_string();
+            let way = WAYS[i % 3];
+            let fam = ["mem", "async", "vmm", "pool"][i];
+            Running::start(w.probe(&s, &["--via", way, "churn", "--seconds", "2", "--max", "112MiB", "--max-alloc", "16MiB", "--seed", &seed, "--family", fam, "--wait-go"]))
+        })
+        .collect();
+    for k in &mut kids {
+        k.wait_for("ready");
+    }
+    for k in &mut kids {
+        k.write("go\n");
+    }
+    let mut samples = 0;
+    while kids.iter_mut().any(|k| k.child.try_wait().unwrap().is_none()) {
+        let used = s.used(0);
+        assert!(used <= limit, "charged {used} > limit {limit} while churning");
+        samples += 1;
+        std::thread::yield_now();
+    }
+    assert!(samples > 10);
+    for k in kids {
+        let (code, lines) = k.finish();
+        assert_eq!(code, 0, "{lines:?}");
+        let v = lines.iter().find(|v| v["event"] == "churn").expect("churn stats");
+        assert_eq!(v["errors"], 0, "{v}");
+        assert!(v["allocs"].as_u64().unwrap() > 10, "{v}");
+    }
+    assert_eq!(s.used(0), 0);
+    assert_eq!(w.sim_used(0), 0);
+}
+
+#[test]
+fn imported_and_host_memory_is_not_charged() {
+    let w = World::new("1x4GiB");
+    let a = w.slice("exporter", &[(0, GIB)]);
+    let b = w.slice("importer", &[(0, 96 * MIB)]);
+    let mut exp = Running::start(w.probe(&a, &["ipc-export", "--size", "256MiB"]));
+    let handle = exp.wait_for("exported")["handle"].as_str().unwrap().to_string();
+    for way in WAYS {
+        let mut imp = Running::start(w.probe(&b, &["--via", way, "ipc-import", "--handle", &handle]));
+        imp.wait_for("imported");
+        assert_eq!(b.used(0), CTX, "{way}: the importer is charged only its context");
+        assert_eq!(imp.finish().0, 0);
+    }
+    assert_eq!(a.used(0), 256 * MIB + CTX);
+    assert_eq!(exp.finish().0, 0);
+    // Host memory and host-located cuMemCreate: more than the whole limit, never charged.
+    for fam in ["host", "hostvmm"] {
+        let mut p = Running::start(w.probe(&b, &["alloc", "--family", fam, "--size", "128MiB", "--count", "2", "--hold"]));
+        assert_eq!(p.wait_for("holding")["allocated"], 2, "{fam}");
+        assert_eq!(b.used(0), CTX, "{fam}");
+        assert_eq!(p.finish().0, 0);
+    }
+    assert_eq!(b.used(0), 0);
+}
+
+#[test]
+fn contexts_are_charged() {
+    let w = World::new("1x4GiB");
+    let s = w.slice("ctx", &[(0, 200 * MIB)]);
+    // 200MiB holds the primary context plus 5 more of 32MiB each.
+    let d = run(w.probe(&s, &["alloc", "--family", "ctx", "--until-oom"]));
+    assert_eq!(d.code, 0, "{}", d.stderr);
+    assert_eq!(d.event("summary")["allocated"], 5, "{:?}", d.lines);
+    assert_eq!(s.used(0), 0);
+}
