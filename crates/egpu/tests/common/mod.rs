@@ -226,3 +226,49 @@ impl Drop for Lines {
         }
     }
 }
+
+impl Node {
+    /// The environment `egpu env NAME` prints, as (name, value) pairs.
+    pub fn slice_env(&self, name: &str) -> Vec<(String, String)> {
+        self.ok(&["env", name])
+            .lines()
+            .filter_map(|l| {
+                let (k, v) = l.strip_prefix("export ")?.split_once('=')?;
+                Some((k.to_string(), v.trim_matches('\'').to_string()))
+            })
+            .collect()
+    }
+
+    /// `GetNode`'s per-device `driver_used_bytes` (the simulated driver's NVML view).
+    pub fn driver_used(&self) -> Vec<u64> {
+        let n = self.json(&["devices", "-o", "json"]);
+        n["devices"].as_array().unwrap().iter().map(|d| d["driver_used_bytes"].as_u64().unwrap()).collect()
+    }
+}
+
+/// A slice listing without the fields that change while workloads run.
+pub fn limits_only(slices: &[serde_json::Value]) -> Vec<serde_json::Value> {
+    slices
+        .iter()
+        .map(|s| {
+            let mut s = s.clone();
+            let o = s.as_object_mut().unwrap();
+            o.remove("generation");
+            o.remove("processes");
+            for d in o["devices"].as_array_mut().unwrap() {
+                let d = d.as_object_mut().unwrap();
+                d.remove("used_bytes");
+                d.remove("refused_allocations");
+            }
+            s
+        })
+        .collect()
+}
+
+/// Live pids egpud lists in each slice's usage records.
+pub fn live_pids(slices: &[serde_json::Value]) -> Vec<u32> {
+    slices
+        .iter()
+        .flat_map(|s| s["processes"].as_array().unwrap().iter().filter(|p| p["alive"] == true).map(|p| p["pid"].as_u64().unwrap() as u32))
+        .collect()
+}
