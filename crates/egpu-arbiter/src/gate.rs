@@ -177,6 +177,19 @@ impl ProcGate {
         }
     }
 
+    /// Forgets every unfinished launch and the mean cost (a `fork` child:
+    /// its parent's launches are not its own).
+    pub fn reset(&self) {
+        self.inflight.store(0, Relaxed);
+        self.inflight_ns.store(0, Relaxed);
+        self.mean_ns.store(0, Relaxed);
+    }
+
+    /// Estimated unfinished work of this process on this device, ns.
+    pub fn inflight_ns(&self) -> u64 {
+        self.inflight_ns.load(Relaxed)
+    }
+
     /// Unfinished launches of this process on this device.
     pub fn inflight(&self) -> u64 {
         self.inflight.load(Relaxed)
@@ -314,6 +327,22 @@ mod tests {
         assert_eq!(g.before_launch(&v, 5001), Decision::Go);
         w.consumed_ns.store(100 + 2001, Relaxed);
         assert_eq!(g.before_launch(&v, 5001), Decision::WaitUntil(5251));
+    }
+
+    #[test]
+    fn reset_forgets_unfinished_launches() {
+        let w = words(1000, u64::MAX, 0);
+        w.queue_launches.store(1, Relaxed);
+        let v = w.view(10_000);
+        let g = ProcGate::new();
+        let e = g.launched();
+        g.completed(&v, e, 30, None);
+        g.launched();
+        assert_eq!((g.inflight(), g.inflight_ns()), (1, 30));
+        assert_eq!(g.before_launch(&v, 0), Decision::Drain);
+        g.reset();
+        assert_eq!((g.inflight(), g.inflight_ns(), g.mean_ns()), (0, 0, 0));
+        assert_eq!(g.before_launch(&v, 0), Decision::Go);
     }
 
     #[test]
