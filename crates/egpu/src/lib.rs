@@ -11,5 +11,6 @@ pub mod cmd;
 pub mod daemon;
 pub mod demo;
 pub mod exit;
+pub mod localnode;
 pub mod output;
 pub mod process;

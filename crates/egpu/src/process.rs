@@ -27,7 +27,8 @@ pub fn exit_code(status: std::process::ExitStatus) -> i32 {
     }
 }
 
-fn forward(pid: u32, sig: i32) {
+/// Sends `sig` to `pid` (a child of ours that has not been reaped).
+pub fn send_signal(pid: u32, sig: i32) {
     let Ok(pid) = libc::pid_t::try_from(pid) else { return };
     // SAFETY: kill(2) takes plain integers and touches no memory of ours; the
     // pid is our own child, which has not been reaped yet (we are still
@@ -51,10 +52,10 @@ pub async fn run(cmd: &[String], env: &[EnvEntry]) -> anyhow::Result<i32> {
     loop {
         tokio::select! {
             st = child.wait() => return Ok(exit_code(st?)),
-            _ = int.recv() => forward(pid, libc::SIGINT),
-            _ = term.recv() => forward(pid, libc::SIGTERM),
-            _ = hup.recv() => forward(pid, libc::SIGHUP),
-            _ = quit.recv() => forward(pid, libc::SIGQUIT),
+            _ = int.recv() => send_signal(pid, libc::SIGINT),
+            _ = term.recv() => send_signal(pid, libc::SIGTERM),
+            _ = hup.recv() => send_signal(pid, libc::SIGHUP),
+            _ = quit.recv() => send_signal(pid, libc::SIGQUIT),
         }
     }
 }
