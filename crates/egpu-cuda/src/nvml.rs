@@ -144,6 +144,21 @@ pub struct nvmlProcessInfo_t {
 const _: () = assert!(size_of::<nvmlProcessInfo_t>() == 24);
 pub type nvmlProcessInfo_v2_t = nvmlProcessInfo_t;
 
+/// `nvmlProcessUtilizationSample_t`: one process's utilisation over one
+/// sample interval ending at `timeStamp` (CPU time, µs), as returned by
+/// `nvmlDeviceGetProcessUtilization`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct nvmlProcessUtilizationSample_t {
+    pub pid: c_uint,
+    pub timeStamp: u64,
+    pub smUtil: c_uint,
+    pub memUtil: c_uint,
+    pub encUtil: c_uint,
+    pub decUtil: c_uint,
+}
+const _: () = assert!(size_of::<nvmlProcessUtilizationSample_t>() == 32);
+
 /// `nvmlPciInfo_t`.
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

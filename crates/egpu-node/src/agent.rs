@@ -58,6 +58,8 @@ pub struct Node {
     pub config: NodeConfig,
     pub gpus: Box<dyn Gpus>,
     pub inventory: Inventory,
+    /// What the compute arbiter computed at its last tick.
+    pub compute: crate::arbiter_loop::ComputeStats,
     slices: Mutex<SliceManager>,
 }
 
@@ -140,7 +142,7 @@ impl Agent {
         tracing::info!(slices = report.adopted.len(), recreated_files = report.recreated.len(),
             reclaimed_processes = report.reclaimed_processes, "adopted stored slices");
         let sweeper = Sweeper { period: config.sweep_period() };
-        let node = Arc::new(Node { config, gpus, inventory, slices: Mutex::new(mgr) });
+        let node = Arc::new(Node { config, gpus, inventory, compute: Default::default(), slices: Mutex::new(mgr) });
         Ok(Agent { node, _lock: lock, tasks: vec![Box::new(sweeper)] })
     }
 
@@ -159,7 +161,8 @@ impl Agent {
         let listener = bind_socket(&path)?;
         tracing::info!(socket = %path.display(), "serving egpu.v1.Node");
         let stop = Arc::new(AtomicBool::new(false));
-        let threads: Vec<_> = self.tasks.into_iter().map(|t| spawn_task(t, self.node.clone(), stop.clone())).collect();
+        let mut threads: Vec<_> = self.tasks.into_iter().map(|t| spawn_task(t, self.node.clone(), stop.clone())).collect();
+        threads.push(crate::arbiter_loop::spawn(self.node.clone(), stop.clone()));
         let svc = crate::service::NodeService::new(self.node.clone());
         let result = tonic::transport::Server::builder()
             .add_service(crate::proto::node_server::NodeServer::new(svc))

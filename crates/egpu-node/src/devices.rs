@@ -48,6 +48,23 @@ pub trait Gpus: Send + Sync {
     fn inventory(&self) -> Result<Inventory, DeviceError>;
     /// Memory in use on device `index`, as the driver reports it.
     fn used_bytes(&self, index: u32) -> Result<u64, DeviceError>;
+    /// Per-process utilisation samples on device `index` newer than
+    /// `last_seen_us` (`nvmlDeviceGetProcessUtilization`), or `None` when the
+    /// driver cannot say. The compute arbiter integrates them into each
+    /// slice's true GPU time.
+    fn process_samples(&self, index: u32, last_seen_us: u64) -> Result<Option<Vec<ProcSample>>, DeviceError> {
+        let _ = (index, last_seen_us);
+        Ok(None)
+    }
+}
+
+/// One process's SM utilisation over the sample interval ending at `timestamp_us`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcSample {
+    pub pid: u32,
+    pub timestamp_us: u64,
+    /// Percent of the interval the process had kernels running.
+    pub sm_util: u32,
 }
 
 /// NVML, loaded with `dlopen` at run time (never linked), from `lib`.
@@ -98,6 +115,18 @@ impl Gpus for NvmlGpus {
     fn used_bytes(&self, index: u32) -> Result<u64, DeviceError> {
         let d = nv("nvmlDeviceGetHandleByIndex", self.nvml.device_by_index(index))?;
         Ok(nv("nvmlDeviceGetMemoryInfo", d.memory_info())?.used)
+    }
+
+    fn process_samples(&self, index: u32, last_seen_us: u64) -> Result<Option<Vec<ProcSample>>, DeviceError> {
+        use nvml_wrapper::error::NvmlError;
+        let d = nv("nvmlDeviceGetHandleByIndex", self.nvml.device_by_index(index))?;
+        match d.process_utilization_stats(last_seen_us) {
+            Ok(v) => Ok(Some(v.into_iter().map(|s| ProcSample { pid: s.pid, timestamp_us: s.timestamp, sm_util: s.sm_util }).collect())),
+            // No process ran since `last_seen_us`.
+            Err(NvmlError::NotFound) => Ok(Some(Vec::new())),
+            Err(NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_) | NvmlError::FunctionNotFound | NvmlError::NoPermission) => Ok(None),
+            Err(source) => Err(DeviceError::Nvml { call: "nvmlDeviceGetProcessUtilization", source }),
+        }
     }
 }
 

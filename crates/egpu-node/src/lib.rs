@@ -15,6 +15,7 @@
 #![forbid(unsafe_code)]
 
 pub mod agent;
+pub mod arbiter_loop;
 pub mod capacity;
 pub mod client;
 pub mod config;

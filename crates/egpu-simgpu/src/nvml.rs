@@ -229,6 +229,51 @@ pub fn utilization(h: nvmlDevice_t, out: *mut nvmlUtilization_t) -> NR<()> {
     w(out, nvmlUtilization_t { gpu: p.shm.utilization(d, now_ns()), memory: 0 })
 }
 
+/// What this process's earlier `nvmlDeviceGetProcessUtilization` calls
+/// reported: (device, slot, pid) -> (sample time µs, busy ns reported so far).
+static SAMPLED: std::sync::Mutex<std::collections::BTreeMap<(usize, usize, u32), (u64, u64)>> = std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// `nvmlDeviceGetProcessUtilization`: one sample per live process that has
+/// run kernels on the device, covering the time since this caller's previous
+/// sample of it (or since `last_seen_us` for a process not sampled before;
+/// the first sample of a process with `last_seen_us == 0` is a 0% baseline).
+/// `smUtil` is the busy share of that interval in whole percent, rounded
+/// down and capped at 100; what is not reported (rounding, kernels queued
+/// beyond the interval) carries into the next sample, so summing
+/// `smUtil × interval` over samples tracks the process's GPU time to within
+/// one percent of one interval. Timestamps are CLOCK_MONOTONIC µs.
+pub fn process_utilization(h: nvmlDevice_t, out: *mut nvmlProcessUtilizationSample_t, count: *mut u32, last_seen_us: u64) -> NR<()> {
+    let (p, d) = dev(h)?;
+    p.shm.sweep();
+    let live: Vec<(usize, u32, u64)> = (0..crate::state::MAX_SLOTS)
+        .filter_map(|i| {
+            let (pid, st) = p.shm.slot_owner(i);
+            let busy = p.shm.slots[i].busy[d].load(Ordering::SeqCst);
+            (st == crate::state::SlotState::Live && busy > 0).then_some((i, pid, busy))
+        })
+        .collect();
+    let cap = arg(crate::cptr::read(count as *const u32))?;
+    w(count, live.len() as u32)?;
+    if live.is_empty() {
+        return Err(NVML_ERROR_NOT_FOUND);
+    }
+    if out.is_null() || (cap as usize) < live.len() {
+        return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+    }
+    let now_us = now_ns() / 1000;
+    let mut hist = SAMPLED.lock().unwrap_or_else(|e| e.into_inner());
+    hist.retain(|&(hd, slot, pid), _| hd != d || live.iter().any(|&(s, p, _)| (s, p) == (slot, pid)));
+    for (k, &(slot, pid, busy)) in live.iter().enumerate() {
+        let e = hist.entry((d, slot, pid)).or_insert(if last_seen_us > 0 && last_seen_us <= now_us { (last_seen_us, 0) } else { (now_us, busy) });
+        let dt = now_us.saturating_sub(e.0);
+        let util = if dt == 0 { 0 } else { (busy.saturating_sub(e.1) / (dt * 10)).min(100) };
+        *e = (now_us, e.1 + util * dt * 10);
+        let sample = nvmlProcessUtilizationSample_t { pid, timeStamp: now_us, smUtil: util as u32, memUtil: 0, encUtil: 0, decUtil: 0 };
+        arg(crate::cptr::write_at(out, k, sample))?;
+    }
+    Ok(())
+}
+
 /// The device at the other end of link `link` of `d`, if linked.
 pub fn remote(mode: NvLinkMode, n: usize, d: usize, link: u32) -> Option<usize> {
     if link >= LINKS || n < 2 {

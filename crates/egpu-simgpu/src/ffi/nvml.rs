@@ -45,6 +45,7 @@ nvml_exports! {
     nvmlDeviceGetMPSComputeRunningProcesses_v2(d: D, c: P<u32>, i: P<nvmlProcessInfo_t>) => n::compute_processes(d, c, i as P<u8>, false, true);
     nvmlDeviceGetMPSComputeRunningProcesses_v3(d: D, c: P<u32>, i: P<nvmlProcessInfo_t>) => n::compute_processes(d, c, i as P<u8>, false, true);
     nvmlDeviceGetUtilizationRates(d: D, u: P<nvmlUtilization_t>) => n::utilization(d, u);
+    nvmlDeviceGetProcessUtilization(d: D, s: P<nvmlProcessUtilizationSample_t>, c: P<u32>, t: u64) => n::process_utilization(d, s, c, t);
     nvmlDeviceGetNvLinkState(d: D, l: u32, a: P<u32>) => n::nvlink_state(d, l, a);
     nvmlDeviceGetNvLinkVersion(d: D, l: u32, v: P<u32>) => n::nvlink_version(d, l, v);
     nvmlDeviceGetNvLinkCapability(d: D, l: u32, c: u32, r: P<u32>) => n::nvlink_capability(d, l, c, r);
@@ -84,7 +85,6 @@ nvml_stubs!(
     nvmlDeviceGetCurrPcieLinkWidth,
     nvmlDeviceGetGpuFabricInfo,
     nvmlDeviceGetGpuFabricInfoV,
-    nvmlDeviceGetProcessUtilization,
     nvmlDeviceGetAccountingStats,
     nvmlDeviceGetTotalEnergyConsumption,
     nvmlDeviceGetNumGpuCores,
