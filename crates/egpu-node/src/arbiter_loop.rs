@@ -356,3 +356,6 @@ async fn run(node: Arc<Node>, stop: Arc<AtomicBool>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,105 @@
+use super::*;
+use crate::NodeConfig;
+use crate::agent::Agent;
+use crate::devices::{FakeGpus, ProcSample};
+use crate::slices::{CreateRequest, ResizeRequest};
+use egpu_abi::{LimitsReader, paths};
+use egpu_core::{Bytes, DeviceShare, Percent, Priority, SliceSpec};
+
+fn agent(dir: &std::path::Path) -> Agent {
+    let cfg = NodeConfig {
+        run_dir: dir.join("run"),
+        state_dir: dir.join("state"),
+        socket: None,
+        simulate: None,
+        hook_lib: dir.join("libegpu.so"),
+        sim_lib: dir.join("libegpu_simgpu.so"),
+        sweep_period_ms: 200,
+    };
+    Agent::start_with(cfg, Box::new(FakeGpus::new(1, 16 * Bytes::GIB))).unwrap()
+}
+
+fn create(node: &Node, name: &str, share: u32, limit: u32) {
+    let d = DeviceShare { device: 0, memory: Bytes::gib(1), compute_share: Percent(share), compute_limit: Percent(limit) };
+    let spec = SliceSpec { name: name.into(), priority: Priority::Normal, devices: vec![d] };
+    node.slices().create(CreateRequest { spec, ephemeral: false, owner_pid: None }).unwrap();
+}
+
+#[test]
+fn a_tick_publishes_budgets_and_a_resize_shows_at_the_next_tick() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = agent(dir.path());
+    let node = a.node();
+    create(node, "a", 3000, 3000);
+    create(node, "b", 7000, 10_000);
+    let mut lp = ComputeLoop::new(ArbiterConfig::default());
+    let p = lp.period().as_nanos() as u64;
+    let b = lp.tick(node, 1_000);
+    assert_eq!(b.len(), 2);
+    let lim = LimitsReader::open(&paths::limits_path(&node.slices().get("a").unwrap().dir)).unwrap();
+    assert_eq!(lim.region().arbiter_period_ns.load(Ordering::Relaxed), p);
+    assert_eq!(lim.region().devices[0].allowance_ns.load(Ordering::Relaxed), 3 * p / 10);
+    let snap = node.compute.snapshot();
+    assert_eq!(snap.ticks, 1);
+    assert_eq!(snap.period_ns, p);
+    assert_eq!(snap.slices["a"][0].budget_ns, 3 * p / 10);
+    assert!(!snap.slices["a"][0].true_time, "FakeGpus gives no samples");
+    assert_eq!(snap.tick_buckets.iter().sum::<u64>(), 1);
+
+    // Resize 30/70 -> 60/40: the share sum stays <= 100%, so shrink b first.
+    let r = |s: u32, l: u32| ResizeRequest { compute_share: Some(Percent(s)), compute_limit: Some(Percent(l)), ..Default::default() };
+    node.slices().resize("b", r(4000, 4000)).unwrap();
+    node.slices().resize("a", r(6000, 6000)).unwrap();
+    lp.tick(node, 1_000 + p);
+    let snap = node.compute.snapshot();
+    assert_eq!(snap.slices["a"][0].budget_ns, 6 * p / 10);
+    assert_eq!(snap.slices["b"][0].budget_ns, 4 * p / 10);
+    assert_eq!(lim.region().devices[0].epoch_start_ns.load(Ordering::Relaxed), 1_000 + p);
+
+    // A deleted slice is forgotten.
+    node.slices().delete("b", false).unwrap();
+    lp.tick(node, 1_000 + 2 * p);
+    assert_eq!(node.compute.snapshot().slices.keys().collect::<Vec<_>>(), ["a"]);
+}
+
+#[test]
+fn share_sums_above_100_percent_are_refused_on_create_and_resize() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = agent(dir.path());
+    let node = a.node();
+    create(node, "a", 3000, 10_000);
+    create(node, "b", 7000, 10_000);
+    let d = DeviceShare { device: 0, memory: Bytes::gib(1), compute_share: Percent(1), compute_limit: Percent(10_000) };
+    let spec = SliceSpec { name: "c".into(), priority: Priority::Normal, devices: vec![d] };
+    assert!(node.slices().create(CreateRequest { spec, ephemeral: false, owner_pid: None }).is_err());
+    let e = node.slices().resize("a", ResizeRequest { compute_share: Some(Percent(3001)), ..Default::default() }).err().unwrap();
+    assert!(matches!(e, crate::slices::SliceOpError::Capacity(_)), "{e}");
+    assert_eq!(node.slices().get("a").unwrap().record.spec.devices[0].compute_share, Percent(3000), "refused resize changes nothing");
+}
+
+fn sample(pid: u32, ts: u64, util: u32) -> ProcSample {
+    ProcSample { pid, timestamp_us: ts, sm_util: util }
+}
+
+#[test]
+fn samples_integrate_into_monotonic_per_slice_time() {
+    let mut t = Truth { last_seen_us: vec![0], supported: vec![true], ..Truth::default() };
+    t.pids.insert(10, "a".into());
+    t.pids.insert(11, "a".into());
+    t.pids.insert(20, "b".into());
+    // First call: baseline only.
+    t.add(0, &[sample(10, 1_000, 100), sample(20, 1_000, 50)]);
+    assert!(t.totals.is_empty());
+    assert_eq!(t.last_seen_us[0], 1_000);
+    // 10 ms later: a at 30%, b at 70%; a new pid of a counts from last_seen.
+    t.add(0, &[sample(10, 11_000, 30), sample(20, 11_000, 70), sample(11, 11_000, 10)]);
+    assert_eq!(t.totals["a"][&0], 3_000_000 + 1_000_000);
+    assert_eq!(t.totals["b"][&0], 7_000_000);
+    // pid 10 exits: a's total keeps what it had.
+    t.pids.remove(&10);
+    t.add(0, &[sample(11, 21_000, 0), sample(10, 21_000, 100)]);
+    assert_eq!(t.totals["a"][&0], 4_000_000);
+    // Utilisation above 100% is clamped.
+    t.add(0, &[sample(20, 31_000, 250)]);
+    assert_eq!(t.totals["b"][&0], 7_000_000 + 20_000_000, "20 ms since its last sample, at most 100%");
+}
