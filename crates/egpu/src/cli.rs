@@ -103,7 +103,7 @@ pub enum Command {
     /// Print the environment a workload of the slice needs, as shell `export` lines.
     Env { name: String },
     /// Trace-driven placement simulator (capacity planning; same policy code as the scheduler).
-    Simulate(egpu_sim::cli::SimulateArgs),
+    Simulate(Box<egpu_sim::cli::SimulateArgs>),
     /// Start a simulated node, run two workloads, hit a limit, resize live, and clean up.
     Demo(crate::demo::DemoArgs),
     /// Benchmarks against a live egpud.

@@ -63,7 +63,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         }
         Command::Run { name, limits, cmd } => return run_ephemeral(socket, name, &limits, &cmd).await,
         Command::Simulate(args) => {
-            tokio::task::spawn_blocking(move || egpu_sim::cli::run(args)).await??;
+            tokio::task::spawn_blocking(move || egpu_sim::cli::run(*args)).await??;
         }
         Command::Demo(args) => return crate::demo::run(args).await,
         Command::Bench(BenchCommand::Resize(args)) => return crate::bench::resize(socket, args).await,
