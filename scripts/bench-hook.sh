@@ -18,7 +18,7 @@ UUID=GPU-5e6d0000-0000-4000-8000-0000e6b00000
 "$T/egpu-mkslice" "$W/slice" "$UUID:0:64GiB" >/dev/null
 run() { "$T/egpu-probe" --via "${VIA:-procaddr}" bench --calls "$CALLS"; }
 : >"$W/out"
-for r in $(seq "$ROUNDS"); do
+for _ in $(seq "$ROUNDS"); do
   run | sed 's/^/bare /' >>"$W/out"
   LD_PRELOAD="$PWD/$T/libegpu.so" EGPU_SLICE_DIR="$W/slice" CUDA_VISIBLE_DEVICES=$UUID run | sed 's/^/hook /' >>"$W/out"
 done

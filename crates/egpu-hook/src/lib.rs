@@ -25,6 +25,7 @@
 //!   guard; fork children re-initialise. The launch path makes no system
 //!   call and takes no lock.
 
+pub mod compute;
 pub mod cuda;
 pub mod detour;
 pub mod devmap;

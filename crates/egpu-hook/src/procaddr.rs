@@ -55,6 +55,9 @@ const GUARDED: &[&str] = &[
     "cuGraphAddMemAllocNode", "cuGraphInstantiate", "cuGraphInstantiateWithFlags", "cuGraphInstantiateWithParams", "cuGraphExecDestroy",
     "cuCtxCreate", "cuCtxDestroy", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset",
     "cuGetProcAddress",
+    // Launches: an unknown pointer would escape the compute gate.
+    "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernelMultiDevice", "cuGraphLaunch",
+    "cuLaunch", "cuLaunchGrid", "cuLaunchGridAsync",
 ];
 
 /// The base name of a versioned symbol name, for the [`GUARDED`] check only.

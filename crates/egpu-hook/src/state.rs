@@ -202,4 +202,5 @@ extern "C" fn after_fork_child() {
     CLAIM.force_unlock();
     crate::ledger::reset_after_fork();
     crate::detour::reset_after_fork();
+    crate::compute::reset_after_fork();
 }

@@ -1,47 +1,244 @@
-//! Kernel launches: the hot path. Each detour does one atomic load (is the
-//! slice attached and healthy?) plus the thread-local re-entry check in the
-//! runner, then calls the real function. No system call, no lock. Compute
-//! gating (arbiter budgets) plugs in here.
+//! Kernel and graph launches: every entry point is gated against the
+//! slice's compute allowance and measured with an event on its stream
+//! ([`crate::compute`]). Without an arbiter (period 0) each detour adds one
+//! atomic load to the fail-closed check and passes through. Host-function
+//! launches are not gated (they use no GPU time).
+//!
+//! `_ptsz` entry points have their own `ops` functions: stream 0 there means
+//! the per-thread default stream, and the completion event must go to the
+//! same stream as the launch.
 
 use super::sig;
+use crate::compute;
 use crate::detour::Outcome;
-use egpu_cuda::{CUfunction, CUgraphExec, CUlaunchConfig, CUstream};
-use std::ffi::{c_uint, c_void};
+use egpu_cuda::{CUcontext, CUfunction, CUgraphExec, CUlaunchConfig, CUresult, CUstream};
+use std::ffi::{c_int, c_uint, c_void};
 
+/// One gated launch on `stream`: admit (may wait), call the driver, measure.
 #[inline(always)]
-fn gate() -> Outcome {
-    match crate::state::gate() {
-        Ok(()) => Outcome::Passthrough,
+fn gated(stream: CUstream, ptsz: bool, call: impl FnOnce() -> CUresult) -> Outcome {
+    if let Err(e) = crate::state::gate() {
+        return Outcome::Error(e);
+    }
+    match compute::admit(stream, ptsz) {
         Err(e) => Outcome::Error(e),
+        Ok(None) => Outcome::Passthrough,
+        Ok(Some(t)) => {
+            let r = call();
+            compute::after(t, r == 0);
+            Outcome::from_code(r)
+        }
     }
 }
 
-/// `cuLaunchKernel` / `_ptsz`.
-#[doc(alias = "cuLaunchKernel")]
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-pub(crate) fn launch_kernel(_real: sig::cuLaunchKernel, _f: CUfunction, _gx: c_uint, _gy: c_uint, _gz: c_uint, _bx: c_uint, _by: c_uint, _bz: c_uint, _shmem: c_uint, _stream: CUstream, _params: *mut *mut c_void, _extra: *mut *mut c_void) -> Outcome {
-    gate()
+macro_rules! kernel {
+    ($name:ident, $sig:ident, $ptsz:expr, $alias:literal) => {
+        #[doc = concat!("`", $alias, "`.")]
+        #[doc(alias = $alias)]
+        #[allow(clippy::too_many_arguments)]
+        #[inline(always)]
+        pub(crate) fn $name(real: sig::$sig, f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) -> Outcome {
+            // SAFETY: the real function with the caller's arguments, unchanged.
+            gated(stream, $ptsz, || unsafe { real(f, gx, gy, gz, bx, by, bz, shmem, stream, params, extra) })
+        }
+    };
+}
+kernel!(launch_kernel, cuLaunchKernel, false, "cuLaunchKernel");
+kernel!(launch_kernel_ptsz, cuLaunchKernel_ptsz, true, "cuLaunchKernel_ptsz");
+
+/// The stream of a `CUlaunchConfig` (null config: let the driver refuse it).
+fn config_stream(config: *const CUlaunchConfig) -> Option<CUstream> {
+    if config.is_null() {
+        return None;
+    }
+    // SAFETY: a non-null config points at a CUlaunchConfig for the call (the driver reads it too).
+    Some(unsafe { (*config).hStream })
 }
 
-/// `cuLaunchKernelEx` / `_ptsz`.
+/// `cuLaunchKernelEx`.
 #[doc(alias = "cuLaunchKernelEx")]
 #[inline(always)]
-pub(crate) fn launch_kernel_ex(_real: sig::cuLaunchKernelEx, _config: *const CUlaunchConfig, _f: CUfunction, _params: *mut *mut c_void, _extra: *mut *mut c_void) -> Outcome {
-    gate()
+pub(crate) fn launch_kernel_ex(real: sig::cuLaunchKernelEx, config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> Outcome {
+    let Some(stream) = config_stream(config) else { return Outcome::Passthrough };
+    // SAFETY: the real function with the caller's arguments.
+    gated(stream, false, || unsafe { real(config, f, params, extra) })
 }
 
-/// `cuLaunchCooperativeKernel` / `_ptsz`.
-#[doc(alias = "cuLaunchCooperativeKernel")]
-#[allow(clippy::too_many_arguments)]
+/// `cuLaunchKernelEx_ptsz`.
+#[doc(alias = "cuLaunchKernelEx_ptsz")]
 #[inline(always)]
-pub(crate) fn launch_cooperative(_real: sig::cuLaunchCooperativeKernel, _f: CUfunction, _gx: c_uint, _gy: c_uint, _gz: c_uint, _bx: c_uint, _by: c_uint, _bz: c_uint, _shmem: c_uint, _stream: CUstream, _params: *mut *mut c_void) -> Outcome {
-    gate()
+pub(crate) fn launch_kernel_ex_ptsz(real: sig::cuLaunchKernelEx_ptsz, config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) -> Outcome {
+    let Some(stream) = config_stream(config) else { return Outcome::Passthrough };
+    // SAFETY: the real function with the caller's arguments.
+    gated(stream, true, || unsafe { real(config, f, params, extra) })
 }
 
-/// `cuGraphLaunch` / `_ptsz` (graph memory was charged at instantiation).
+macro_rules! cooperative {
+    ($name:ident, $sig:ident, $ptsz:expr, $alias:literal) => {
+        #[doc = concat!("`", $alias, "`.")]
+        #[doc(alias = $alias)]
+        #[allow(clippy::too_many_arguments)]
+        #[inline(always)]
+        pub(crate) fn $name(real: sig::$sig, f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void) -> Outcome {
+            // SAFETY: the real function with the caller's arguments, unchanged.
+            gated(stream, $ptsz, || unsafe { real(f, gx, gy, gz, bx, by, bz, shmem, stream, params) })
+        }
+    };
+}
+cooperative!(launch_cooperative, cuLaunchCooperativeKernel, false, "cuLaunchCooperativeKernel");
+cooperative!(launch_cooperative_ptsz, cuLaunchCooperativeKernel_ptsz, true, "cuLaunchCooperativeKernel_ptsz");
+
+/// `CUDA_LAUNCH_PARAMS` (cuda.h), one device's part of a multi-device launch.
+#[repr(C)]
+#[allow(non_snake_case)]
+#[derive(Debug, Clone, Copy)]
+pub struct CudaLaunchParams {
+    pub function: CUfunction,
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub hStream: CUstream,
+    pub kernelParams: *mut *mut c_void,
+}
+const _: () = assert!(size_of::<CudaLaunchParams>() == 56);
+
+/// Runs `f` with the context of `stream` current.
+fn in_stream_ctx<R>(stream: CUstream, f: impl FnOnce() -> R) -> Result<R, CUresult> {
+    use super::drv::real as d;
+    let (Some(get), Some(push), Some(pop)) = (d::cuStreamGetCtx.get(), d::cuCtxPushCurrent_v2.get(), d::cuCtxPopCurrent_v2.get()) else {
+        return Ok(f());
+    };
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: the caller's stream; `ctx` is a valid out-pointer.
+    let r = unsafe { get(stream, &mut ctx) };
+    if r != 0 {
+        return Err(r);
+    }
+    // SAFETY: a context the driver just returned.
+    let r = unsafe { push(ctx) };
+    if r != 0 {
+        return Err(r);
+    }
+    let out = f();
+    let mut popped: CUcontext = std::ptr::null_mut();
+    // SAFETY: pops the context pushed above.
+    let _ = unsafe { pop(&mut popped) };
+    Ok(out)
+}
+
+/// `cuLaunchCooperativeKernelMultiDevice` (deprecated): one gated launch per
+/// device in the list, each admitted in its stream's context.
+#[doc(alias = "cuLaunchCooperativeKernelMultiDevice")]
+pub(crate) fn launch_cooperative_multi_device(real: sig::cuLaunchCooperativeKernelMultiDevice, list: *mut CudaLaunchParams, n: c_uint, flags: c_uint) -> Outcome {
+    if let Err(e) = crate::state::gate() {
+        return Outcome::Error(e);
+    }
+    if list.is_null() || n == 0 || n as usize > egpu_abi::MAX_DEVICES {
+        return Outcome::Passthrough;
+    }
+    // SAFETY: the caller passes `n` CUDA_LAUNCH_PARAMS at `list` for the call.
+    let params: Vec<CudaLaunchParams> = unsafe { std::slice::from_raw_parts(list, n as usize) }.to_vec();
+    let mut tickets = Vec::with_capacity(params.len());
+    for p in &params {
+        match in_stream_ctx(p.hStream, || compute::admit(p.hStream, false)) {
+            Ok(Ok(t)) => tickets.push(t),
+            Ok(Err(e)) | Err(e) => {
+                for (t, p) in tickets.into_iter().zip(&params) {
+                    if let Some(t) = t {
+                        let _ = in_stream_ctx(p.hStream, || compute::after(t, false));
+                    }
+                }
+                return Outcome::Error(e);
+            }
+        }
+    }
+    // SAFETY: the real function with the caller's arguments.
+    let r = unsafe { real(list, n, flags) };
+    for (t, p) in tickets.into_iter().zip(&params) {
+        if let Some(t) = t {
+            let _ = in_stream_ctx(p.hStream, || compute::after(t, r == 0));
+        }
+    }
+    Outcome::from_code(r)
+}
+
+/// `cuGraphLaunch`: one gated launch; its event covers the whole graph
+/// (graph memory was charged at instantiation).
 #[doc(alias = "cuGraphLaunch")]
 #[inline(always)]
-pub(crate) fn graph_launch(_real: sig::cuGraphLaunch, _exec: CUgraphExec, _stream: CUstream) -> Outcome {
-    gate()
+pub(crate) fn graph_launch(real: sig::cuGraphLaunch, exec: CUgraphExec, stream: CUstream) -> Outcome {
+    // SAFETY: the real function with the caller's arguments.
+    gated(stream, false, || unsafe { real(exec, stream) })
+}
+
+/// `cuGraphLaunch_ptsz`.
+#[doc(alias = "cuGraphLaunch_ptsz")]
+#[inline(always)]
+pub(crate) fn graph_launch_ptsz(real: sig::cuGraphLaunch_ptsz, exec: CUgraphExec, stream: CUstream) -> Outcome {
+    // SAFETY: the real function with the caller's arguments.
+    gated(stream, true, || unsafe { real(exec, stream) })
+}
+
+/// `cuLaunch` (pre-CUDA 4.0, legacy stream).
+#[doc(alias = "cuLaunch")]
+pub(crate) fn launch_legacy(real: sig::cuLaunch, f: CUfunction) -> Outcome {
+    // SAFETY: the real function with the caller's arguments.
+    gated(std::ptr::null_mut(), false, || unsafe { real(f) })
+}
+
+/// `cuLaunchGrid` (pre-CUDA 4.0, legacy stream).
+#[doc(alias = "cuLaunchGrid")]
+pub(crate) fn launch_grid(real: sig::cuLaunchGrid, f: CUfunction, w: c_int, h: c_int) -> Outcome {
+    // SAFETY: the real function with the caller's arguments.
+    gated(std::ptr::null_mut(), false, || unsafe { real(f, w, h) })
+}
+
+/// `cuLaunchGridAsync` (pre-CUDA 4.0).
+#[doc(alias = "cuLaunchGridAsync")]
+pub(crate) fn launch_grid_async(real: sig::cuLaunchGridAsync, f: CUfunction, w: c_int, h: c_int, stream: CUstream) -> Outcome {
+    // SAFETY: the real function with the caller's arguments.
+    gated(stream, false, || unsafe { real(f, w, h, stream) })
+}
+
+/// `cuStreamBeginCapture*`: while a capture runs, launches are recorded
+/// into a graph instead of running, so the gate steps aside.
+pub(crate) fn begin_capture(r: CUresult) -> Outcome {
+    compute::capture_began(r == 0);
+    Outcome::from_code(r)
+}
+
+macro_rules! begin_capture {
+    ($name:ident, $sig:ident ( $($arg:ident : $ty:ty),* )) => {
+        #[doc = concat!("`", stringify!($sig), "`: counted as a capture in progress.")]
+        pub(crate) fn $name(real: sig::$sig, $($arg: $ty),*) -> Outcome {
+            // SAFETY: the real function with the caller's arguments.
+            begin_capture(unsafe { real($($arg),*) })
+        }
+    };
+}
+begin_capture!(begin_capture_v1, cuStreamBeginCapture(s: CUstream));
+begin_capture!(begin_capture_v1_ptsz, cuStreamBeginCapture_ptsz(s: CUstream));
+begin_capture!(begin_capture_v2, cuStreamBeginCapture_v2(s: CUstream, mode: c_uint));
+begin_capture!(begin_capture_v2_ptsz, cuStreamBeginCapture_v2_ptsz(s: CUstream, mode: c_uint));
+
+/// `cuStreamEndCapture` / `_ptsz`.
+#[doc(alias = "cuStreamEndCapture")]
+pub(crate) fn end_capture(real: sig::cuStreamEndCapture, s: CUstream, graph: *mut egpu_cuda::CUgraph) -> Outcome {
+    // SAFETY: the real function with the caller's arguments.
+    let r = unsafe { real(s, graph) };
+    compute::capture_ended(r);
+    Outcome::from_code(r)
+}
+
+/// `cuEventSynchronize`: the caller waited; reap the gate's completed events.
+#[doc(alias = "cuEventSynchronize")]
+pub(crate) fn event_synchronize(real: sig::cuEventSynchronize, e: egpu_cuda::CUevent) -> Outcome {
+    // SAFETY: the real function with the caller's argument.
+    let r = unsafe { real(e) };
+    compute::after_sync();
+    Outcome::from_code(r)
 }

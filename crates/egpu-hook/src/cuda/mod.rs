@@ -77,15 +77,27 @@ crate::detour::hooks! {
     fn cuDevicePrimaryCtxRelease(dev: CUdevice) => ctx::primary_release;
     fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) => ctx::primary_reset;
     fn cuDevicePrimaryCtxReset(dev: CUdevice) => ctx::primary_reset;
-    // Launches: the hot path (an atomic load and a TLS check).
+    // Launches: gated against the slice's compute allowance (see `compute`).
     fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel;
-    fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel;
+    fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ptsz;
     fn cuLaunchKernelEx(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ex;
-    fn cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ex;
+    fn cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ex_ptsz;
     fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::launch_cooperative;
-    fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::launch_cooperative;
+    fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::launch_cooperative_ptsz;
+    fn cuLaunchCooperativeKernelMultiDevice(list: *mut launch::CudaLaunchParams, n: c_uint, flags: c_uint) => launch::launch_cooperative_multi_device;
     fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) => launch::graph_launch;
-    fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) => launch::graph_launch;
+    fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) => launch::graph_launch_ptsz;
+    fn cuLaunch(f: CUfunction) => launch::launch_legacy;
+    fn cuLaunchGrid(f: CUfunction, w: c_int, h: c_int) => launch::launch_grid;
+    fn cuLaunchGridAsync(f: CUfunction, w: c_int, h: c_int, stream: CUstream) => launch::launch_grid_async;
+    // Stream capture (the gate steps aside while launches are captured) and event waits (reaping).
+    fn cuStreamBeginCapture(s: CUstream) => launch::begin_capture_v1;
+    fn cuStreamBeginCapture_ptsz(s: CUstream) => launch::begin_capture_v1_ptsz;
+    fn cuStreamBeginCapture_v2(s: CUstream, mode: c_uint) => launch::begin_capture_v2;
+    fn cuStreamBeginCapture_v2_ptsz(s: CUstream, mode: c_uint) => launch::begin_capture_v2_ptsz;
+    fn cuStreamEndCapture(s: CUstream, graph: *mut CUgraph) => launch::end_capture;
+    fn cuStreamEndCapture_ptsz(s: CUstream, graph: *mut CUgraph) => launch::end_capture;
+    fn cuEventSynchronize(e: CUevent) => launch::event_synchronize;
     // Legacy 32-bit (v1) entry points: refused or answered with the slice view.
     fn cuMemAlloc(dptr: *mut c_uint, bytesize: c_uint) => legacy::refuse_alloc;
     fn cuMemAllocPitch(dptr: *mut c_uint, pitch: *mut c_uint, width: c_uint, height: c_uint, elem: c_uint) => legacy::refuse_alloc_pitch;

@@ -259,23 +259,23 @@ pub(crate) fn trim_to(real: sig::cuMemPoolTrimTo, pool: CUmemoryPool, keep: usiz
 /// `cuStreamSynchronize` / `_ptsz`: pools release memory here.
 #[doc(alias = "cuStreamSynchronize")]
 pub(crate) fn synchronize_stream(real: sig::cuStreamSynchronize, stream: CUstream) -> Outcome {
-    if !ANY_POOLS.load(Ordering::Acquire) {
-        return Outcome::Passthrough;
-    }
     // SAFETY: the real function with the caller's argument.
     let r = unsafe { real(stream) };
-    release_unused();
+    if ANY_POOLS.load(Ordering::Acquire) {
+        release_unused();
+    }
+    crate::compute::after_sync();
     Outcome::from_code(r)
 }
 
 /// `cuCtxSynchronize`: pools release memory here.
 #[doc(alias = "cuCtxSynchronize")]
 pub(crate) fn synchronize_ctx(real: sig::cuCtxSynchronize) -> Outcome {
-    if !ANY_POOLS.load(Ordering::Acquire) {
-        return Outcome::Passthrough;
-    }
     // SAFETY: the real function, no arguments.
     let r = unsafe { real() };
-    release_unused();
+    if ANY_POOLS.load(Ordering::Acquire) {
+        release_unused();
+    }
+    crate::compute::after_sync();
     Outcome::from_code(r)
 }

@@ -1,0 +1,287 @@
+//! Compute isolation in the hook: every launch entry point asks the
+//! slice's arbiter gate before calling the driver, and every gated launch is
+//! measured with events on its own stream. Design: `docs/compute-arbiter.md`.
+//!
+//! Contract:
+//!
+//! - **Gate.** [`admit`] runs `egpu_arbiter::ProcGate::before_launch` for the
+//!   launch's slice device against the limits region's allowance and queue
+//!   bounds: `Go` launches; `Drain` waits for this process's oldest launch
+//!   on that device (its completion event); `WaitUntil` sleeps to the next
+//!   period and counts the wait (`throttle_waits`, `throttled_ns`).
+//! - **No arbiter** (`arbiter_period_ns == 0`): nothing is gated or
+//!   measured; the launch costs one extra atomic load. While any stream of
+//!   the process is being captured into a graph, launches are captured, not
+//!   run, so they are not gated either (and no event is recorded or queried,
+//!   which would break a global-mode capture).
+//! - **Measurement.** [`after`] records a pooled timing event on the
+//!   launching stream (every launch by default; every N with
+//!   `EGPU_HOOK_EVENT_EVERY=N`, and always when the gate is close to a queue
+//!   bound or to the allowance), and completed events are reaped, without
+//!   blocking, at later launches and after `cuStreamSynchronize`,
+//!   `cuCtxSynchronize` and `cuEventSynchronize`. A completed event charges
+//!   `end_k − max(end_{k−1}, submit_k)` to the slice's `consumed_ns` and the
+//!   process's `gpu_time_ns` (see [`streams`]).
+//! - **Cost.** The fast path (budget left, queue short) is a clock read
+//!   (vDSO), a thread-local lookup, the gate's relaxed loads, two atomic adds
+//!   and the event record: no system call, no lock, no allocation.
+//! - **Robustness.** State is per process (`GATES`, atomics) and per thread
+//!   (event rings); a fork child resets both; no thread is started; the
+//!   detour runner catches panics.
+
+pub mod drv;
+pub mod streams;
+
+use crate::state::Slice;
+use egpu_abi::{MAX_DEVICES, ProcRecord};
+use egpu_arbiter::{Decision, GateView, ProcGate};
+use egpu_cuda::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, CUresult, CUstream};
+use std::cell::RefCell;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64};
+use streams::{Done, Table};
+
+/// This process's gate per slice device.
+static GATES: [ProcGate; MAX_DEVICES] = [const { ProcGate::new() }; MAX_DEVICES];
+/// Stream captures in progress in this process.
+static CAPTURES: AtomicI64 = AtomicI64::new(0);
+/// Bumped in a fork child: thread tables of another generation are forgotten.
+static FORK_GEN: AtomicU64 = AtomicU64::new(0);
+/// Record an event every this many launches (0: not read yet).
+static EVERY: AtomicU32 = AtomicU32::new(0);
+
+struct Local(RefCell<Table>);
+
+impl Drop for Local {
+    fn drop(&mut self) {
+        let t = self.0.get_mut();
+        if t.gen_ == FORK_GEN.load(Relaxed) {
+            t.forfeit_all(&mut complete);
+        }
+    }
+}
+
+thread_local! {
+    static TABLE: Local = const { Local(RefCell::new(Table::new())) };
+}
+
+/// CLOCK_MONOTONIC, ns (vDSO: no system call).
+#[inline]
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid out-pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn sleep_until(t: u64) {
+    let ts = libc::timespec { tv_sec: (t / 1_000_000_000) as libc::time_t, tv_nsec: (t % 1_000_000_000) as libc::c_long };
+    // SAFETY: ts is valid; a null remainder is allowed with TIMER_ABSTIME.
+    while unsafe { libc::clock_nanosleep(libc::CLOCK_MONOTONIC, libc::TIMER_ABSTIME, &ts, std::ptr::null_mut()) } == libc::EINTR {}
+}
+
+fn every() -> u32 {
+    match EVERY.load(Relaxed) {
+        0 => {
+            let n = std::env::var("EGPU_HOOK_EVENT_EVERY").ok().and_then(|v| v.trim().parse::<u32>().ok()).unwrap_or(1).clamp(1, streams::RING as u32);
+            EVERY.store(n, Relaxed);
+            n
+        }
+        n => n,
+    }
+}
+
+/// The gate's words for slice device `dev`.
+pub fn view(s: &'static Slice, dev: usize) -> GateView<'static> {
+    let l = s.limits.region();
+    let u = s.usage.region();
+    let d = &l.devices[dev];
+    GateView {
+        period_ns: &l.arbiter_period_ns,
+        allowance_ns: &d.allowance_ns,
+        epoch_start_ns: &d.epoch_start_ns,
+        queue_launches: &d.queue_launches,
+        queue_ns: &d.queue_ns,
+        consumed_ns: &u.consumed_ns[dev],
+        throttle_waits: &u.throttle_waits[dev],
+        limit_bps: d.compute_limit_bps.load(Relaxed),
+    }
+}
+
+fn record_of(s: &'static Slice) -> Option<&'static ProcRecord> {
+    s.slot().ok().map(|sl| &s.usage.region().procs[sl.index])
+}
+
+/// Accounts a reaped event (or launches given up at their estimate).
+fn complete(d: Done) {
+    let Ok(s) = crate::state::slice() else { return };
+    if d.dev >= s.uuids.len() {
+        return;
+    }
+    let v = view(s, d.dev);
+    let rec = record_of(s).map(|r| &r.gpu_time_ns[d.dev]);
+    let g = &GATES[d.dev];
+    let n = u64::from(d.n.max(1));
+    for i in 0..n {
+        let last = i + 1 == n;
+        let est = if last { d.est - d.est / n * (n - 1) } else { d.est / n };
+        let m = if last { d.measured - d.measured / n * (n - 1) } else { d.measured / n };
+        g.completed(&v, est, m, rec);
+    }
+}
+
+/// The stream a launch really went to: stream 0 is the per-thread default
+/// stream for `_ptsz` entry points and the legacy stream otherwise.
+#[inline]
+fn normalise(stream: CUstream, ptsz: bool) -> usize {
+    match stream as usize {
+        0 if ptsz => CU_STREAM_PER_THREAD,
+        0 => CU_STREAM_LEGACY,
+        s => s,
+    }
+}
+
+/// A launch the gate let through.
+#[derive(Debug, Clone, Copy)]
+pub struct Ticket {
+    dev: usize,
+    key: usize,
+    submit: u64,
+}
+
+fn with_table<R>(f: impl FnOnce(&mut Table) -> R) -> R {
+    TABLE.with(|l| {
+        let mut t = l.0.borrow_mut();
+        t.check_fork(FORK_GEN.load(Relaxed));
+        f(&mut t)
+    })
+}
+
+/// Gates one launch on `stream` (in the current context). `Ok(None)`: not
+/// gated (no arbiter, or a capture in progress); call the driver directly.
+/// Blocks while the slice is out of budget or the process's queue is full.
+#[inline]
+pub fn admit(stream: CUstream, ptsz: bool) -> Result<Option<Ticket>, CUresult> {
+    let s = crate::state::slice()?;
+    if s.limits.region().arbiter_period_ns.load(Relaxed) == 0 || CAPTURES.load(Relaxed) > 0 {
+        return Ok(None);
+    }
+    let dev = if s.uuids.len() == 1 { 0 } else { crate::devmap::current()?.1 };
+    let key = normalise(stream, ptsz);
+    let v = view(s, dev);
+    let g = &GATES[dev];
+    let mut now = monotonic_ns();
+    with_table(|t| {
+        let i = t.entry(key, dev, &monotonic_ns, &mut complete)?;
+        t.entries[i].reap(now, false, &mut complete);
+        let mut drained_since: Option<u64> = None;
+        loop {
+            match g.before_launch(&v, now) {
+                Decision::Go => break,
+                Decision::Drain => {
+                    if !t.drain(dev, now, &mut complete) {
+                        // Another thread of this process holds the unfinished
+                        // launches; it reaps them at its next launch or
+                        // synchronisation. Do not wait for it forever.
+                        let since = *drained_since.get_or_insert(now);
+                        let period = v.period_ns.load(Relaxed);
+                        if now.saturating_sub(since) > period {
+                            break;
+                        }
+                        sleep_until(now + (period / 50).max(50_000));
+                    }
+                }
+                Decision::WaitUntil(at) => {
+                    sleep_until(at);
+                    let waited = monotonic_ns().saturating_sub(now);
+                    g.waited(&v, waited, record_of(s).map(|r| &r.throttled_ns[dev]));
+                }
+            }
+            now = monotonic_ns();
+        }
+        Ok(Some(Ticket { dev, key, submit: now }))
+    })
+}
+
+/// After the driver call of an admitted launch: on success, counts it and
+/// records its completion event (every launch, or every N when far from the
+/// gate's bounds).
+#[inline]
+pub fn after(t: Ticket, ok: bool) {
+    if !ok {
+        return;
+    }
+    let Ok(s) = crate::state::slice() else { return };
+    let g = &GATES[t.dev];
+    let est = g.launched();
+    if let Some(r) = record_of(s) {
+        r.launches[t.dev].fetch_add(1, Relaxed);
+    }
+    let n = every();
+    with_table(|tab| {
+        let Some(e) = tab.entries.iter_mut().find(|e| e.key == t.key && e.dev == t.dev) else {
+            // The entry was evicted between admit and here: give it back at its estimate.
+            complete(Done { dev: t.dev, est, measured: est, n: 1 });
+            return;
+        };
+        e.add(t.submit, est);
+        if n > 1 && e.unrecorded() < n && !near(s, t.dev, g, n) {
+            return;
+        }
+        let now = monotonic_ns();
+        if e.pending() >= streams::RING {
+            e.reap(now, true, &mut complete);
+        }
+        e.record(now, &mut complete);
+    });
+}
+
+/// Whether the gate may say no within the next `n` launches, so their
+/// completion must be observable now.
+fn near(s: &'static Slice, dev: usize, g: &ProcGate, n: u32) -> bool {
+    let v = view(s, dev);
+    let inflight = g.inflight();
+    let ql = v.queue_launches.load(Relaxed);
+    let qns = v.queue_ns.load(Relaxed);
+    let ahead = g.mean_ns().saturating_mul(u64::from(n));
+    (ql != 0 && inflight + 1 >= ql)
+        || (qns != 0 && g.inflight_ns().saturating_add(ahead) >= qns)
+        || v.consumed_ns.load(Relaxed).saturating_add(g.inflight_ns()).saturating_add(ahead) >= v.allowance_ns.load(Relaxed)
+}
+
+/// After a synchronisation the caller waited for: reap what completed.
+pub fn after_sync() {
+    if CAPTURES.load(Relaxed) > 0 {
+        return;
+    }
+    let now = monotonic_ns();
+    with_table(|t| t.reap_all(now, &mut complete));
+}
+
+/// A stream capture began (`ok`: the driver accepted it).
+pub fn capture_began(ok: bool) {
+    if ok {
+        CAPTURES.fetch_add(1, Relaxed);
+    }
+}
+
+/// A stream capture ended with status `r`.
+pub fn capture_ended(r: CUresult) {
+    if r == 0 || r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED {
+        let _ = CAPTURES.fetch_update(Relaxed, Relaxed, |c| Some((c - 1).max(0)));
+    }
+}
+
+/// Fork child: the parent's launches and captures are not ours.
+pub fn reset_after_fork() {
+    FORK_GEN.fetch_add(1, Relaxed);
+    CAPTURES.store(0, Relaxed);
+    for g in &GATES {
+        g.reset();
+    }
+}
+
+/// This process's unfinished gated launches on slice device `dev` (tests, diagnostics).
+pub fn inflight(dev: usize) -> u64 {
+    GATES.get(dev).map_or(0, ProcGate::inflight)
+}

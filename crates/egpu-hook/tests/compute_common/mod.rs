@@ -1,0 +1,255 @@
+//! Harness for end-to-end compute-isolation tests on the simulated GPU.
+//!
+//! The test plays `egpud`: it writes slice tables with shares, limits and
+//! priorities, and runs the real arbiter (`Arbiter::tick_tables`) every
+//! period in a thread, with each slice's *true* GPU time taken from the
+//! simulated GPU's own per-process busy time. Workloads are `egpu-burn`
+//! processes under `LD_PRELOAD=libegpu.so`. What a slice achieved is read
+//! from the simulated GPU (the independent witness), never from the hook.
+#![allow(dead_code)]
+
+use egpu_abi::limits::DeviceInit;
+use egpu_abi::{DeviceLimitsSnapshot, LimitsWriter, UsageFile, paths};
+use egpu_arbiter::{Arbiter, ArbiterConfig, TableRef};
+use egpu_core::Priority;
+use egpu_simgpu::state::{MAX_SLOTS, Shared, SlotState};
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Simulated ns per thread: egpu-burn's default 64×128 grid is a 205 µs kernel.
+pub const NS_PER_THREAD: &str = "0.025";
+
+pub fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    exe.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf()
+}
+
+/// Builds libegpu.so, the simulated driver and egpu-burn (same profile as this test).
+pub fn build() -> &'static PathBuf {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = target_dir();
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut c = Command::new(cargo);
+        c.args(["build", "-q", "-p", "egpu-hook", "-p", "egpu-simgpu", "-p", "egpu-burn"]);
+        if dir.file_name().is_some_and(|n| n == "release") {
+            c.arg("--release");
+        }
+        assert!(c.status().expect("run cargo build").success(), "cargo build of the hook, the simulated GPU and egpu-burn failed");
+        for f in ["libegpu.so", "libegpu_simgpu.so", "egpu-burn"] {
+            assert!(dir.join(f).exists(), "{} missing after build", dir.join(f).display());
+        }
+        dir
+    })
+}
+
+/// A simulated machine with its own state file.
+pub struct Machine {
+    pub tmp: tempfile::TempDir,
+    pub gpus: String,
+    pub lib: PathBuf,
+    pub state: PathBuf,
+    pub bin: PathBuf,
+    pub sim: &'static Shared,
+}
+
+/// One slice's table, as `egpud` holds it.
+pub struct TestSlice {
+    pub dir: PathBuf,
+    pub writer: LimitsWriter,
+    pub usage: UsageFile,
+    pub uuid: String,
+    pub host: u32,
+    /// Processes of the slice (the harness maps them to true GPU time).
+    pub pids: Mutex<Vec<u32>>,
+}
+
+impl TestSlice {
+    /// A compute resize (share, limit in %), as `egpud` publishes it.
+    pub fn set_compute(&self, share: u32, limit: u32) {
+        let snap = self.writer.snapshot();
+        let mut v = snap.devices().to_vec();
+        v[0].compute_share_bps = share * 100;
+        v[0].compute_limit_bps = limit * 100;
+        self.writer.publish(snap.priority, &v).unwrap();
+    }
+}
+
+impl Machine {
+    pub fn new(gpus: &str) -> Machine {
+        let bin = build().clone();
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let lib = tmp.path().join("lib");
+        std::fs::create_dir_all(&lib).unwrap();
+        for n in ["libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libnvidia-ml.so"] {
+            std::os::unix::fs::symlink(bin.join("libegpu_simgpu.so"), lib.join(n)).unwrap();
+        }
+        let state = tmp.path().join("sim.state");
+        let spec: egpu_core::SimSpec = gpus.parse().expect("sim spec");
+        let totals: Vec<u64> = spec.devices.iter().map(|d| d.memory.0).collect();
+        let sim = Shared::attach(&state, &egpu_simgpu::config::canonical(&spec), gpus, &totals).expect("attach simulated GPU state");
+        Machine { gpus: gpus.into(), lib, state, bin, tmp, sim }
+    }
+
+    /// A one-device slice on host device `host`: share and limit in %.
+    pub fn slice(&self, name: &str, host: u32, share: u32, limit: u32, prio: Priority) -> Arc<TestSlice> {
+        let dir = self.tmp.path().join("slices").join(name);
+        std::fs::create_dir_all(&dir).unwrap();
+        let uuid = egpu_core::simspec::sim_uuid(host);
+        let init = DeviceInit {
+            uuid: uuid.clone(),
+            host_index: host,
+            limits: DeviceLimitsSnapshot { host_index: host, mem_limit: 4 << 30, compute_share_bps: share * 100, compute_limit_bps: limit * 100 },
+        };
+        let writer = LimitsWriter::create(&paths::limits_path(&dir), name, prio.code(), &[init]).unwrap();
+        let usage = UsageFile::create(&paths::usage_path(&dir), 1).unwrap();
+        Arc::new(TestSlice { dir, writer, usage, uuid, host, pids: Mutex::new(Vec::new()) })
+    }
+
+    /// `egpu-burn ARGS -o json` in `slice` under the hook; registered as the slice's process.
+    pub fn burn(&self, slice: &TestSlice, args: &[&str]) -> Burn {
+        let mut c = Command::new(self.bin.join("egpu-burn"));
+        c.args(args)
+            .args(["-o", "json"])
+            .env("LD_LIBRARY_PATH", &self.lib)
+            .env("EGPU_SIM_GPUS", &self.gpus)
+            .env("EGPU_SIM_STATE", &self.state)
+            .env("EGPU_SIM_NS_PER_THREAD", NS_PER_THREAD)
+            .env("LD_PRELOAD", self.bin.join("libegpu.so"))
+            .env("EGPU_SLICE_DIR", &slice.dir)
+            .env("CUDA_VISIBLE_DEVICES", &slice.uuid)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let child = c.spawn().expect("spawn egpu-burn");
+        slice.pids.lock().unwrap().push(child.id());
+        Burn { child, host: slice.host }
+    }
+
+    /// The simulated GPU's busy time charged to `pid` on host device `host` (None: no live slot).
+    pub fn busy_of(&self, pid: u32, host: u32) -> Option<u64> {
+        (0..MAX_SLOTS).find(|&i| self.sim.slot_owner(i) == (pid, SlotState::Live)).map(|i| self.sim.slots[i].busy[host as usize].load(Ordering::SeqCst))
+    }
+}
+
+pub struct Burn {
+    pub child: Child,
+    pub host: u32,
+}
+
+impl Burn {
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for exit; returns (exit code, JSON lines, stderr).
+    pub fn finish(self) -> (i32, Vec<Value>, String) {
+        let out = self.child.wait_with_output().expect("wait egpu-burn");
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let lines = stdout.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+        (out.status.code().unwrap_or(-1), lines, String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+}
+
+/// The arbiter loop `egpud` runs, in a thread: every period, true GPU time
+/// per slice from the simulated GPU, then `tick_tables`.
+pub struct Egpud {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<u64>>,
+}
+
+impl Egpud {
+    pub fn start(m: &Machine, slices: &[Arc<TestSlice>]) -> Egpud {
+        let stop = Arc::new(AtomicBool::new(false));
+        let slices: Vec<Arc<TestSlice>> = slices.to_vec();
+        let sim = m.sim;
+        let st = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut arb = Arbiter::new(ArbiterConfig::default());
+            let period = Duration::from_nanos(arb.config().period_ns);
+            // Last seen busy per pid (kept after exit: truth stays monotonic).
+            let mut last: std::collections::HashMap<u32, u64> = Default::default();
+            let mut next = Instant::now();
+            let mut ticks = 0;
+            while !st.load(Ordering::Relaxed) {
+                let truth: Vec<[Option<u64>; 1]> = slices
+                    .iter()
+                    .map(|s| {
+                        let pids = s.pids.lock().unwrap().clone();
+                        let mut sum = 0;
+                        for p in pids {
+                            if let Some(i) = (0..MAX_SLOTS).find(|&i| sim.slot_owner(i) == (p, SlotState::Live)) {
+                                last.insert(p, sim.slots[i].busy[s.host as usize].load(Ordering::SeqCst));
+                            }
+                            sum += last.get(&p).copied().unwrap_or(0);
+                        }
+                        [Some(sum)]
+                    })
+                    .collect();
+                let refs: Vec<TableRef<'_>> = slices
+                    .iter()
+                    .zip(&truth)
+                    .enumerate()
+                    .map(|(i, (s, t))| TableRef { slice: i as u64, limits: &s.writer, usage: &s.usage, true_ns: t })
+                    .collect();
+                let (_, errs) = arb.tick_tables(monotonic_ns(), &refs);
+                assert!(errs.is_empty(), "{errs:?}");
+                ticks += 1;
+                next += period;
+                let now = Instant::now();
+                if next > now {
+                    std::thread::sleep(next - now);
+                } else {
+                    next = now;
+                }
+            }
+            ticks
+        });
+        Egpud { stop, thread: Some(thread) }
+    }
+
+    /// Stops ticking (as a dead agent would); returns the ticks made.
+    pub fn stop(mut self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.thread.take().unwrap().join().expect("egpud thread")
+    }
+}
+
+impl Drop for Egpud {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid out-pointer; CLOCK_MONOTONIC always exists.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Polls until every pid has a live simulated-GPU slot with some busy time (bounded).
+pub fn wait_running(m: &Machine, burns: &[&Burn], within: Duration) {
+    let deadline = Instant::now() + within;
+    while !burns.iter().all(|b| m.busy_of(b.pid(), b.host).is_some_and(|v| v > 0)) {
+        assert!(Instant::now() < deadline, "burners did not start launching within {within:?}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Fraction of wall time each burner kept the device busy over `window`,
+/// measured by the simulated GPU.
+pub fn fractions(m: &Machine, burns: &[&Burn], window: Duration) -> Vec<f64> {
+    let t0 = monotonic_ns();
+    let b0: Vec<u64> = burns.iter().map(|b| m.busy_of(b.pid(), b.host).expect("burner slot")).collect();
+    std::thread::sleep(window);
+    let t1 = monotonic_ns();
+    let b1: Vec<u64> = burns.iter().map(|b| m.busy_of(b.pid(), b.host).expect("burner still running at the end of the window")).collect();
+    b0.iter().zip(&b1).map(|(a, b)| (b - a) as f64 / (t1 - t0) as f64).collect()
+}

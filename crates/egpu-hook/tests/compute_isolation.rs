@@ -1,0 +1,107 @@
+//! Compute isolation end to end on the simulated GPU: saturating `egpu-burn`
+//! processes under libegpu.so, the real arbiter ticking every 10 ms (the
+//! test plays `egpud`), and each slice's achieved fraction read from the
+//! simulated GPU's own per-process busy time.
+//!
+//! The full 10 s-window numbers are `scripts/bench-compute.sh`; these are the
+//! quick versions with wider (±5 point) tolerances. Without the gate, a
+//! FIFO device splits time by queue depth, not share (the far-ahead
+//! launcher below would take ~94%), so every assertion here can fail.
+
+mod compute_common;
+
+use compute_common::*;
+use egpu_core::Priority;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+fn pct(v: f64) -> f64 {
+    (v * 1000.0).round() / 10.0
+}
+
+#[test]
+fn two_saturating_slices_get_their_shares() {
+    let m = Machine::new("1x16GiB");
+    let a = m.slice("a", 0, 30, 30, Priority::Normal);
+    let b = m.slice("b", 0, 70, 70, Priority::Normal);
+    let egpud = Egpud::start(&m, &[a.clone(), b.clone()]);
+    // b launches 64 ahead: only the queue bound keeps it from flooding the device.
+    let ba = m.burn(&a, &["--seconds", "4"]);
+    let bb = m.burn(&b, &["--seconds", "4", "--inflight", "64"]);
+    wait_running(&m, &[&ba, &bb], Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(700)); // warm-up: estimates and scale settle
+    let f = fractions(&m, &[&ba, &bb], Duration::from_millis(2500));
+    let (fa, fb) = (pct(f[0]), pct(f[1]));
+    eprintln!("30/70 -> {fa}/{fb} (% of wall time, simulated GPU's busy time)");
+    for (name, burn) in [("a", ba), ("b", bb)] {
+        let (code, _, stderr) = burn.finish();
+        assert_eq!(code, 0, "{name}: {stderr}");
+    }
+    egpud.stop();
+    assert!((fa - 30.0).abs() <= 5.0, "slice a (30%) got {fa}%");
+    assert!((fb - 70.0).abs() <= 5.0, "slice b (70%) got {fb}%");
+    // The hook measured and gated: it counted launches and GPU time, and b was held back.
+    for s in [&a, &b] {
+        let u = s.usage.region();
+        assert!(u.consumed_ns[0].load(Ordering::Relaxed) > 0, "consumed_ns stays 0: launches were not measured");
+    }
+    let pb = b.usage.processes();
+    assert!(pb.iter().any(|p| p.launches[0] > 0 && p.gpu_time_ns[0] > 0), "b's record has launches and GPU time: {pb:?}");
+}
+
+#[test]
+fn a_lone_slice_borrows_idle_time_up_to_its_limit() {
+    let m = Machine::new("2x16GiB");
+    // Device 0: 30% share, 100% limit, alone: work-conserving, it gets nearly all.
+    let lone = m.slice("lone", 0, 30, 100, Priority::Normal);
+    // Device 1: 40% share and limit, alone: capped at 40%.
+    let capped = m.slice("capped", 1, 40, 40, Priority::Normal);
+    let egpud = Egpud::start(&m, &[lone.clone(), capped.clone()]);
+    let bl = m.burn(&lone, &["--seconds", "3.5"]);
+    let bc = m.burn(&capped, &["--seconds", "3.5", "--device", "0"]);
+    wait_running(&m, &[&bl, &bc], Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(500));
+    let f = fractions(&m, &[&bl, &bc], Duration::from_millis(2500));
+    let (fl, fc) = (pct(f[0]), pct(f[1]));
+    eprintln!("lone 30%/100% -> {fl}%, lone 40% limit -> {fc}%");
+    for b in [bl, bc] {
+        let (code, _, stderr) = b.finish();
+        assert_eq!(code, 0, "{stderr}");
+    }
+    egpud.stop();
+    assert!(fl >= 90.0, "a lone 30%/100% slice got only {fl}%");
+    assert!((fc - 40.0).abs() <= 5.0, "a lone 40%-limit slice got {fc}%");
+}
+
+#[test]
+fn without_an_arbiter_nothing_is_throttled() {
+    let m = Machine::new("1x16GiB");
+    // A 20% limit, but no egpud ticking: period 0, the gate lets everything go.
+    let s = m.slice("free", 0, 20, 20, Priority::Normal);
+    let b = m.burn(&s, &["--seconds", "2"]);
+    wait_running(&m, &[&b], Duration::from_secs(20));
+    let f = pct(fractions(&m, &[&b], Duration::from_millis(1200))[0]);
+    let (code, _, stderr) = b.finish();
+    assert_eq!(code, 0, "{stderr}");
+    eprintln!("no arbiter, 20% limit -> {f}%");
+    assert!(f >= 90.0, "throttled to {f}% with no arbiter running");
+    assert_eq!(s.usage.region().throttle_waits[0].load(Ordering::Relaxed), 0);
+}
+
+#[test]
+fn a_silent_agent_leaves_the_slice_at_its_limit() {
+    let m = Machine::new("1x16GiB");
+    let s = m.slice("orphan", 0, 30, 30, Priority::Normal);
+    let egpud = Egpud::start(&m, std::slice::from_ref(&s));
+    let b = m.burn(&s, &["--seconds", "3"]);
+    wait_running(&m, &[&b], Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(300));
+    // egpud dies: after 4 periods the gate extends the allowance itself, at the limit.
+    assert!(egpud.stop() > 0);
+    std::thread::sleep(Duration::from_millis(100));
+    let f = pct(fractions(&m, &[&b], Duration::from_millis(1500))[0]);
+    let (code, _, stderr) = b.finish();
+    assert_eq!(code, 0, "{stderr}");
+    eprintln!("silent agent, 30% limit -> {f}%");
+    assert!((f - 30.0).abs() <= 5.0, "with egpud gone the slice ran at {f}%, not its 30% limit");
+}
