@@ -71,14 +71,32 @@ pub struct SimulateArgs {
     #[arg(long, default_value = "80,96", value_delimiter = ',')]
     pub gpu_mem_gib: Vec<f64>,
     /// Elastic: resize slices every N minutes.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 1)]
     pub resize_every: usize,
     /// Elastic: size slices from the last N minutes of usage.
-    #[arg(long, default_value_t = 60)]
+    #[arg(long, default_value_t = 5)]
     pub window: usize,
     /// Elastic: headroom over recent peak usage (0.15 = 15%).
-    #[arg(long, default_value_t = 0.15)]
+    #[arg(long, default_value_t = 0.0)]
     pub headroom: f64,
+    /// Elastic: memory added to every slice, GiB.
+    #[arg(long, default_value_t = 0.0)]
+    pub mem_floor_gib: f64,
+    /// Elastic: compute share added to every slice (0.02 = 2% of a GPU).
+    #[arg(long, default_value_t = 0.0)]
+    pub compute_floor: f64,
+    /// Elastic: how slices move at a resize: none, evict (move a pod whose
+    /// GPU overflows) or repack (also re-pack first-fit-decreasing when that
+    /// frees GPUs; every move is counted as a migration).
+    #[arg(long, default_value = "repack")]
+    pub moves: String,
+    /// Elastic: size compute shares from this quantile of the window's duty
+    /// cycle (1 = its peak; 0 = use the mean instead).
+    #[arg(long, default_value_t = 0.8)]
+    pub compute_quantile: f64,
+    /// Elastic: window for compute shares, minutes (default: --window).
+    #[arg(long)]
+    pub compute_window: Option<usize>,
 }
 
 /// Run `egpu simulate`.
@@ -189,10 +207,16 @@ fn run_elastic(args: &SimulateArgs) -> Result<()> {
     if usage.pods.is_empty() {
         bail!("no usage rows in {}", dir.display());
     }
+    let moves = match args.moves.as_str() {
+        "none" => elastic::Moves::None,
+        "evict" => elastic::Moves::Evict,
+        "repack" => elastic::Moves::Repack,
+        m => bail!("unknown --moves '{m}': use none, evict or repack"),
+    };
     let evals: Vec<_> = args
         .gpu_mem_gib
         .iter()
-        .map(|&g| elastic::evaluate(&usage, ElasticConfig { gpu_mem_gib: g, resize_every: args.resize_every, window: args.window, headroom: args.headroom, ..ElasticConfig::default() }))
+        .map(|&g| elastic::evaluate(&usage, ElasticConfig { gpu_mem_gib: g, resize_every: args.resize_every, window: args.window, headroom: args.headroom, compute_floor: args.compute_floor, mem_floor_gib: args.mem_floor_gib, moves, compute_quantile: (args.compute_quantile > 0.0).then_some(args.compute_quantile), compute_window: args.compute_window }))
         .collect();
     let md = elastic::write_report(&args.out, "genai-2026 (Alibaba clusterdata, CC BY 4.0)", &evals).context("writing the elastic report")?;
     println!("{md}\nreport in {}", args.out.display());

@@ -66,7 +66,7 @@ fn elastic_strategies_are_ordered_and_count_violations() {
         rows_m.push(("b".to_string(), 60.0 * t as f64, if t < 8 { 5.0 } else { 30.0 } * (1u64 << 30) as f64));
     }
     let u = elastic::load::align(&rows_d, &rows_m);
-    let e = elastic::evaluate(&u, elastic::ElasticConfig { gpu_mem_gib: 80.0, resize_every: 5, window: 5, headroom: 0.1, compute_floor: 0.0, mem_floor_gib: 0.0 });
+    let e = elastic::evaluate(&u, elastic::ElasticConfig { gpu_mem_gib: 80.0, resize_every: 5, window: 5, headroom: 0.1, compute_floor: 0.0, mem_floor_gib: 0.0, ..Default::default() });
     let g: Vec<usize> = e.outcomes.iter().map(|o| o.gpus).collect();
     assert_eq!(g[0], 2, "exclusive: one GPU per pod");
     assert_eq!(g[1], 1, "static peak: 10%+90% compute and 10+30 GiB fit one GPU");
@@ -74,4 +74,31 @@ fn elastic_strategies_are_ordered_and_count_violations() {
     // b's memory jumps from 5 to 30 GiB between resizes: refused memory at minutes 8 and 9.
     let el = &e.outcomes[2];
     assert!(el.violation_minutes >= 2 && el.refused_mem_gib_minutes > 40.0, "{el:?}");
+    let by = |n: &str| e.outcomes.iter().find(|o| o.strategy == n).unwrap_or_else(|| panic!("no {n}"));
+    assert_eq!(by("elastic-no-migration").migrations, 0);
+    // The oracle sizes memory to the coming period's peak: nothing refused.
+    assert_eq!(by("oracle-next-period").refused_mem_gib_minutes, 0.0);
+}
+
+#[test]
+fn repacking_frees_gpus_that_eviction_keeps() {
+    // a (50 GiB) and b (50 GiB) arrive first and take one GPU each; c
+    // (20 GiB) joins a. At minute 5 a shrinks to 10 GiB: re-packing puts
+    // everything on one GPU, sticky placement keeps two.
+    let g = (1u64 << 30) as f64;
+    let (mut d, mut m) = (Vec::new(), Vec::new());
+    for t in 0..10 {
+        for (p, gib) in [("a", if t < 5 { 50.0 } else { 10.0 }), ("b", 50.0), ("c", 20.0)] {
+            d.push((p.to_string(), 60.0 * t as f64, 1.0));
+            m.push((p.to_string(), 60.0 * t as f64, gib * g));
+        }
+    }
+    let u = elastic::load::align(&d, &m);
+    let cfg = |moves| elastic::ElasticConfig { gpu_mem_gib: 80.0, resize_every: 5, window: 1, moves, ..Default::default() };
+    let last = |e: &elastic::Evaluation| e.outcomes.iter().find(|o| o.strategy == "elastic").map(|o| (*o.in_use.last().unwrap_or(&0), o.migrations)).unwrap_or_default();
+    let (evict, moved) = last(&elastic::evaluate(&u, cfg(elastic::Moves::Evict)));
+    let (repack, migrations) = last(&elastic::evaluate(&u, cfg(elastic::Moves::Repack)));
+    assert_eq!((evict, moved), (2, 0));
+    assert_eq!(repack, 1);
+    assert!(migrations >= 1, "a move is a migration");
 }

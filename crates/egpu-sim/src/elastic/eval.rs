@@ -36,11 +36,18 @@ pub struct ElasticConfig {
     pub headroom: f64,
     pub compute_floor: f64,
     pub mem_floor_gib: f64,
+    /// How the elastic strategy moves slices at a resize.
+    pub moves: Moves,
+    /// Compute share from this quantile of the window's duty cycle
+    /// (1.0 = its peak); `None`: from its mean.
+    pub compute_quantile: Option<f64>,
+    /// Window for the compute share, minutes (`None`: `window`).
+    pub compute_window: Option<usize>,
 }
 
 impl Default for ElasticConfig {
     fn default() -> Self {
-        ElasticConfig { gpu_mem_gib: 80.0, resize_every: 5, window: 60, headroom: 0.15, compute_floor: 0.02, mem_floor_gib: 0.5 }
+        ElasticConfig { gpu_mem_gib: 80.0, resize_every: 1, window: 5, headroom: 0.0, compute_floor: 0.0, mem_floor_gib: 0.0, moves: Moves::Repack, compute_quantile: Some(0.8), compute_window: None }
     }
 }
 
@@ -111,76 +118,199 @@ fn alive(f: &Filled, i: usize, t: usize) -> bool {
     f.life[i].is_some_and(|(a, b)| a <= t && t <= b)
 }
 
+/// How slices move between GPUs when they are resized.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Moves {
+    /// Never move a pod: a slice grows only into what its GPU has free;
+    /// the rest of the growth is refused (and shows up as violations).
+    None,
+    /// A pod whose GPU no longer holds its grown slice moves (first fit).
+    Evict,
+    /// Evict as above, and at every resize also re-pack all slices
+    /// first-fit-decreasing when that needs fewer GPUs; the new bins are
+    /// matched to the old GPUs to keep as many pods in place as possible
+    /// and every pod that still changes GPU counts as a migration.
+    Repack,
+}
+
+/// Sizes of a slice: compute share (GPU) and memory (GiB).
 #[derive(Clone, Copy, Default)]
 struct Slice {
     c: f64,
     m: f64,
 }
 
-/// Sticky first-fit packing of slices that may change at resize points.
-fn run_slices(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, mut slice: impl FnMut(usize, usize) -> Slice, name: &str) -> Outcome {
+struct Packer {
+    gpu_mem: f64,
+    gpus: Vec<Vec<usize>>,
+    gpu_of: Vec<Option<usize>>,
+}
+
+impl Packer {
+    fn load(&self, g: usize, sl: &[Slice]) -> (f64, f64) {
+        self.gpus[g].iter().fold((0.0, 0.0), |(c, m), &p| (c + sl[p].c, m + sl[p].m))
+    }
+    fn fits(&self, g: usize, s: Slice, sl: &[Slice]) -> bool {
+        let (c, m) = self.load(g, sl);
+        c + s.c <= 1.0 + 1e-9 && m + s.m <= self.gpu_mem + 1e-3
+    }
+    fn put(&mut self, p: usize, sl: &[Slice]) {
+        let g = match (0..self.gpus.len()).find(|&g| self.fits(g, sl[p], sl)) {
+            Some(g) => g,
+            None => {
+                self.gpus.push(Vec::new());
+                self.gpus.len() - 1
+            }
+        };
+        self.gpus[g].push(p);
+        self.gpu_of[p] = Some(g);
+    }
+    fn remove(&mut self, p: usize) {
+        if let Some(g) = self.gpu_of[p].take() {
+            self.gpus[g].retain(|&q| q != p);
+        }
+    }
+    fn in_use(&self) -> usize {
+        self.gpus.iter().filter(|g| !g.is_empty()).count()
+    }
+    /// First-fit-decreasing bins of all placed pods, adopted if they need
+    /// fewer GPUs than now. Returns the pods that changed GPU.
+    fn repack(&mut self, sl: &[Slice]) -> Vec<usize> {
+        let mut pods: Vec<usize> = self.gpus.iter().flatten().copied().collect();
+        let size = |p: usize| (sl[p].m / self.gpu_mem).max(sl[p].c);
+        pods.sort_by(|&a, &b| size(b).total_cmp(&size(a)).then(a.cmp(&b)));
+        let mut bins: Vec<(f64, f64, Vec<usize>)> = Vec::new();
+        for p in pods {
+            match bins.iter_mut().find(|b| b.0 + sl[p].c <= 1.0 + 1e-9 && b.1 + sl[p].m <= self.gpu_mem + 1e-3) {
+                Some(b) => {
+                    b.0 += sl[p].c;
+                    b.1 += sl[p].m;
+                    b.2.push(p);
+                }
+                None => bins.push((sl[p].c, sl[p].m, vec![p])),
+            }
+        }
+        if bins.len() >= self.in_use() {
+            return Vec::new();
+        }
+        // Give each bin the old GPU that already holds most of its pods.
+        bins.sort_by_key(|b| std::cmp::Reverse(b.2.len()));
+        let mut claimed = vec![false; self.gpus.len()];
+        let mut next = vec![Vec::new(); self.gpus.len()];
+        let mut unmatched = Vec::new();
+        for (_, _, b) in bins {
+            let mut votes: Vec<(usize, usize)> = Vec::new();
+            for &p in &b {
+                if let Some(g) = self.gpu_of[p].filter(|&g| !claimed[g]) {
+                    match votes.iter_mut().find(|v| v.0 == g) {
+                        Some(v) => v.1 += 1,
+                        None => votes.push((g, 1)),
+                    }
+                }
+            }
+            match votes.iter().max_by_key(|v| (v.1, std::cmp::Reverse(v.0))) {
+                Some(&(g, _)) => {
+                    claimed[g] = true;
+                    next[g] = b;
+                }
+                None => unmatched.push(b),
+            }
+        }
+        for b in unmatched {
+            let g = (0..claimed.len()).find(|&g| !claimed[g]).unwrap_or(claimed.len());
+            if g == claimed.len() {
+                claimed.push(false);
+                next.push(Vec::new());
+            }
+            claimed[g] = true;
+            next[g] = b;
+        }
+        let mut moved = Vec::new();
+        for (g, b) in next.iter().enumerate() {
+            for &p in b {
+                if self.gpu_of[p] != Some(g) {
+                    moved.push(p);
+                    self.gpu_of[p] = Some(g);
+                }
+            }
+        }
+        self.gpus = next;
+        moved
+    }
+}
+
+/// Pack slices that may change at resize points (every `every` minutes).
+/// `slice(i, t, end)` sizes pod `i`'s slice for minutes `t..end`.
+// `i` indexes the usage, the slices and the packer together.
+#[allow(clippy::needless_range_loop)]
+fn run_slices(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, moves: Moves, mut slice: impl FnMut(usize, usize, usize) -> Slice, name: &str) -> Outcome {
     let n = f.life.len();
-    let mut gpu_of: Vec<Option<usize>> = vec![None; n];
     let mut sl = vec![Slice::default(); n];
-    let mut gpus: Vec<Vec<usize>> = Vec::new();
-    let load = |g: &[usize], sl: &[Slice]| g.iter().fold((0.0, 0.0), |(c, m), &p| (c + sl[p].c, m + sl[p].m));
-    let fits = |g: &[usize], s: Slice, sl: &[Slice]| {
-        let (c, m) = load(g, sl);
-        c + s.c <= 1.0 + 1e-9 && m + s.m <= gpu_mem + 1e-3
-    };
+    let mut pk = Packer { gpu_mem, gpus: Vec::new(), gpu_of: vec![None; n] };
     let mut out = Outcome { strategy: name.into(), gpus: 0, utilization: 0.0, violation_minutes: 0, pod_minutes: 0, refused_mem_gib_minutes: 0.0, max_refused_gib: 0.0, migrations: 0, saving_vs_exclusive: 0.0, in_use: Vec::with_capacity(minutes) };
     for t in 0..minutes {
+        let resize = t % every == 0;
+        let end = if every == usize::MAX { minutes } else { (t / every + 1) * every };
         let mut to_place = Vec::new();
+        let mut grown = Vec::new();
         for i in 0..n {
-            let live = alive(f, i, t);
-            match (gpu_of[i], live) {
-                (Some(g), false) => {
-                    gpus[g].retain(|&p| p != i);
-                    gpu_of[i] = None;
-                }
+            match (pk.gpu_of[i], alive(f, i, t)) {
+                (Some(_), false) => pk.remove(i),
                 (None, true) => {
-                    sl[i] = slice(i, t);
+                    sl[i] = slice(i, t, end);
                     to_place.push(i);
                 }
-                (Some(_), true) if t % every == 0 => sl[i] = slice(i, t),
+                (Some(_), true) if resize => {
+                    let new = slice(i, t, end);
+                    if moves == Moves::None && (new.c > sl[i].c || new.m > sl[i].m) {
+                        // Shrink now, grow below once every shrink is done.
+                        grown.push((i, new));
+                        sl[i] = Slice { c: new.c.min(sl[i].c), m: new.m.min(sl[i].m) };
+                    } else {
+                        sl[i] = new;
+                    }
+                }
                 _ => {}
             }
         }
-        // Pods whose GPU no longer holds its slices move elsewhere.
-        for g in gpus.iter_mut() {
-            loop {
-                let (c, m) = load(g, &sl);
-                if c <= 1.0 + 1e-9 && m <= gpu_mem + 1e-3 {
-                    break;
+        for (i, new) in grown {
+            let Some(g) = pk.gpu_of[i] else { continue };
+            let (c, m) = pk.load(g, &sl);
+            sl[i] = Slice { c: new.c.min(sl[i].c + (1.0 - c).max(0.0)), m: new.m.min(sl[i].m + (gpu_mem - m).max(0.0)) };
+        }
+        if moves != Moves::None {
+            // Pods whose GPU no longer holds its slices move elsewhere.
+            for g in 0..pk.gpus.len() {
+                loop {
+                    let (c, m) = pk.load(g, &sl);
+                    if c <= 1.0 + 1e-9 && m <= gpu_mem + 1e-3 {
+                        break;
+                    }
+                    let Some(&p) = pk.gpus[g].iter().max_by(|&&a, &&b| (sl[a].c + sl[a].m / gpu_mem).total_cmp(&(sl[b].c + sl[b].m / gpu_mem))) else { break };
+                    pk.remove(p);
+                    out.migrations += 1;
+                    to_place.push(p);
                 }
-                let Some(&p) = g.iter().max_by(|&&a, &&b| (sl[a].c + sl[a].m / gpu_mem).total_cmp(&(sl[b].c + sl[b].m / gpu_mem))) else { break };
-                g.retain(|&q| q != p);
-                gpu_of[p] = None;
-                out.migrations += 1;
-                to_place.push(p);
             }
         }
-        for p in to_place {
-            let g = match (0..gpus.len()).find(|&g| fits(&gpus[g], sl[p], &sl)) {
-                Some(g) => g,
-                None => {
-                    gpus.push(Vec::new());
-                    gpus.len() - 1
-                }
-            };
-            gpus[g].push(p);
-            gpu_of[p] = Some(g);
+        for &p in &to_place {
+            pk.put(p, &sl);
         }
-        out.in_use.push(gpus.iter().filter(|g| !g.is_empty()).count() as u32);
+        if moves == Moves::Repack && resize {
+            // Pods placed this minute (arrivals, already-counted evictions)
+            // are not moved twice.
+            out.migrations += pk.repack(&sl).iter().filter(|p| !to_place.contains(p)).count() as u64;
+        }
+        out.in_use.push(pk.in_use() as u32);
         // Compute is work-conserving: a pod above its share only loses out
         // when its GPU's total demand exceeds the whole GPU.
-        let demand: Vec<f64> = gpus.iter().map(|g| g.iter().map(|&p| f.duty[p][t]).sum()).collect();
+        let demand: Vec<f64> = pk.gpus.iter().map(|g| g.iter().map(|&p| f.duty[p][t]).sum()).collect();
         for i in 0..n {
             if !alive(f, i, t) {
                 continue;
             }
             out.pod_minutes += 1;
-            let saturated = gpu_of[i].is_some_and(|g| demand[g] > 1.0 + 1e-9);
+            let saturated = pk.gpu_of[i].is_some_and(|g| demand[g] > 1.0 + 1e-9);
             let over_c = saturated && f.duty[i][t] > sl[i].c + 1e-9;
             let over_m = f.mem[i][t] > sl[i].m * GIB + 1.0;
             if over_c || over_m {
@@ -194,6 +324,14 @@ fn run_slices(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, mut slice:
         }
     }
     out
+}
+
+/// The `q` quantile (0..=1, nearest rank) of `xs`.
+fn quantile(xs: &[f64], q: f64) -> f64 {
+    let mut v = xs.to_vec();
+    v.sort_by(f64::total_cmp);
+    let k = ((q.clamp(0.0, 1.0) * v.len() as f64).ceil() as usize).clamp(1, v.len().max(1));
+    v.get(k - 1).copied().unwrap_or(0.0)
 }
 
 fn finish(mut o: Outcome, total_duty: &[f64]) -> Outcome {
@@ -217,31 +355,45 @@ pub fn evaluate(u: &Usage, cfg: ElasticConfig) -> Evaluation {
         .collect();
     let lb_exact = lb_series.iter().copied().fold(0.0, f64::max);
 
-    let exclusive = run_slices(&f, u.minutes, g, usize::MAX, |_, _| Slice { c: 1.0, m: g }, "exclusive");
+    let exclusive = run_slices(&f, u.minutes, g, usize::MAX, Moves::Evict, |_, _, _| Slice { c: 1.0, m: g }, "exclusive");
     let peak: Vec<Slice> = (0..n)
         .map(|i| match f.life[i] {
             Some((a, b)) => Slice { c: f.duty[i][a..=b].iter().copied().fold(0.0, f64::max), m: f.mem[i][a..=b].iter().copied().fold(0.0, f64::max) / GIB },
             None => Slice::default(),
         })
         .collect();
-    let static_peak = run_slices(&f, u.minutes, g, usize::MAX, |i, _| peak[i], "static-peak");
+    let static_peak = run_slices(&f, u.minutes, g, usize::MAX, Moves::Evict, |i, _, _| peak[i], "static-peak");
     let every = cfg.resize_every.max(1);
     let window = cfg.window.max(1);
-    let elastic = run_slices(
+    let online = |i: usize, t: usize, _end: usize| {
+        let a = f.life[i].map_or(t, |(a, _)| a).max(t.saturating_sub(window - 1));
+        let start = f.life[i].map_or(t, |(a, _)| a);
+        let span = &f.duty[i][start.max(t.saturating_sub(cfg.compute_window.unwrap_or(window).max(1) - 1))..=t];
+        let c = match cfg.compute_quantile {
+            None => span.iter().sum::<f64>() / span.len() as f64,
+            Some(q) => quantile(span, q),
+        };
+        let m = f.mem[i][a..=t].iter().copied().fold(0.0, f64::max) / GIB;
+        Slice { c: (c * (1.0 + cfg.headroom) + cfg.compute_floor).min(1.0), m: (m * (1.0 + cfg.headroom) + cfg.mem_floor_gib).min(g) }
+    };
+    let elastic = run_slices(&f, u.minutes, g, every, cfg.moves, online, "elastic");
+    let pinned = run_slices(&f, u.minutes, g, every, Moves::None, online, "elastic-no-migration");
+    // Not a policy: it sees the coming period. Memory exactly its peak,
+    // compute its mean, re-packed like (c).
+    let oracle = run_slices(
         &f,
         u.minutes,
         g,
         every,
-        |i, t| {
-            let a = f.life[i].map_or(t, |(a, _)| a).max(t.saturating_sub(window - 1));
-            let span = &f.duty[i][a..=t];
-            let c = span.iter().sum::<f64>() / span.len() as f64;
-            let m = f.mem[i][a..=t].iter().copied().fold(0.0, f64::max) / GIB;
-            Slice { c: (c * (1.0 + cfg.headroom) + cfg.compute_floor).min(1.0), m: (m * (1.0 + cfg.headroom) + cfg.mem_floor_gib).min(g) }
+        Moves::Repack,
+        |i, t, end| {
+            let b = f.life[i].map_or(t, |(_, b)| b).min(end.saturating_sub(1)).max(t);
+            let span = &f.duty[i][t..=b];
+            Slice { c: span.iter().sum::<f64>() / span.len() as f64, m: f.mem[i][t..=b].iter().copied().fold(0.0, f64::max) / GIB }
         },
-        "elastic",
+        "oracle-next-period",
     );
-    let mut outcomes: Vec<Outcome> = [exclusive, static_peak, elastic].into_iter().map(|o| finish(o, &total_duty)).collect();
+    let mut outcomes: Vec<Outcome> = [exclusive, static_peak, elastic, pinned, oracle].into_iter().map(|o| finish(o, &total_duty)).collect();
     let base = outcomes[0].gpus as f64;
     for o in &mut outcomes {
         o.saving_vs_exclusive = if o.gpus > 0 { base / o.gpus as f64 } else { 0.0 };

@@ -9,7 +9,7 @@
 pub mod eval;
 pub mod load;
 
-pub use eval::{ElasticConfig, Evaluation, Outcome, evaluate};
+pub use eval::{ElasticConfig, Evaluation, Moves, Outcome, evaluate};
 pub use load::{Usage, UsageError};
 
 use crate::report::{ReportError, line_chart};
@@ -25,7 +25,7 @@ pub fn table(evals: &[Evaluation]) -> String {
             let _ = writeln!(s, "| {} GiB | {} | {} | {:.1}% | {} | {:.3}% | {:.1}, {:.2} | {} | {:.2}× |", e.config.gpu_mem_gib, o.strategy, o.gpus, 100.0 * o.utilization, o.violation_minutes, pct, o.refused_mem_gib_minutes, o.max_refused_gib, o.migrations, o.saving_vs_exclusive);
         }
         let lb = e.lower_bound as f64;
-        let el = e.outcomes.last().map_or(0, |o| o.gpus) as f64;
+        let el = e.outcomes.iter().find(|o| o.strategy == "elastic").map_or(0, |o| o.gpus) as f64;
         let _ = writeln!(s, "| {} GiB | lower bound | {} ({:.2}) | | | | | | {:.2}× |", e.config.gpu_mem_gib, e.lower_bound, e.lower_bound_exact, e.outcomes[0].gpus as f64 / lb.max(1.0));
         let _ = writeln!(s, "| {} GiB | elastic ÷ lower bound | {:.3} | | | | | | |", e.config.gpu_mem_gib, el / lb.max(1.0));
     }
