@@ -231,7 +231,8 @@ pub fn utilization(h: nvmlDevice_t, out: *mut nvmlUtilization_t) -> NR<()> {
 
 /// What this process's earlier `nvmlDeviceGetProcessUtilization` calls
 /// reported: (device, slot, pid) -> (sample time µs, busy ns reported so far).
-static SAMPLED: std::sync::Mutex<std::collections::BTreeMap<(usize, usize, u32), (u64, u64)>> = std::sync::Mutex::new(std::collections::BTreeMap::new());
+type Sampled = std::collections::BTreeMap<(usize, usize, u32), (u64, u64)>;
+static SAMPLED: std::sync::Mutex<Sampled> = std::sync::Mutex::new(std::collections::BTreeMap::new());
 
 /// `nvmlDeviceGetProcessUtilization`: one sample per live process that has
 /// run kernels on the device, covering the time since this caller's previous

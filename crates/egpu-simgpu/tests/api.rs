@@ -1,0 +1,294 @@
+//! Single-scenario API tests, each in its own child process (the library
+//! reads its environment once per process).
+
+mod common;
+
+use common::*;
+use egpu_cuda::*;
+use std::ffi::{CString, c_void};
+
+const MIB: u64 = 1 << 20;
+
+fn say(k: &str, v: impl std::fmt::Display) {
+    println!("@{k} {v}");
+}
+
+#[test]
+fn child() {
+    let Ok(role) = std::env::var("SIMTEST_ROLE") else { return };
+    let s = Sim::load();
+    match role.as_str() {
+        "procaddr" => {
+            assert_eq!(s.cuInit(0), CUDA_SUCCESS);
+            let get = |name: &str, ver: i32, flags: u64| {
+                let c = CString::new(name).unwrap();
+                let mut p = std::ptr::null_mut();
+                let mut st = 99u32;
+                let r = s.cuGetProcAddress_v2(c.as_ptr(), &mut p, ver, flags, &mut st);
+                (r, p, st)
+            };
+            let ptds = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+            let ok = |name: &str, ver: i32, flags: u64, sym: &str| {
+                let (r, p, st) = get(name, ver, flags);
+                r == CUDA_SUCCESS && st == CU_GET_PROC_ADDRESS_SUCCESS && p == s.sym(sym) && !p.is_null()
+            };
+            say("memalloc", ok("cuMemAlloc", 12000, 0, "cuMemAlloc_v2"));
+            say("ctxcreate", ok("cuCtxCreate", 11040, 0, "cuCtxCreate_v3") && ok("cuCtxCreate", 12080, 0, "cuCtxCreate_v4"));
+            say("self", ok("cuGetProcAddress", 12000, 0, "cuGetProcAddress_v2") && ok("cuGetProcAddress", 11030, 0, "cuGetProcAddress"));
+            say("ptsz", ok("cuLaunchKernel", 12000, ptds, "cuLaunchKernel_ptsz") && ok("cuLaunchKernel", 12000, 0, "cuLaunchKernel"));
+            let (r, p, st) = get("cuNoSuchFunction", 12000, 0);
+            say("unknown", format!("{r} {} {st}", p.is_null()));
+            let (r, p, st) = get("cuMemAllocAsync", 11000, 0);
+            say("tooold", format!("{r} {} {st}", p.is_null()));
+            // The 12.0 signature without symbolStatus.
+            let c = CString::new("cuMemFree").unwrap();
+            let mut p = std::ptr::null_mut();
+            say("v1", s.cuGetProcAddress(c.as_ptr(), &mut p, 12000, 0) == CUDA_SUCCESS && p == s.sym("cuMemFree_v2"));
+            // Every versioned name of the 12.x driver is a real ELF symbol.
+            let missing: Vec<&str> = egpu_simgpu::procaddr::all_symbols().filter(|n| s.sym(n).is_null()).collect();
+            say("missing", format!("{missing:?}"));
+            // An unimplemented one answers NOT_SUPPORTED.
+            let f = s.sym("cuTexRefSetArray");
+            // SAFETY: the stub takes no arguments and returns CUresult.
+            let r = unsafe { std::mem::transmute::<*mut c_void, extern "C" fn() -> u32>(f)() };
+            say("stub", r);
+        }
+        "visible" => {
+            let r = s.cuInit(0);
+            let mut n = -1;
+            let _ = s.cuDeviceGetCount(&mut n);
+            let mut uuid = CUuuid::default();
+            let _ = s.cuDeviceGetUuid(&mut uuid, 0);
+            let mut nv = 0u32;
+            assert_eq!(s.nvmlInit_v2(), NVML_SUCCESS);
+            assert_eq!(s.nvmlDeviceGetCount_v2(&mut nv), NVML_SUCCESS);
+            say("init", r);
+            say("count", n);
+            say("uuid15", uuid.bytes[15] as u8);
+            say("nvml", nv);
+        }
+        "init_only" => {
+            say("init", s.cuInit(0));
+            say("nvml", s.nvmlInit_v2());
+        }
+        "one_instance" => {
+            let dir = std::path::PathBuf::from(std::env::var("LINKDIR").unwrap());
+            let a = Sim::load_from(&dir.join("libcuda.so.1"));
+            let b = Sim::load_from(&dir.join("libnvidia-ml.so.1"));
+            say("same", a.sym("cuInit") == b.sym("cuInit") && a.sym("nvmlInit_v2") == b.sym("nvmlInit_v2"));
+            // State is shared: a context made through one handle is seen via the other.
+            a.ctx0();
+            let (used, _) = b.nvml0();
+            say("used", used);
+        }
+        "pool" => {
+            s.ctx0();
+            let mut pool = std::ptr::null_mut();
+            assert_eq!(s.cuDeviceGetDefaultMemPool(&mut pool, 0), CUDA_SUCCESS);
+            let reserved = |s: &Sim| {
+                let mut v = 0u64;
+                assert_eq!(s.cuMemPoolGetAttribute(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, &mut v as *mut u64 as *mut c_void), CUDA_SUCCESS);
+                v
+            };
+            let mut st = std::ptr::null_mut();
+            assert_eq!(s.cuStreamCreate(&mut st, 0), CUDA_SUCCESS);
+            let mut d = 0;
+            assert_eq!(s.cuMemAllocAsync(&mut d, MIB as usize, st), CUDA_SUCCESS);
+            say("after_alloc", reserved(&s));
+            say("nvml_alloc", s.nvml0().0);
+            assert_eq!(s.cuMemFreeAsync(d, st), CUDA_SUCCESS);
+            say("after_free", reserved(&s));
+            assert_eq!(s.cuStreamSynchronize(st), CUDA_SUCCESS);
+            say("after_sync", reserved(&s));
+            say("nvml_sync", s.nvml0().0);
+        }
+        "vmm_export" => {
+            s.ctx0();
+            let prop = CUmemAllocationProp {
+                type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+                requestedHandleTypes: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
+                win32HandleMetaData: std::ptr::null_mut(),
+                allocFlags: Default::default(),
+            };
+            let size = 2 * MIB as usize;
+            let mut h = 0;
+            assert_eq!(s.cuMemCreate(&mut h, size, &prop, 0), CUDA_SUCCESS);
+            let mut va = 0;
+            assert_eq!(s.cuMemAddressReserve(&mut va, size, 0, 0, 0), CUDA_SUCCESS);
+            assert_eq!(s.cuMemMap(va, size, 0, h, 0), CUDA_SUCCESS);
+            // Not accessible before cuMemSetAccess: an error, not a fault.
+            say("before_access", s.cuMemsetD8_v2(va, 1, 16));
+            let desc = CUmemAccessDesc { location: prop.location, flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE };
+            assert_eq!(s.cuMemSetAccess(va, size, &desc, 1), CUDA_SUCCESS);
+            assert_eq!(s.cuMemsetD8_v2(va, 0x5A, size), CUDA_SUCCESS);
+            let mut fd = -1i32;
+            assert_eq!(s.cuMemExportToShareableHandle(&mut fd as *mut i32 as *mut c_void, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), CUDA_SUCCESS);
+            say("ready", format!("{} {fd}", std::process::id()));
+            wait_parent();
+            assert_eq!(s.cuMemUnmap(va, size), CUDA_SUCCESS);
+            assert_eq!(s.cuMemRelease(h), CUDA_SUCCESS);
+            say("released", s.nvml0().0);
+        }
+        "vmm_import" => {
+            s.ctx0();
+            let src = std::env::var("SRC").unwrap();
+            let f = std::fs::OpenOptions::new().read(true).write(true).open(&src).unwrap();
+            let fd = std::os::fd::IntoRawFd::into_raw_fd(f);
+            let mut h = 0;
+            assert_eq!(s.cuMemImportFromShareableHandle(&mut h, fd as usize as *mut c_void, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), CUDA_SUCCESS);
+            let size = 2 * MIB as usize;
+            let mut va = 0;
+            assert_eq!(s.cuMemAddressReserve(&mut va, size, 0, 0, 0), CUDA_SUCCESS);
+            assert_eq!(s.cuMemMap(va, size, 0, h, 0), CUDA_SUCCESS);
+            let desc = CUmemAccessDesc {
+                location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
+                flags: CU_MEM_ACCESS_FLAGS_PROT_READWRITE,
+            };
+            assert_eq!(s.cuMemSetAccess(va, size, &desc, 1), CUDA_SUCCESS);
+            let mut b = [0u8; 2];
+            assert_eq!(s.cuMemcpyDtoH_v2(b.as_mut_ptr() as *mut c_void, va + size as u64 - 1, 1), CUDA_SUCCESS);
+            say("byte", b[0]);
+            say("used", s.nvml0().0);
+        }
+        "bad_pointers" => {
+            s.ctx0();
+            let mut buf = [0u8; 8];
+            say("unknown", s.cuMemcpyDtoH_v2(buf.as_mut_ptr() as *mut c_void, 0xdead_0000, 8));
+            let d = s.alloc(4096);
+            say("overrun", s.cuMemcpyDtoH_v2(buf.as_mut_ptr() as *mut c_void, d + 4090, 8));
+            say("free_twice", format!("{} {}", s.cuMemFree_v2(d), s.cuMemFree_v2(d)));
+            let mut total = 0;
+            assert_eq!(s.cuDeviceTotalMem_v2(&mut total, 0), CUDA_SUCCESS);
+            let mut d2 = 0;
+            say("oom", s.cuMemAlloc_v2(&mut d2, total));
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+fn run(role: &str, env: &[(&str, &str)]) -> Kid {
+    spawn("child", role, env)
+}
+
+#[test]
+fn get_proc_address_follows_the_driver_versions() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = state_path(&dir);
+    let mut k = run("procaddr", &[("EGPU_SIM_STATE", &st)]);
+    for key in ["memalloc", "ctxcreate", "self", "ptsz"] {
+        assert_eq!(k.expect(key), "true", "{key}");
+    }
+    assert_eq!(k.expect("unknown"), format!("{CUDA_ERROR_NOT_FOUND} true {CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND}"));
+    assert_eq!(k.expect("tooold"), format!("{CUDA_ERROR_NOT_FOUND} true {CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT}"));
+    assert_eq!(k.expect("v1"), "true");
+    assert_eq!(k.expect("missing"), "[]");
+    assert_eq!(k.expect("stub"), CUDA_ERROR_NOT_SUPPORTED.to_string());
+    k.finish();
+}
+
+#[test]
+fn cuda_visible_devices_filters_cuda_but_not_nvml() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = state_path(&dir);
+    let base = [("EGPU_SIM_STATE", st.as_str()), ("EGPU_SIM_GPUS", "4x16GiB")];
+    let mut k = run("visible", &[base[0], base[1], ("CUDA_VISIBLE_DEVICES", "2,0,9,1")]);
+    assert_eq!(k.expect("init"), "0");
+    assert_eq!(k.expect("count"), "2", "parsing stops at the invalid 9");
+    assert_eq!(k.expect("uuid15"), "2", "ordinal 0 is physical device 2");
+    assert_eq!(k.expect("nvml"), "4");
+    k.finish();
+    let uuid3 = egpu_core::simspec::sim_uuid(3);
+    let mut k = run("visible", &[base[0], base[1], ("CUDA_VISIBLE_DEVICES", &uuid3)]);
+    assert_eq!(k.expect("init"), "0");
+    assert_eq!(k.expect("count"), "1");
+    assert_eq!(k.expect("uuid15"), "3");
+    k.finish();
+    let mut k = run("visible", &[base[0], base[1], ("CUDA_VISIBLE_DEVICES", "")]);
+    assert_eq!(k.expect("init"), CUDA_ERROR_NO_DEVICE.to_string());
+    assert_eq!(k.expect("count"), "0");
+    k.finish();
+}
+
+#[test]
+fn a_state_file_of_another_spec_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = state_path(&dir);
+    let mut k = run("init_only", &[("EGPU_SIM_STATE", &st), ("EGPU_SIM_GPUS", "2x16GiB")]);
+    assert_eq!(k.expect("init"), "0");
+    k.finish();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["child", "--exact", "--nocapture"])
+        .env("SIMTEST_ROLE", "init_only")
+        .env("EGPU_SIM_STATE", &st)
+        .env("EGPU_SIM_GPUS", "1x80GiB")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stdout.contains(&format!("@init {CUDA_ERROR_NOT_INITIALIZED}")), "{stdout}");
+    assert!(stdout.contains(&format!("@nvml {NVML_ERROR_UNKNOWN}")), "{stdout}");
+    let msgs: Vec<&str> = stderr.lines().filter(|l| l.starts_with("egpu-simgpu:")).collect();
+    assert_eq!(msgs.len(), 1, "one line, once: {stderr}");
+    assert!(msgs[0].contains("2x16GiB") && msgs[0].contains("1x80GiB") && msgs[0].contains(&st), "{}", msgs[0]);
+}
+
+#[test]
+fn link_dir_gives_one_library_for_both_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = state_path(&dir);
+    let links = dir.path().join("lib");
+    egpu_simgpu::link_dir(&lib_path(), &links).unwrap();
+    egpu_simgpu::link_dir(&lib_path(), &links).unwrap(); // idempotent
+    for n in egpu_simgpu::LINK_NAMES {
+        assert_eq!(std::fs::canonicalize(links.join(n)).unwrap(), std::fs::canonicalize(lib_path()).unwrap());
+    }
+    let mut k = run("one_instance", &[("EGPU_SIM_STATE", &st), ("LINKDIR", links.to_str().unwrap())]);
+    assert_eq!(k.expect("same"), "true");
+    assert_eq!(k.expect("used"), (32 * MIB).to_string(), "the context made via libcuda shows in libnvidia-ml");
+    k.finish();
+}
+
+#[test]
+fn pools_charge_their_reservation_until_the_next_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = state_path(&dir);
+    let mut k = run("pool", &[("EGPU_SIM_STATE", &st)]);
+    assert_eq!(k.expect("after_alloc"), (32 * MIB).to_string());
+    assert_eq!(k.expect("nvml_alloc"), (64 * MIB).to_string(), "context + one 32 MiB chunk");
+    assert_eq!(k.expect("after_free"), (32 * MIB).to_string(), "kept until a sync");
+    assert_eq!(k.expect("after_sync"), "0", "release threshold 0");
+    assert_eq!(k.expect("nvml_sync"), (32 * MIB).to_string());
+    k.finish();
+}
+
+#[test]
+fn vmm_memory_exported_as_fd_is_shared_and_charged_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = state_path(&dir);
+    let mut a = run("vmm_export", &[("EGPU_SIM_STATE", &st)]);
+    let ready = a.expect("before_access");
+    assert_eq!(ready, CUDA_ERROR_INVALID_VALUE.to_string());
+    let ready = a.expect("ready");
+    let (pid, fd) = ready.split_once(' ').unwrap();
+    let src = format!("/proc/{pid}/fd/{fd}");
+    let mut b = run("vmm_import", &[("EGPU_SIM_STATE", &st), ("SRC", &src)]);
+    assert_eq!(b.expect("byte"), "90", "0x5A written by the exporter");
+    assert_eq!(b.expect("used"), (2 * MIB + 2 * 32 * MIB).to_string(), "2 MiB once + two contexts");
+    b.finish();
+    a.tell("go");
+    assert_eq!(a.expect("released"), (32 * MIB).to_string());
+    a.finish();
+}
+
+#[test]
+fn bad_pointers_are_errors_not_faults() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = state_path(&dir);
+    let mut k = run("bad_pointers", &[("EGPU_SIM_STATE", &st)]);
+    assert_eq!(k.expect("unknown"), CUDA_ERROR_INVALID_VALUE.to_string());
+    assert_eq!(k.expect("overrun"), CUDA_ERROR_INVALID_VALUE.to_string());
+    assert_eq!(k.expect("free_twice"), format!("0 {CUDA_ERROR_INVALID_VALUE}"));
+    assert_eq!(k.expect("oom"), CUDA_ERROR_OUT_OF_MEMORY.to_string(), "the context already uses some");
+    k.finish();
+}
