@@ -22,6 +22,7 @@ pub mod config;
 pub mod devices;
 pub mod launch;
 pub mod lock;
+pub mod metrics;
 pub mod owner;
 pub mod service;
 pub mod simlib;

@@ -45,6 +45,8 @@ pub struct Slice {
     pub dir: PathBuf,
     pub limits: LimitsWriter,
     pub usage: UsageFile,
+    /// Resizes since this egpud started (for metrics).
+    pub resizes: u64,
 }
 
 /// Usage of one slice device, for listings.
@@ -225,7 +227,7 @@ impl SliceManager {
                 UsageFile::create(&upath, n).map_err(SliceOpError::Abi)?
             }
         };
-        Ok(Slice { record, dir, limits, usage })
+        Ok(Slice { record, dir, limits, usage, resizes: 0 })
     }
 
     fn recreate_limits(&self, record: &SliceRecord, path: &Path, why: String, report: &mut AdoptReport) -> Result<LimitsWriter, SliceOpError> {
@@ -310,7 +312,7 @@ impl SliceManager {
         };
         limits.heartbeat();
         tracing::info!(slice = %name, id = %record.id, spec = ?record.spec, "created slice");
-        self.slices.insert(name.clone(), Slice { record, dir, limits, usage });
+        self.slices.insert(name.clone(), Slice { record, dir, limits, usage, resizes: 0 });
         Ok(&self.slices[&name])
     }
 
@@ -346,6 +348,7 @@ impl SliceManager {
         record.spec = spec;
         self.store.put(&record)?;
         slice.record = record;
+        slice.resizes += 1;
         let seq = slice.publish()?;
         tracing::info!(slice = %name, generation = seq, spec = ?slice.record.spec, "resized slice");
         Ok(slice)

@@ -29,6 +29,10 @@ pub struct DaemonArgs {
     /// Log filter: error, warn, info, debug, trace (or a tracing EnvFilter).
     #[arg(long, default_value = "info", env = "EGPU_LOG")]
     pub log: String,
+    /// Serve Prometheus metrics over HTTP at ADDR (e.g. 127.0.0.1:9400; port 0 picks a free one).
+    /// The bound address is logged and written to <run-dir>/metrics.addr.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
     /// Sweep period in milliseconds (dead-process reclaim, heartbeat).
     #[arg(long, default_value_t = 200, hide = true)]
     pub sweep_ms: u64,

@@ -1,5 +1,6 @@
 //! `egpud`: the eGPU node agent (logic in `egpu-node`).
 
+use anyhow::Context;
 use clap::Parser;
 use egpu_cli::daemon::DaemonArgs;
 use egpu_node::agent::{Agent, shutdown_signal};
@@ -22,7 +23,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    match run(config) {
+    match run(config, args.metrics_addr) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("egpud: {e:#}");
@@ -31,9 +32,27 @@ fn main() -> ExitCode {
     }
 }
 
-fn run(config: egpu_node::NodeConfig) -> anyhow::Result<()> {
+fn run(config: egpu_node::NodeConfig, metrics_addr: Option<std::net::SocketAddr>) -> anyhow::Result<()> {
     let agent = Agent::start(config)?;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(agent.serve(shutdown_signal()))?;
+    rt.block_on(async {
+        let (stop_metrics, stopped) = tokio::sync::oneshot::channel::<()>();
+        if let Some(addr) = metrics_addr {
+            let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on --metrics-addr {addr}"))?;
+            let bound = listener.local_addr()?;
+            let file = agent.node().config.run_dir.join("metrics.addr");
+            std::fs::write(&file, format!("{bound}\n")).with_context(|| format!("writing {}", file.display()))?;
+            tracing::info!(addr = %bound, "serving metrics at http://{bound}/metrics");
+            let node = agent.node().clone();
+            tokio::spawn(async move {
+                if let Err(e) = egpu_node::metrics::serve(node, listener, async { let _ = stopped.await; }).await {
+                    tracing::error!("{e:#}");
+                }
+            });
+        }
+        let r = agent.serve(shutdown_signal()).await;
+        let _ = stop_metrics.send(());
+        anyhow::Ok(r?)
+    })?;
     Ok(())
 }

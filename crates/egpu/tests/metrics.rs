@@ -1,0 +1,89 @@
+//! `egpud --metrics-addr`: a real HTTP scrape of /metrics on a simulated
+//! node, with a slice, a live resize and an egpu-burn workload under
+//! libegpu.so (so the arbiter's true GPU time comes from the simulated
+//! driver's `nvmlDeviceGetProcessUtilization`).
+
+mod common;
+
+use common::{Node, target_dir, wait_until};
+use std::io::{Read, Write};
+use std::process::Stdio;
+use std::time::Duration;
+
+fn start_with_metrics() -> (Node, String) {
+    let mut n = Node { dir: tempfile::tempdir().unwrap(), spec: "1x16GiB".into(), daemon: None };
+    let log = std::fs::File::create(n.log_path()).unwrap();
+    let child = n.daemon_cmd().args(["--metrics-addr", "127.0.0.1:0"]).stdout(Stdio::null()).stderr(log).spawn().unwrap();
+    n.daemon = Some(child);
+    let addr_file = n.run_dir().join("metrics.addr");
+    assert!(
+        wait_until(Duration::from_secs(30), || n.egpu(&["devices"]).status.success() && addr_file.exists()),
+        "egpud with --metrics-addr did not come up; log:\n{}",
+        n.log()
+    );
+    let addr = std::fs::read_to_string(addr_file).unwrap().trim().to_string();
+    assert!(n.log().contains(&format!("http://{addr}/metrics")), "the bound address is logged");
+    (n, addr)
+}
+
+/// GET /metrics over HTTP/1.1; returns (status line, content type, body).
+fn scrape(addr: &str) -> (String, String, String) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let ctype = head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-type: ").map(str::to_string)).unwrap_or_default();
+    // Chunked or not, the samples are lines of the body; drop chunk-size lines.
+    let body = body.lines().filter(|l| !l.chars().all(|c| c.is_ascii_hexdigit()) || l.is_empty()).collect::<Vec<_>>().join("\n");
+    (head.lines().next().unwrap().to_string(), ctype, body)
+}
+
+/// The value of the sample `series` (name with labels, exactly as exposed).
+fn value(body: &str, series: &str) -> Option<f64> {
+    body.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.split(' ').next()?.parse().ok())
+}
+
+#[test]
+fn metrics_are_served_over_http_and_follow_slices_resizes_and_workloads() {
+    let (n, addr) = start_with_metrics();
+    n.ok(&["create", "--name", "a", "--gpu-memory", "1GiB", "--gpu-compute", "30%", "--gpu-compute-limit", "50%"]);
+    let (status, ctype, body) = scrape(&addr);
+    assert!(status.contains("200"), "{status}");
+    assert!(ctype.starts_with("application/openmetrics-text"), "{ctype}");
+    assert_eq!(value(&body, r#"egpu_slice_memory_limit_bytes{slice="a",device="0"}"#), Some(1073741824.0), "{body}");
+    assert_eq!(value(&body, r#"egpu_slice_compute_share_ratio{slice="a",device="0"}"#), Some(0.3));
+    assert_eq!(value(&body, r#"egpu_slice_compute_limit_ratio{slice="a",device="0"}"#), Some(0.5));
+    assert_eq!(value(&body, r#"egpu_slice_resizes_total{slice="a"}"#), Some(0.0));
+    assert_eq!(value(&body, "egpu_arbiter_period_seconds"), Some(0.01));
+    assert!(body.contains(r#"egpu_device_compute_share_allocated_ratio{device="0",uuid="GPU-"#), "{body}");
+    assert!(body.contains("# TYPE egpu_arbiter_tick_seconds histogram"));
+    assert!(body.contains(r#"egpu_arbiter_tick_seconds_bucket{le="+Inf"}"#));
+    // The arbiter ticks and publishes a budget for the slice: alone and idle it
+    // gets its share plus headroom up to its cap, 50% of a 10 ms period.
+    assert!(wait_until(Duration::from_secs(10), || value(&scrape(&addr).2, r#"egpu_slice_compute_budget_seconds{slice="a",device="0"}"#).is_some()));
+    let body = scrape(&addr).2;
+    assert!(value(&body, "egpu_arbiter_ticks_total").unwrap() >= 1.0);
+    assert_eq!(value(&body, r#"egpu_slice_compute_budget_seconds{slice="a",device="0"}"#), Some(0.005), "{body}");
+
+    // A live resize shows at once in the limits and within a period in the budget.
+    n.ok(&["resize", "a", "--gpu-compute", "60%", "--gpu-compute-limit", "60%"]);
+    assert!(wait_until(Duration::from_secs(10), || {
+        let b = scrape(&addr).2;
+        value(&b, r#"egpu_slice_compute_budget_seconds{slice="a",device="0"}"#) == Some(0.006) && value(&b, r#"egpu_slice_resizes_total{slice="a"}"#) == Some(1.0)
+    }));
+
+    // A saturating workload: one attached process, and true GPU time accumulates.
+    let burn = target_dir().join("egpu-burn");
+    assert!(burn.exists(), "build the workspace first (cargo build --workspace): {} is missing", burn.display());
+    let mut w = n.cli().args(["exec", "a", "--"]).arg(&burn).args(["--seconds", "20"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+    let ok = wait_until(Duration::from_secs(20), || {
+        let b = scrape(&addr).2;
+        value(&b, r#"egpu_slice_processes{slice="a"}"#) == Some(1.0) && value(&b, r#"egpu_slice_compute_used_seconds_total{slice="a",device="0"}"#).is_some_and(|v| v > 0.05)
+    });
+    let last = scrape(&addr).2;
+    let _ = w.kill();
+    let _ = w.wait();
+    assert!(ok, "no GPU time seen for the workload:\n{last}\nlog:\n{}", n.log());
+}
