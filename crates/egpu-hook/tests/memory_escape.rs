@@ -156,3 +156,25 @@ fn contexts_are_charged() {
     assert_eq!(d.event("summary")["allocated"], 5, "{:?}", d.lines);
     assert_eq!(s.used(0), 0);
 }
+
+#[test]
+fn per_thread_stream_variants_are_charged_too() {
+    // `--ptds`: dlsym of the `_ptsz` names, or cuGetProcAddress with
+    // CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (the driver returns `_ptsz`).
+    let w = World::new("1x4GiB");
+    let limit = 384 * MIB;
+    let s = w.slice("ptds", &[(0, limit)]);
+    for family in ["async", "pool", "graph"] {
+        for way in WAYS {
+            let mut a = vec!["--ptds"];
+            a.extend(alloc_args(way, family, "64MiB"));
+            let mut p = Running::start(w.probe(&s, &a));
+            p.wait_for("holding");
+            let used = s.used(0);
+            assert!(used <= limit && used + 64 * MIB > limit, "{family}/{way} --ptds: charged {used}");
+            assert!(w.sim_used(0) <= limit);
+            assert_eq!(p.finish().0, 0);
+            assert_eq!(s.used(0), 0, "{family}/{way} --ptds");
+        }
+    }
+}
