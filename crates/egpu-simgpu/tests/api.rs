@@ -163,6 +163,28 @@ fn child() {
             let mut d2 = 0;
             say("oom", s.cuMemAlloc_v2(&mut d2, total));
         }
+        "forker" => {
+            s.ctx0();
+            s.alloc(64 << 20);
+            // SAFETY: the child only calls the simulator and exits with _exit.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // The child re-attaches with its own slot; the parent's
+                // context is not valid here, so it makes its own.
+                s.ctx0();
+                s.alloc(16 << 20);
+                let (_, procs) = s.nvml0();
+                say("child", format!("{} {procs:?}", std::process::id()));
+                // SAFETY: leave without running the parent's atexit/test code.
+                unsafe { libc::_exit(0) };
+            }
+            let mut status = 0;
+            // SAFETY: waiting for our own child.
+            assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+            say("status", status);
+            // The child's slot is dead now and swept.
+            say("after", format!("{:?}", s.nvml0().1));
+        }
         other => panic!("unknown role {other}"),
     }
 }
@@ -290,5 +312,24 @@ fn bad_pointers_are_errors_not_faults() {
     assert_eq!(k.expect("overrun"), CUDA_ERROR_INVALID_VALUE.to_string());
     assert_eq!(k.expect("free_twice"), format!("0 {CUDA_ERROR_INVALID_VALUE}"));
     assert_eq!(k.expect("oom"), CUDA_ERROR_OUT_OF_MEMORY.to_string(), "the context already uses some");
+    k.finish();
+}
+
+#[test]
+fn a_forked_child_reattaches_with_its_own_pid() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = state_path(&dir);
+    let mut k = run("forker", &[("EGPU_SIM_STATE", &st)]);
+    let parent = k.child.id();
+    let line = k.expect("child");
+    let (cpid, procs) = line.split_once(' ').unwrap();
+    let want = format!("{:?}", {
+        let mut v = vec![(parent, 64 * MIB + 32 * MIB), (cpid.parse::<u32>().unwrap(), 16 * MIB + 32 * MIB)];
+        v.sort();
+        v
+    });
+    assert_eq!(procs, want);
+    assert_eq!(k.expect("status"), "0");
+    assert_eq!(k.expect("after"), format!("{:?}", vec![(parent, 64 * MIB + 32 * MIB)]));
     k.finish();
 }
