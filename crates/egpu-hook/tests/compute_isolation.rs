@@ -38,6 +38,18 @@ fn two_saturating_slices_get_their_shares() {
         assert_eq!(code, 0, "{name}: {stderr}");
     }
     egpud.stop();
+    for (n, s) in [("a", &a), ("b", &b)] {
+        let u = s.usage.region();
+        let l = s.writer.region();
+        eprintln!(
+            "{n}: throttle_waits {} consumed {} ms, scale {} ppm, queue {} launches / {} us",
+            u.throttle_waits[0].load(Ordering::Relaxed),
+            u.consumed_ns[0].load(Ordering::Relaxed) / 1_000_000,
+            l.devices[0].scale_ppm.load(Ordering::Relaxed),
+            l.devices[0].queue_launches.load(Ordering::Relaxed),
+            l.devices[0].queue_ns.load(Ordering::Relaxed) / 1000
+        );
+    }
     assert!((fa - 30.0).abs() <= 5.0, "slice a (30%) got {fa}%");
     assert!((fb - 70.0).abs() <= 5.0, "slice b (70%) got {fb}%");
     // The hook measured and gated: it counted launches and GPU time, and b was held back.

@@ -192,7 +192,11 @@ pub fn admit(stream: CUstream, ptsz: bool) -> Result<Option<Ticket>, CUresult> {
                     }
                 }
                 Decision::WaitUntil(at) => {
-                    sleep_until(at);
+                    // Wake at least every 1/20 period: a tick that comes late
+                    // (the gate then says "a quarter period from now") or a
+                    // resize is seen within half a millisecond.
+                    let step = (v.period_ns.load(Relaxed) / 20).max(100_000);
+                    sleep_until(at.min(now.saturating_add(step)));
                     let waited = monotonic_ns().saturating_sub(now);
                     g.waited(&v, waited, record_of(s).map(|r| &r.throttled_ns[dev]));
                 }

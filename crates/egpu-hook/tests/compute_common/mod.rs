@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Simulated ns per thread: egpu-burn's default 64×128 grid is a 205 µs kernel.
-pub const NS_PER_THREAD: &str = "0.025";
+pub const NS_PER_THREAD: &str = "25";
 
 pub fn target_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
