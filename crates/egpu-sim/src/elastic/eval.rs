@@ -6,19 +6,21 @@
 //!   cycle and peak memory over its whole life (an oracle: it knows the peak
 //!   in advance), packed first-fit onto GPUs.
 //! - **Elastic**: every `resize_every` minutes each slice is resized from
-//!   the pod's last `window` minutes: memory to the highest use times
-//!   `1 + headroom` plus a floor, compute share to the mean duty cycle times
-//!   `1 + headroom` plus a floor. It is online: a slice decided at minute t
-//!   uses samples up to t only. A pod that no longer fits its GPU after a
-//!   resize moves to another (counted as a migration).
+//!   the pod's last `window` minutes: memory to the peak times
+//!   `1 + headroom` plus a floor, compute share to a quantile (or the mean)
+//!   of the duty cycle, likewise. It is online: a slice decided at minute t
+//!   uses samples up to t only. [`Moves`] says how slices move at a resize
+//!   (never, on overflow, or re-packed); every move is a migration.
+//! - **Elastic, no migration** and an **oracle** that knows the coming
+//!   period's peak memory and mean duty (a bound on what prediction buys).
 //!
 //! Memory limits are hard. Compute is shared the way eGPU's arbiter shares
 //! it (guaranteed share, work-conserving up to the whole GPU), so a pod
 //! above its compute share is only short-changed, and counted as a
 //! violation, in minutes when its GPU's total demand exceeds the GPU.
 //!
-//! Both slice strategies keep pods on their GPU (first-fit at arrival) and
-//! count the GPUs in use at each minute; the GPUs needed is the peak. A
+//! Slices are placed first-fit at arrival; the GPUs needed is the peak
+//! over minutes of the GPUs in use. A
 //! violation minute is a pod-minute whose duty cycle or memory exceeded its
 //! slice; refused memory is what it used beyond its slice.
 
