@@ -103,6 +103,8 @@ struct Truth {
     prev_us: HashMap<(u32, u32), u64>,
     /// pid -> slice name.
     pids: HashMap<u32, String>,
+    /// Sampled pids that were in no slice at the last refresh (not a reason to refresh again).
+    strangers: std::collections::HashSet<u32>,
     pids_at: Option<Instant>,
     /// Slice name -> cumulative true ns per physical device.
     totals: HashMap<String, HashMap<u32, u64>>,
@@ -199,9 +201,10 @@ impl ComputeLoop {
         let by_id: HashMap<u64, usize> = refs.iter().enumerate().map(|(i, r)| (r.slice, i)).collect();
         let period = self.arbiter.config().period_ns.max(1) as f64;
         let mut view: BTreeMap<String, Vec<DeviceCompute>> = BTreeMap::new();
+        let all: Vec<&crate::slices::Slice> = m.slices().collect();
         for b in &budgets {
             let Some(&i) = by_id.get(&b.key.slice) else { continue };
-            let s = m.slices().nth(i).expect("index of refs");
+            let s = all[i];
             let dev = b.key.dev as usize;
             let u = s.usage.region();
             let throttled_sum = attached_throttled_ns(&s.usage, dev);
@@ -252,7 +255,8 @@ impl ComputeLoop {
     }
 
     fn refresh_pids(&mut self, m: &crate::slices::SliceManager, samples: &[(u32, Vec<crate::devices::ProcSample>)]) {
-        let unknown = samples.iter().flat_map(|(_, v)| v).any(|s| !self.truth.pids.contains_key(&s.pid));
+        let t = &self.truth;
+        let unknown = samples.iter().flat_map(|(_, v)| v).any(|s| !t.pids.contains_key(&s.pid) && !t.strangers.contains(&s.pid));
         let age = self.truth.pids_at.map(|t| t.elapsed());
         let due = match age {
             None => true,
@@ -268,6 +272,7 @@ impl ComputeLoop {
             }
         }
         let pids = &self.truth.pids;
+        self.truth.strangers = samples.iter().flat_map(|(_, v)| v).map(|s| s.pid).filter(|p| !pids.contains_key(p)).collect();
         self.truth.prev_us.retain(|(_, pid), _| pids.contains_key(pid));
         self.truth.pids_at = Some(Instant::now());
     }

@@ -244,8 +244,9 @@ static SAMPLED: std::sync::Mutex<Sampled> = std::sync::Mutex::new(std::collectio
 /// `smUtil × interval` over samples tracks the process's GPU time to within
 /// one percent of one interval. Timestamps are CLOCK_MONOTONIC µs.
 pub fn process_utilization(h: nvmlDevice_t, out: *mut nvmlProcessUtilizationSample_t, count: *mut u32, last_seen_us: u64) -> NR<()> {
+    // No sweep here (it reads /proc per live process): a dead process's slot
+    // only reports 0% until the next sweep frees it.
     let (p, d) = dev(h)?;
-    p.shm.sweep();
     let live: Vec<(usize, u32, u64)> = (0..crate::state::MAX_SLOTS)
         .filter_map(|i| {
             let (pid, st) = p.shm.slot_owner(i);
