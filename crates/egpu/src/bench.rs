@@ -3,7 +3,7 @@
 //! A throw-away egpud (simulated GPUs unless NVML finds real ones) and one
 //! egpu-probe `grow` process under libegpu.so. The probe allocates `--step`
 //! at a time until its slice is full, reports "blocked" and retries every
-//! ~1 ms. Each round raises the limit by one step through the gRPC API; the
+//! `--retry-us` (50 µs by default). Each round raises the limit by one step through the gRPC API; the
 //! latency is CLOCK_MONOTONIC from the resize call returning (and from it
 //! being issued) to the probe's successful allocation ("unblocked", stamped
 //! by the probe with CLOCK_MONOTONIC). Both clocks are system-wide.
@@ -24,6 +24,10 @@ pub struct ResizeBenchArgs {
     /// Simulated GPUs to use when the machine has no NVIDIA GPU.
     #[arg(long, default_value = "1x16GiB")]
     pub simulate: String,
+    /// How often the blocked probe retries its allocation, in microseconds.
+    /// The figure measured includes up to one retry interval.
+    #[arg(long, default_value_t = 50)]
+    pub retry_us: u64,
     /// Print the result as JSON.
     #[arg(long)]
     pub json: bool,
@@ -55,7 +59,7 @@ pub async fn resize(_socket: &std::path::Path, args: ResizeBenchArgs) -> anyhow:
     let (from_return, from_call, call) = r?;
     let (a, b, k) = (stats(&from_return), stats(&from_call), stats(&call));
     if args.json {
-        let v = serde_json::json!({"gpu": simulate.unwrap_or_else(|| "real".into()), "step": args.step.0,
+        let v = serde_json::json!({"gpu": simulate.unwrap_or_else(|| "real".into()), "step": args.step.0, "retry_us": args.retry_us,
             "from_return": a, "from_call": b, "call": k});
         println!("{v}");
     } else {
@@ -64,7 +68,7 @@ pub async fn resize(_socket: &std::path::Path, args: ResizeBenchArgs) -> anyhow:
         println!("  resize call returned -> blocked allocation succeeds: median {:.3} ms, p99 {:.3} ms, max {:.3} ms", ms(a.median_ns), ms(a.p99_ns), ms(a.max_ns));
         println!("  resize call issued   -> blocked allocation succeeds: median {:.3} ms, p99 {:.3} ms, max {:.3} ms", ms(b.median_ns), ms(b.p99_ns), ms(b.max_ns));
         println!("  the resize call itself (gRPC + durable store write + publish): median {:.3} ms, p99 {:.3} ms", ms(k.median_ns), ms(k.p99_ns));
-        println!("  (the probe retries a refused allocation every ~1 ms, which bounds the first two from below)");
+        println!("  (the probe retries a refused allocation every {} us, which the first two include)", args.retry_us);
     }
     Ok(0)
 }
@@ -84,7 +88,8 @@ async fn run(c: &mut egpu_node::client::Client, args: &ResizeBenchArgs) -> anyho
     let until = start_limit + step * (args.count as u64 + 64);
     let step_s = step.to_string();
     let until_s = until.to_string();
-    let mut p = Workload::probe(c, "bench", &["grow", "--step", &step_s, "--until", &until_s, "--hold"]).await?;
+    let retry_s = args.retry_us.to_string();
+    let mut p = Workload::probe(c, "bench", &["grow", "--step", &step_s, "--until", &until_s, "--retry-us", &retry_s, "--hold"]).await?;
     let (mut from_return, mut from_call, mut call) = (Vec::new(), Vec::new(), Vec::new());
     let mut limit = start_limit;
     p.wait_event(&["blocked"], t).await?;

@@ -27,6 +27,9 @@ pub struct GrowArgs {
     /// After setting up the context, print "ready" and wait for a line on stdin.
     #[arg(long)]
     wait_go: bool,
+    /// Pause between retries while blocked, in microseconds (0: only yield the CPU).
+    #[arg(long, default_value_t = 1000)]
+    retry_us: u64,
 }
 
 pub fn grow(api: Api, g: &Global, a: GrowArgs) -> i32 {
@@ -64,7 +67,11 @@ pub fn grow(api: Api, g: &Global, a: GrowArgs) -> i32 {
                     }
                     Some(_) => {}
                 }
-                std::thread::sleep(Duration::from_millis(1));
+                if a.retry_us == 0 {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(Duration::from_micros(a.retry_us));
+                }
             }
             Err(e) => {
                 emit(json!({"event": "error", "call": e.call, "code": e.code}));

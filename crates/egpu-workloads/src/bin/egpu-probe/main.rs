@@ -49,7 +49,7 @@ enum Cmd {
     Info,
     /// Allocate --count objects of --family (or until OOM), optionally hold them.
     Alloc(alloc::AllocArgs),
-    /// Allocate --step at a time up to --until; on OOM report "blocked" and retry every ~1 ms until it fits.
+    /// Allocate --step at a time up to --until; on OOM report "blocked" and retry every --retry-us (default 1 ms) until it fits.
     Grow(loops::GrowArgs),
     /// Random allocate/free loop for --seconds, holding at most --max.
     Churn(loops::ChurnArgs),
