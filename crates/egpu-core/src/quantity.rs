@@ -104,7 +104,7 @@ impl fmt::Display for Bytes {
         let v = self.0;
         for (unit, factor) in [("TiB", Self::TIB), ("GiB", Self::GIB), ("MiB", Self::MIB), ("KiB", Self::KIB)] {
             if v >= factor {
-                if v % factor == 0 {
+                if v.is_multiple_of(factor) {
                     return write!(f, "{}{unit}", v / factor);
                 }
                 let hundredths = (v as u128 * 100 / factor as u128) as u64;
