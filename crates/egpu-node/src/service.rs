@@ -74,7 +74,8 @@ impl node_server::Node for NodeService {
         let create = wire::decode_create(req.get_ref())?;
         self.blocking(move |node| {
             let mut m = node.slices();
-            Ok(wire::slice_to_wire(m.create(create)?))
+            let s = m.create(create)?;
+            Ok(wire::with_compute(wire::slice_to_wire(s), node.compute.slice(s.name())))
         })
         .await
     }
@@ -84,7 +85,8 @@ impl node_server::Node for NodeService {
         let name = req.into_inner().name;
         self.blocking(move |node| {
             let mut m = node.slices();
-            Ok(wire::slice_to_wire(m.resize(&name, resize)?))
+            let s = m.resize(&name, resize)?;
+            Ok(wire::with_compute(wire::slice_to_wire(s), node.compute.slice(s.name())))
         })
         .await
     }
@@ -99,12 +101,21 @@ impl node_server::Node for NodeService {
     }
 
     async fn list_slices(&self, _: Request<proto::ListSlicesRequest>) -> Result<Response<proto::ListSlicesResponse>, Status> {
-        self.blocking(|node| Ok(proto::ListSlicesResponse { slices: node.slices().slices().map(wire::slice_to_wire).collect() })).await
+        self.blocking(|node| {
+            let m = node.slices();
+            Ok(proto::ListSlicesResponse { slices: m.slices().map(|s| wire::with_compute(wire::slice_to_wire(s), node.compute.slice(s.name()))).collect() })
+        })
+        .await
     }
 
     async fn get_slice(&self, req: Request<proto::GetSliceRequest>) -> Result<Response<proto::Slice>, Status> {
         let name = req.into_inner().name;
-        self.blocking(move |node| Ok(wire::slice_to_wire(node.slices().get(&name)?))).await
+        self.blocking(move |node| {
+            let m = node.slices();
+            let s = m.get(&name)?;
+            Ok(wire::with_compute(wire::slice_to_wire(s), node.compute.slice(s.name())))
+        })
+        .await
     }
 
     async fn launch_env(&self, req: Request<proto::LaunchEnvRequest>) -> Result<Response<proto::LaunchEnvResponse>, Status> {

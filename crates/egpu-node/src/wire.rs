@@ -104,6 +104,7 @@ pub fn slice_to_wire(s: &Slice) -> proto::Slice {
                 compute_limit_bps: u.share.compute_limit.0,
                 used_bytes: u.used,
                 refused: u.refused,
+                ..Default::default()
             })
             .collect(),
         processes: s.processes().into_iter().map(|p| proto::Process { pid: p.pid, bytes: p.bytes, alive: p.alive }).collect(),
@@ -113,6 +114,17 @@ pub fn slice_to_wire(s: &Slice) -> proto::Slice {
         created_unix: rec.created_unix,
         slice_dir: s.dir.display().to_string(),
     }
+}
+
+/// Adds the compute arbiter's view of the slice (from its last tick).
+pub fn with_compute(mut w: proto::Slice, compute: Option<Vec<crate::arbiter_loop::DeviceCompute>>) -> proto::Slice {
+    for (d, c) in w.devices.iter_mut().zip(compute.unwrap_or_default()) {
+        d.compute_usage_bps = c.usage_bps;
+        d.compute_used_ns = c.used_ns_total;
+        d.compute_throttled_ns = c.throttled_ns_total;
+        d.compute_budget_ns = c.budget_ns;
+    }
+    w
 }
 
 pub fn env_to_wire(e: EnvEntry) -> proto::EnvVar {

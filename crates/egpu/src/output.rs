@@ -40,6 +40,12 @@ pub struct SliceDeviceOut {
     pub compute_share_percent: f64,
     pub compute_limit_percent: f64,
     pub refused_allocations: u64,
+    /// Recent GPU time as a share of the device (arbiter, ~0.5 s average).
+    pub compute_usage_percent: f64,
+    /// Cumulative GPU time (device accounting where the driver has it).
+    pub compute_used_seconds: f64,
+    /// Cumulative time the slice's processes waited for compute budget.
+    pub compute_throttled_seconds: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -118,6 +124,9 @@ pub fn slice_out(s: proto::Slice) -> SliceOut {
                 compute_share_percent: pct(d.compute_share_bps),
                 compute_limit_percent: pct(d.compute_limit_bps),
                 refused_allocations: d.refused,
+                compute_usage_percent: pct(d.compute_usage_bps),
+                compute_used_seconds: d.compute_used_ns as f64 / 1e9,
+                compute_throttled_seconds: d.compute_throttled_ns as f64 / 1e9,
             })
             .collect(),
         processes: s.processes.into_iter().map(|p| ProcessOut { pid: p.pid, bytes: p.bytes, alive: p.alive }).collect(),

@@ -83,7 +83,13 @@ fn metrics_are_served_over_http_and_follow_slices_resizes_and_workloads() {
         value(&b, r#"egpu_slice_processes{slice="a"}"#) == Some(1.0) && value(&b, r#"egpu_slice_compute_used_seconds_total{slice="a",device="0"}"#).is_some_and(|v| v > 0.05)
     });
     let last = scrape(&addr).2;
+    // `egpu ls -o json` shows the same compute view.
+    let ls = n.slices();
+    let d = &ls[0]["devices"][0];
     let _ = w.kill();
     let _ = w.wait();
     assert!(ok, "no GPU time seen for the workload:\n{last}\nlog:\n{}", n.log());
+    assert_eq!((ls[0]["priority"].as_str(), d["compute_share_percent"].as_f64(), d["compute_limit_percent"].as_f64()), (Some("normal"), Some(60.0), Some(60.0)));
+    assert!(d["compute_used_seconds"].as_f64().unwrap() > 0.0, "{d}");
+    assert!(d["compute_usage_percent"].as_f64().is_some() && d["compute_throttled_seconds"].as_f64().is_some(), "{d}");
 }
