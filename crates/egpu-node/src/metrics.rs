@@ -148,14 +148,10 @@ impl Collector for NodeCollector {
         }
         let c = self.node.compute.snapshot();
         let mut d = enc.encode_descriptor("egpu_arbiter_tick_seconds", "Duration of one arbiter tick.", None, MetricType::Histogram)?;
-        let mut cum = 0;
-        let mut buckets: Vec<(f64, u64)> = Vec::with_capacity(TICK_BUCKETS.len() + 1);
-        for (i, ub) in TICK_BUCKETS.iter().chain(std::iter::once(&f64::INFINITY)).enumerate() {
-            cum += c.tick_buckets[i];
-            buckets.push((*ub, cum));
-        }
+        // Per-bucket counts: the encoder makes them cumulative.
+        let buckets: Vec<(f64, u64)> = TICK_BUCKETS.iter().chain(std::iter::once(&f64::INFINITY)).zip(c.tick_buckets).map(|(ub, n)| (*ub, n)).collect();
         type Ex = std::collections::HashMap<usize, prometheus_client::metrics::exemplar::Exemplar<Labels, f64>>;
-        d.encode_histogram(c.tick_sum_s, c.ticks.max(cum), &buckets, None::<&Ex>)
+        d.encode_histogram(c.tick_sum_s, c.tick_buckets.iter().sum(), &buckets, None::<&Ex>)
     }
 }
 

@@ -64,7 +64,11 @@ fn metrics_are_served_over_http_and_follow_slices_resizes_and_workloads() {
     // gets its share plus headroom up to its cap, 50% of a 10 ms period.
     assert!(wait_until(Duration::from_secs(10), || value(&scrape(&addr).2, r#"egpu_slice_compute_budget_seconds{slice="a",device="0"}"#).is_some()));
     let body = scrape(&addr).2;
-    assert!(value(&body, "egpu_arbiter_ticks_total").unwrap() >= 1.0);
+    let ticks = value(&body, "egpu_arbiter_ticks_total").unwrap();
+    assert!(ticks >= 1.0);
+    let inf = value(&body, r#"egpu_arbiter_tick_seconds_bucket{le="+Inf"}"#).unwrap();
+    assert_eq!(inf, value(&body, "egpu_arbiter_tick_seconds_count").unwrap());
+    assert!(inf >= ticks && inf <= ticks + 2.0, "histogram count {inf} vs {ticks} ticks (a tick may land between the two reads)");
     assert_eq!(value(&body, r#"egpu_slice_compute_budget_seconds{slice="a",device="0"}"#), Some(0.005), "{body}");
 
     // A live resize shows at once in the limits and within a period in the budget.
