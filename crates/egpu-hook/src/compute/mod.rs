@@ -232,9 +232,12 @@ pub fn after(t: Ticket, ok: bool) {
         if n > 1 && e.unrecorded() < n && !near(s, t.dev, g, n) {
             return;
         }
-        let now = monotonic_ns();
+        let now = t.submit;
         if e.pending() >= streams::RING {
-            e.reap(now, true, &mut complete);
+            e.reap_now(now, &mut complete);
+            if e.pending() >= streams::RING {
+                e.reap(now, true, &mut complete);
+            }
         }
         e.record(now, &mut complete);
     });

@@ -28,6 +28,8 @@ pub const RING: usize = 16;
 const ENTRIES: usize = 16;
 /// Re-anchor once an event is this far from the anchor (f32 ms keep ~1 µs).
 const REANCHOR_NS: u64 = 2_000_000_000;
+/// A pending event is queried at most this often on the launch path.
+const MIN_CHECK_NS: u64 = 20_000;
 
 /// One recorded event and the launches it covers.
 #[derive(Debug, Clone, Copy)]
@@ -142,7 +144,7 @@ impl Entry {
             Ok(ev) => {
                 if drv::record(ev, self.key) == 0 {
                     if self.pending.is_empty() {
-                        self.next_check = now.saturating_add(p.est);
+                        self.next_check = now.saturating_add(p.est.max(MIN_CHECK_NS));
                     }
                     self.pending.push_back(Pending { ev, ..p });
                     true
@@ -169,7 +171,7 @@ impl Entry {
             let r = if block && first { drv::synchronize(p.ev) } else { drv::query(p.ev) };
             first = false;
             if r == CUDA_ERROR_NOT_READY {
-                self.next_check = now.saturating_add((p.est / p.n.max(1) as u64 / 2).max(20_000));
+                self.next_check = now.saturating_add((p.est / p.n.max(1) as u64 / 2).max(MIN_CHECK_NS));
                 return;
             }
             self.pending.pop_front();
@@ -195,6 +197,12 @@ impl Entry {
             };
             out(Done { dev: self.dev, est: p.est, measured, n: p.n });
         }
+    }
+
+    /// Non-blocking reap now, whatever the next check time.
+    pub fn reap_now(&mut self, now: u64, out: &mut impl FnMut(Done)) {
+        self.next_check = 0;
+        self.reap(now, false, out);
     }
 
     /// Everything this entry still owes, at its estimate (thread exit, eviction of a broken entry).
@@ -266,8 +274,7 @@ impl Table {
     /// Non-blocking reap of every entry (after a synchronisation).
     pub fn reap_all(&mut self, now: u64, out: &mut impl FnMut(Done)) {
         for e in &mut self.entries {
-            e.next_check = 0;
-            e.reap(now, false, out);
+            e.reap_now(now, out);
         }
     }
 

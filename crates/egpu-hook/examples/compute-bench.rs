@@ -1,0 +1,208 @@
+//! End-to-end compute-isolation benchmarks on the simulated GPU (run by
+//! `scripts/bench-compute.sh`; results in `docs/benchmarks.md`).
+//!
+//! Each scenario runs `egpu-burn` processes under libegpu.so, with the
+//! arbiter's own `Arbiter::tick_tables` ticking every 10 ms (this program
+//! plays `egpud`, truth from the simulated GPU's per-process busy time), and
+//! reads what each slice achieved from the simulated GPU, not the hook.
+//! Output: one JSON line per result.
+//!
+//! `compute-bench [accuracy|conservation|priority|resize|overhead|all] [WINDOW_S]`
+
+#[path = "../tests/compute_common/mod.rs"]
+mod compute_common;
+
+use compute_common::*;
+use egpu_core::Priority;
+use serde_json::json;
+use std::process::Command;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+fn r1(v: f64) -> f64 {
+    (v * 10.0).round() / 10.0
+}
+
+fn accuracy(window: f64) {
+    for shares in [&[30u32, 70][..], &[20, 30, 50], &[10, 20, 30, 40]] {
+        let m = Machine::new("1x80GiB");
+        let slices: Vec<_> = shares.iter().enumerate().map(|(i, &s)| m.slice(&format!("s{i}"), 0, s, s, Priority::Normal)).collect();
+        let _egpud = Egpud::start(&m, &slices);
+        let secs = format!("{}", window + 3.0);
+        // The first slice launches 64 ahead (only the queue bound holds it).
+        let burns: Vec<_> = slices
+            .iter()
+            .enumerate()
+            .map(|(i, s)| m.burn(s, &["--seconds", &secs, "--inflight", if i == 0 { "64" } else { "4" }]))
+            .collect();
+        let refs: Vec<&Burn> = burns.iter().collect();
+        wait_running(&m, &refs, Duration::from_secs(30));
+        std::thread::sleep(Duration::from_secs(1));
+        let f = fractions(&m, &refs, Duration::from_secs_f64(window));
+        let got: Vec<f64> = f.iter().map(|v| r1(v * 100.0)).collect();
+        let err = shares.iter().zip(&got).map(|(&s, &g)| (g - s as f64).abs()).fold(0.0, f64::max);
+        println!("{}", json!({"bench": "accuracy", "shares": shares, "achieved_pct": got, "max_err_pts": r1(err), "window_s": window}));
+        for b in burns {
+            b.finish();
+        }
+    }
+}
+
+fn conservation(window: f64) {
+    for (share, limit) in [(30u32, 100u32), (30, 40)] {
+        let m = Machine::new("1x80GiB");
+        let s = m.slice("lone", 0, share, limit, Priority::Normal);
+        let _egpud = Egpud::start(&m, std::slice::from_ref(&s));
+        let b = m.burn(&s, &["--seconds", &format!("{}", window + 3.0)]);
+        wait_running(&m, &[&b], Duration::from_secs(30));
+        std::thread::sleep(Duration::from_secs(1));
+        let f = fractions(&m, &[&b], Duration::from_secs_f64(window))[0];
+        println!("{}", json!({"bench": "conservation", "share": share, "limit": limit, "achieved_pct": r1(f * 100.0), "window_s": window}));
+        b.finish();
+    }
+}
+
+fn latency_p99(b: Burn) -> f64 {
+    let (_, lines, _) = b.finish();
+    lines.iter().rev().find(|v| v["mode"] == "latency-total").and_then(|v| v["latency_p99_us"].as_f64()).unwrap_or(f64::NAN)
+}
+
+fn priority(window: f64) {
+    // High: 25% share, 100% limit, a latency loop of 410 µs kernels (one kernel, then synchronise).
+    // Best-effort: 3 saturating slices, no share, 100% limit, kernels of `be_us`.
+    for be_grid in [8u32, 16, 32] {
+        let be_us = be_grid as f64 * 128.0 * NS_PER_THREAD.parse::<f64>().unwrap() / 1000.0;
+        let secs = format!("{window}");
+        let alone = {
+            let m = Machine::new("1x80GiB");
+            let h = m.slice("high", 0, 25, 100, Priority::High);
+            let _egpud = Egpud::start(&m, std::slice::from_ref(&h));
+            latency_p99(m.burn(&h, &["--seconds", &secs, "--mode", "latency"]))
+        };
+        let m = Machine::new("1x80GiB");
+        let h = m.slice("high", 0, 25, 100, Priority::High);
+        let be: Vec<_> = (0..3).map(|i| m.slice(&format!("be{i}"), 0, 0, 100, Priority::BestEffort)).collect();
+        let mut all = vec![h.clone()];
+        all.extend(be.iter().cloned());
+        let _egpud = Egpud::start(&m, &all);
+        let g = be_grid.to_string();
+        let bes: Vec<_> = be.iter().map(|s| m.burn(s, &["--seconds", &format!("{}", window + 1.0), "--grid", &g])).collect();
+        std::thread::sleep(Duration::from_millis(500));
+        let hb = m.burn(&h, &["--seconds", &secs, "--mode", "latency"]);
+        let p99 = latency_p99(hb);
+        for b in bes {
+            b.finish();
+        }
+        println!("{}", json!({"bench": "priority", "be_kernel_us": r1(be_us), "alone_p99_us": r1(alone), "contended_p99_us": r1(p99), "ratio": (p99 / alone * 1000.0).round() / 1000.0}));
+    }
+}
+
+/// Per-period fractions of two burners; counts periods until both are within
+/// 3 points of the target for the next 5 periods.
+fn resize(n: usize) {
+    let m = Machine::new("1x80GiB");
+    let a = m.slice("a", 0, 30, 30, Priority::Normal);
+    let b = m.slice("b", 0, 70, 70, Priority::Normal);
+    let _egpud = Egpud::start(&m, &[a.clone(), b.clone()]);
+    let phase = Duration::from_millis(400);
+    let secs = format!("{}", 2.0 + phase.as_secs_f64() * n as f64 + 1.0);
+    let ba = m.burn(&a, &["--seconds", &secs]);
+    let bb = m.burn(&b, &["--seconds", &secs]);
+    wait_running(&m, &[&ba, &bb], Duration::from_secs(30));
+    std::thread::sleep(Duration::from_secs(1));
+    let period = Duration::from_millis(10);
+    let mut conv = Vec::new();
+    for k in 0..n {
+        let (ta, tb) = if k % 2 == 0 { (60.0, 40.0) } else { (30.0, 70.0) };
+        a.set_compute(ta as u32, ta as u32);
+        b.set_compute(tb as u32, tb as u32);
+        let t0 = Instant::now();
+        let mut per = Vec::new();
+        let mut prev = (monotonic_ns(), m.busy_of(ba.pid(), 0).unwrap(), m.busy_of(bb.pid(), 0).unwrap());
+        while t0.elapsed() < phase {
+            let next = t0 + period * (per.len() as u32 + 1);
+            std::thread::sleep(next.saturating_duration_since(Instant::now()));
+            let now = (monotonic_ns(), m.busy_of(ba.pid(), 0).unwrap(), m.busy_of(bb.pid(), 0).unwrap());
+            let dt = (now.0 - prev.0) as f64;
+            per.push(((now.1 - prev.1) as f64 / dt * 100.0, (now.2 - prev.2) as f64 / dt * 100.0));
+            prev = now;
+        }
+        // Convergence: first period p such that periods p..p+5 average within 3 points.
+        let ok = |i: usize| {
+            let w = &per[i..(i + 5).min(per.len())];
+            let (sa, sb) = w.iter().fold((0.0, 0.0), |acc, x| (acc.0 + x.0, acc.1 + x.1));
+            ((sa / w.len() as f64) - ta).abs() <= 3.0 && ((sb / w.len() as f64) - tb).abs() <= 3.0
+        };
+        let c = (0..per.len().saturating_sub(5)).find(|&i| ok(i)).map_or(per.len(), |i| i + 1);
+        conv.push(c);
+    }
+    ba.finish();
+    bb.finish();
+    conv.sort_unstable();
+    let q = |f: f64| conv[((conv.len() - 1) as f64 * f).round() as usize];
+    println!("{}", json!({"bench": "resize", "resizes": n, "periods_median": q(0.5), "periods_p99": q(0.99), "periods_max": conv[conv.len() - 1], "all": conv}));
+}
+
+/// Launch-call cost: bare driver, hook without arbiter, hook gated (event every
+/// launch), hook gated (event every 8), in one run, alternating.
+fn overhead(rounds: usize) {
+    let m = Machine::new("1x80GiB");
+    let s = m.slice("ovh", 0, 100, 100, Priority::Normal);
+    let run = |hook: bool, gated: bool, every: &str| -> f64 {
+        let l = s.writer.region();
+        l.arbiter_period_ns.store(if gated { 10_000_000 } else { 0 }, Ordering::Relaxed);
+        l.devices[0].allowance_ns.store(u64::MAX / 4, Ordering::Relaxed);
+        l.devices[0].epoch_start_ns.store(monotonic_ns() + 3_600_000_000_000, Ordering::Relaxed);
+        let mut c = Command::new(m.bin.join("egpu-probe"));
+        c.args(["--via", "procaddr", "bench", "--op", "launch", "--calls", "200000"])
+            .env("LD_LIBRARY_PATH", &m.lib)
+            .env("EGPU_SIM_GPUS", &m.gpus)
+            .env("EGPU_SIM_STATE", &m.state)
+            .env("EGPU_SIM_NS_PER_THREAD", "0")
+            .env("EGPU_HOOK_EVENT_EVERY", every);
+        if hook {
+            c.env("LD_PRELOAD", m.bin.join("libegpu.so")).env("EGPU_SLICE_DIR", &s.dir).env("CUDA_VISIBLE_DEVICES", &s.uuid);
+        }
+        let out = c.output().expect("egpu-probe");
+        let v: serde_json::Value = String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| serde_json::from_str(l).ok()).find(|v: &serde_json::Value| v["op"] == "launch").unwrap_or_else(|| panic!("no bench line: {}", String::from_utf8_lossy(&out.stderr)));
+        v["median_ns"].as_f64().unwrap()
+    };
+    let kinds = [("bare", false, false, "1"), ("hook, no arbiter", true, false, "1"), ("hook, gated, event every launch", true, true, "1"), ("hook, gated, event every 8", true, true, "8"), ("hook, gated, event every 16", true, true, "16")];
+    let mut res: Vec<Vec<f64>> = vec![Vec::new(); kinds.len()];
+    for _ in 0..rounds {
+        for (i, k) in kinds.iter().enumerate() {
+            res[i].push(run(k.1, k.2, k.3));
+        }
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let bare = med(&mut res[0]);
+    for (i, k) in kinds.iter().enumerate() {
+        let x = med(&mut res[i]);
+        println!("{}", json!({"bench": "overhead", "kind": k.0, "median_ns": r1(x), "added_ns": r1(x - bare), "ratio": (x / bare * 1000.0).round() / 1000.0}));
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let what = args.first().map_or("all", String::as_str);
+    let window: f64 = args.get(1).and_then(|s| s.parse().ok()).unwrap_or(10.0);
+    build();
+    if what == "overhead" || what == "all" {
+        overhead(5);
+    }
+    if what == "accuracy" || what == "all" {
+        accuracy(window);
+    }
+    if what == "conservation" || what == "all" {
+        conservation(window);
+    }
+    if what == "priority" || what == "all" {
+        priority(window);
+    }
+    if what == "resize" || what == "all" {
+        resize(40);
+    }
+}
