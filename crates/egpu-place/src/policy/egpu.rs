@@ -1,9 +1,14 @@
 //! eGPU's placement policy.
 //!
 //! It descends the same fragmentation gradient as FGD, against the same
-//! target workload, with two changes that measurably help on the openb
+//! target workload, with three changes that measurably help on the openb
 //! traces (see `docs/placement.md`):
-//! - **CPU stranding.** A node's cost also counts the GPU compute that its
+//! - **Unusable GPUs.** A node's cost also counts the free GPU compute that
+//!   *no* popular shape can use any more (see [`unusable`]): FGD's measure
+//!   averages over shapes, so a GPU left useless to every shape costs no
+//!   more than one useless to most; this term makes dead capacity cost
+//!   extra.
+//! - **CPU stranding.** It also counts the GPU compute that the node's
 //!   remaining CPU cannot feed, at [`CPU_PER_GPU`] milli-CPU per GPU (about
 //!   what the trace's GPU pods ask for). A pod that eats the CPU of a node
 //!   with free GPUs pays for the GPUs it strands.
@@ -13,22 +18,22 @@
 //!   out worse: the gradient is a one-pod-ahead estimate, and consolidating
 //!   between near-equal nodes keeps idle nodes whole for multi-GPU pods.
 //!
-//! Inside the node, a sharing pod goes to the GPU with the least
-//! fragmentation growth and then the least free compute; whole GPUs stay
-//! inside one NVLink group when they can. The policy is deterministic, and
-//! its per-(shape, node) cache makes a decision cost one cached lookup per
-//! node plus a recomputation for each node that changed.
+//! Inside the node, a sharing pod goes to the GPU with the least cost
+//! growth and then the least free compute; whole GPUs stay inside one
+//! NVLink group when they can. The policy is deterministic, and its
+//! per-(shape, node) cache makes a decision cost one cached lookup per node
+//! plus a recomputation for each node that changed.
 
 use super::cache::{EvalCache, FragCache};
 use super::fgd::frag_after;
 use super::{Policy, gpusel};
 use crate::frag::TargetWorkload;
-use crate::model::{Cluster, MAX_GPUS_PER_NODE, Node, Placement, Pod};
+use crate::model::{Cluster, GpuTypeId, MAX_GPUS_PER_NODE, Node, Placement, Pod};
 
 /// Costs are kept in units of 1e-6 milli-GPU.
 const SCALE: f64 = 1e6;
 /// Width of the comparison bins, milli-GPU.
-pub const BIN_MILLI: f64 = 80.0;
+pub const BIN_MILLI: f64 = 60.0;
 /// CPU a GPU needs to be usable, milli-CPU (for the stranding term).
 pub const CPU_PER_GPU: f64 = 10_000.0;
 
@@ -62,11 +67,58 @@ fn strand_growth(node: &Node, pod: &Pod) -> f64 {
     stranded(g - pod.total_gpu_milli() as f64, c - pod.cpu_milli() as f64) - stranded(g, c)
 }
 
+/// Free compute, milli-GPU, on GPUs that no GPU shape of the target
+/// workload can use in this node state: for every shape either the type is
+/// not allowed, the CPU is short, the GPU has less free than the shape's
+/// per-GPU share, or too few GPUs have that much.
+pub(crate) fn unusable(target: &TargetWorkload, cpu_free: u64, gpu_type: Option<GpuTypeId>, free: &[u32]) -> u32 {
+    let mut usable = [false; MAX_GPUS_PER_NODE];
+    for s in target.shapes() {
+        if s.gpu_milli == 0 || cpu_free < s.cpu_milli || !s.gpu_types.allows(gpu_type) {
+            continue;
+        }
+        if free.iter().filter(|&&f| f >= s.gpu_milli).count() as u32 >= s.gpu_count {
+            for (u, &f) in usable.iter_mut().zip(free) {
+                *u |= f >= s.gpu_milli;
+            }
+        }
+    }
+    free.iter().zip(usable).filter(|(_, u)| !u).map(|(f, _)| f).sum()
+}
+
+/// Growth of [`unusable`] compute if `pod` takes the GPUs `take` (a
+/// sharing pod: one index) or, when `None`, its lowest fitting GPUs.
+fn unusable_growth(target: &TargetWorkload, node: &Node, pod: &Pod, take: Option<usize>, before: u32) -> f64 {
+    let mut free = [0u32; MAX_GPUS_PER_NODE];
+    let n = node.free_milli_into(&mut free);
+    match take {
+        Some(i) => free[i] -= pod.gpu_milli(),
+        None => {
+            let mut want = pod.gpu_count();
+            for (i, f) in free[..n].iter_mut().enumerate() {
+                if want == 0 {
+                    break;
+                }
+                if node.gpu_fits(i, pod) {
+                    *f -= pod.gpu_milli();
+                    want -= 1;
+                }
+            }
+        }
+    }
+    let after = unusable(target, node.cpu_free() - pod.cpu_milli(), node.gpu_type(), &free[..n]);
+    f64::from(after) - f64::from(before)
+}
+
 /// (scaled cost growth, chosen GPU for a sharing pod) of `pod` on `node`.
 fn eval(target: &TargetWorkload, node: &Node, pod: &Pod, before: f64) -> (i64, u8) {
     let strand = strand_growth(node, pod);
+    let mut buf = [0u32; MAX_GPUS_PER_NODE];
+    let n = node.free_milli_into(&mut buf);
+    let dead = unusable(target, node.cpu_free(), node.gpu_type(), &buf[..n]);
+    let cost = |take| frag_after(target, node, pod, take) - before + strand + unusable_growth(target, node, pod, take, dead);
     if !pod.is_sharing() {
-        return (scaled(frag_after(target, node, pod, None) - before + strand), u8::MAX);
+        return (scaled(cost(None)), u8::MAX);
     }
     let mut best: Option<(i64, u32, u8)> = None;
     let mut tried = [u32::MAX; MAX_GPUS_PER_NODE];
@@ -75,7 +127,7 @@ fn eval(target: &TargetWorkload, node: &Node, pod: &Pod, before: f64) -> (i64, u
             continue;
         }
         tried[i] = g.free_milli;
-        let key = (scaled(frag_after(target, node, pod, Some(i)) - before + strand), g.free_milli, i as u8);
+        let key = (scaled(cost(Some(i))), g.free_milli, i as u8);
         if best.is_none_or(|b| key < b) {
             best = Some(key);
         }
@@ -115,5 +167,27 @@ impl Policy for EgpuPolicy {
         let node = &nodes[id];
         let gpus = if pod.is_sharing() { vec![gpu] } else { gpusel::nvlink_whole(node, pod)? };
         Some(Placement::new(id, pod, &gpus))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::frag::TargetShape;
+    use crate::model::TypeSet;
+
+    #[test]
+    fn unusable_counts_gpus_no_shape_can_use() {
+        let shape = |cpu, m, n| TargetShape { cpu_milli: cpu, gpu_milli: m, gpu_count: n, gpu_types: TypeSet::ANY, weight: 1.0 };
+        let t = TargetWorkload::from_shapes(vec![shape(4000, 500, 1), shape(8000, 1000, 2)]);
+        let ty = Some(GpuTypeId(0));
+        // 300 free fits no shape; 600 fits the sharing one; one idle GPU is
+        // usable by the sharing shape even though the 2-GPU shape cannot run.
+        assert_eq!(unusable(&t, 16_000, ty, &[300, 600, 1000]), 300);
+        // Too little CPU for any shape: everything is dead.
+        assert_eq!(unusable(&t, 2000, ty, &[300, 600, 1000]), 1900);
+        // Enough CPU for the sharing shape only.
+        assert_eq!(unusable(&t, 5000, ty, &[1000, 1000, 400]), 400);
+        assert_eq!(unusable(&t, 16_000, ty, &[]), 0);
     }
 }
