@@ -1,19 +1,22 @@
 //! Contexts cost device memory, so creating one is charged.
 //!
-//! - The cost is measured as the device's used-memory delta around the real
-//!   creation: with `cuMemGetInfo` when a context on the same device is
-//!   current before the call (and the new context after it), otherwise with
-//!   NVML's device memory info (there is no context to ask before the first
-//!   one exists). Without either, the last cost measured for that device in
-//!   this process is used.
+//! - The cost is measured as the change around the real creation of the
+//!   memory NVML lists for *this process* on the device, which other
+//!   tenants' allocations cannot disturb. Where that is unknown (NVML cannot
+//!   list processes, or lists them in another pid namespace, which shows as
+//!   no change), the device's used-memory delta is used: with `cuMemGetInfo`
+//!   when a context on the same device is current before the call (and the
+//!   new context after it), otherwise with NVML's device memory info. Without
+//!   any of these, the last cost measured for that device in this process is
+//!   used.
 //! - Charge first: the last measured cost is pre-charged before the real
 //!   call, then settled to the measured cost. If the context does not fit,
 //!   it is destroyed again and `CUDA_ERROR_OUT_OF_MEMORY` returned.
 //! - `cuCtxDestroy` uncharges; a primary context is charged on this
 //!   process's first retain and uncharged on its last release or on reset.
-//! - Concurrent allocations by other processes on the device during the
-//!   measurement are attributed to the context (an over-charge, never an
-//!   escape).
+//! - With the device-wide fallback, concurrent allocations by other processes
+//!   on the device during the measurement are attributed to the context (an
+//!   over-charge, never an escape).
 
 use super::drv::real as drv;
 use super::hooked;
@@ -77,13 +80,19 @@ fn charged_create(ordinal: CUdevice, make: impl FnOnce() -> (u32, CUcontext), un
     let dev = devmap::slice_dev(ordinal)?;
     let est = COST[dev].load(Ordering::Relaxed);
     charge(dev, est)?;
+    let uuid = devmap::uuid_of(ordinal).ok();
+    let own_before = uuid.as_deref().and_then(crate::nvml::real_own_used);
     let before = source_before(ordinal);
     let (r, ctx) = make();
     if r != 0 {
         uncharge(dev, est);
         return Err(r);
     }
-    let cost = match before.and_then(|(src, b)| used_after(src, ordinal, ctx).map(|a| a.saturating_sub(b))) {
+    let own = own_before
+        .and_then(|b| uuid.as_deref().and_then(crate::nvml::real_own_used).map(|a| a.saturating_sub(b)))
+        .filter(|&d| d > 0);
+    let device_wide = || before.and_then(|(src, b)| used_after(src, ordinal, ctx).map(|a| a.saturating_sub(b)));
+    let cost = match own.or_else(device_wide) {
         Some(c) => {
             COST[dev].store(c, Ordering::Relaxed);
             c

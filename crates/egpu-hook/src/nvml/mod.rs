@@ -45,3 +45,27 @@ pub fn real_used(uuid: &str) -> Option<u64> {
     // SAFETY: a real handle and a struct to fill.
     (unsafe { f(h, &mut m) } == NVML_SUCCESS).then_some(m.used)
 }
+
+/// Memory the real NVML charges to this process on the device with `uuid`
+/// (0 when the process is not listed yet). Unlike [`real_used`], other
+/// tenants' concurrent allocations do not show in it. `None` when NVML cannot
+/// answer; in another pid namespace the process is never listed, so callers
+/// treat a zero change as "unknown" too.
+pub fn real_own_used(uuid: &str) -> Option<u64> {
+    real_used(uuid)?; // initialises the real NVML once
+    let h = view::real_handle(uuid).ok()?;
+    let f = hooked::nvmlDeviceGetComputeRunningProcesses_v3.get()?;
+    let mut buf = vec![nvmlProcessInfo_t { pid: 0, usedGpuMemory: 0, gpuInstanceId: 0, computeInstanceId: 0 }; 64];
+    loop {
+        let mut n = buf.len() as c_uint;
+        // SAFETY: a real handle, and a buffer of n entries that the call fills.
+        match unsafe { f(h, &mut n, buf.as_mut_ptr()) } {
+            NVML_SUCCESS => {
+                let me = std::process::id();
+                return Some(buf[..n as usize].iter().filter(|p| p.pid == me).map(|p| p.usedGpuMemory).sum());
+            }
+            NVML_ERROR_INSUFFICIENT_SIZE if (n as usize) > buf.len() && n < 1 << 16 => buf.resize(n as usize, buf[0]),
+            _ => return None,
+        }
+    }
+}
