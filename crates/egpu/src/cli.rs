@@ -104,7 +104,9 @@ pub enum Command {
     Env { name: String },
     /// Trace-driven placement simulator (capacity planning; same policy code as the scheduler).
     Simulate(Box<egpu_sim::cli::SimulateArgs>),
-    /// Start a simulated node, run two workloads, hit a limit, resize live, and clean up.
+    /// Live view of devices and slices: memory, compute use vs share/limit, processes.
+    Top(crate::top::TopArgs),
+    /// Start a simulated node, run two workloads, hit a limit, resize live, split compute 30/70 then 60/40, and clean up.
     Demo(crate::demo::DemoArgs),
     /// Benchmarks against a live egpud.
     #[command(subcommand)]

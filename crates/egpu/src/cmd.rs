@@ -65,6 +65,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Simulate(args) => {
             tokio::task::spawn_blocking(move || egpu_sim::cli::run(*args)).await??;
         }
+        Command::Top(args) => return crate::top::run(socket, args).await,
         Command::Demo(args) => return crate::demo::run(args).await,
         Command::Bench(BenchCommand::Resize(args)) => return crate::bench::resize(socket, args).await,
     }

@@ -14,3 +14,4 @@ pub mod exit;
 pub mod localnode;
 pub mod output;
 pub mod process;
+pub mod top;
