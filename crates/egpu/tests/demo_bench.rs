@@ -9,9 +9,14 @@ fn demo_runs_and_cleans_up() {
     let o = std::process::Command::new(EGPU).args(["demo", "--force-simulated"]).output().unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
-    for needle in ["B reached its limit", "CUDA_ERROR_OUT_OF_MEMORY", "B now holds its 2GiB", "workload A exited 0, workload B exited 0", "Cleaning up"] {
+    for needle in ["B reached its limit", "CUDA_ERROR_OUT_OF_MEMORY", "B now holds its 2GiB", "workload A exited 0, workload B exited 0", "compute-b` to 40% first", "Cleaning up"] {
         assert!(out.contains(needle), "demo output lacks {needle:?}:\n{out}");
     }
+    // Compute: A's share of the kernels follows the live resize from 30/70 to 60/40.
+    let line = out.lines().find(|l| l.starts_with("Compute: A's share of the kernels was")).unwrap_or_else(|| panic!("no compute summary:\n{out}"));
+    let shares: Vec<f64> = line.split_whitespace().filter_map(|w| w.strip_suffix('%')?.parse().ok()).collect();
+    let [before, after] = shares[..] else { panic!("compute summary without two percentages: {line}") };
+    assert!(before < 50.0 && after > 50.0 && after > before, "A's share of kernels did not follow 30/70 -> 60/40: {line}\n{out}");
     let pid_line = out.lines().find(|l| l.contains("egpud pid")).unwrap();
     let pid: u32 = pid_line.split_whitespace().nth(2).unwrap().parse().unwrap();
     assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists() || std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap().contains(" Z "), "egpud {pid} still runs");
