@@ -20,7 +20,42 @@ use crate::map::{self, Mapping};
 use crate::{AbiError, ABI_VERSION, MAX_DEVICES, MAX_PROCS, USAGE_MAGIC};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+
+/// Serialises, within this process, every section that takes the record lock
+/// of a record this process does not own (sweep, charge-lock takeover).
+/// POSIX record locks belong to the process, not the thread: two threads
+/// could both "take" the same byte, and the first to unlock would let a new
+/// process claim the record while the second still resets it. A spin flag
+/// rather than a `Mutex`, so a fork child can reset it ([`reset_after_fork`]).
+static FOREIGN: AtomicBool = AtomicBool::new(false);
+
+struct ForeignGuard;
+
+fn foreign_guard() -> ForeignGuard {
+    let mut spins = 0u32;
+    while FOREIGN.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        spins = spins.wrapping_add(1);
+        if spins.is_multiple_of(64) {
+            std::thread::yield_now();
+        } else {
+            std::hint::spin_loop();
+        }
+    }
+    ForeignGuard
+}
+
+impl Drop for ForeignGuard {
+    fn drop(&mut self) {
+        FOREIGN.store(false, Ordering::Release);
+    }
+}
+
+/// Fork child only (from a `pthread_atfork` handler): releases the
+/// process-local guard a thread of the parent may have held at the fork.
+pub fn reset_after_fork() {
+    FOREIGN.store(false, Ordering::Release);
+}
 
 /// One attached process.
 #[repr(C, align(64))]
@@ -113,6 +148,11 @@ pub struct UsageFile {
     map: Mapping,
     file: File,
     path: PathBuf,
+    /// Records this process claimed through this handle (bit per record).
+    /// `F_GETLK` cannot see our own locks, so without this a sweep or a
+    /// takeover would take one of them for a dead process's and, unlocking
+    /// it, drop our own record lock.
+    own: [AtomicU64; MAX_PROCS / 64],
 }
 
 impl UsageFile {
@@ -155,7 +195,7 @@ impl UsageFile {
         if size != std::mem::size_of::<UsageRegion>() || len < size {
             return Err(AbiError::Corrupt(path.into(), "region size does not match this ABI version"));
         }
-        let uf = UsageFile { map, file, path: path.into() };
+        let uf = UsageFile { map, file, path: path.into(), own: [const { AtomicU64::new(0) }; MAX_PROCS / 64] };
         let n = uf.region().n_devices.load(Ordering::Relaxed) as usize;
         if n == 0 || n > MAX_DEVICES {
             return Err(AbiError::Corrupt(path.into(), "device count out of range"));
@@ -187,13 +227,30 @@ impl UsageFile {
         map::byte_locked_by_other(&self.file, Self::lock_offset(i)).unwrap_or(true)
     }
 
+    fn is_own(&self, i: usize) -> bool {
+        i < MAX_PROCS && self.own[i / 64].load(Ordering::Acquire) & (1 << (i % 64)) != 0
+    }
+
+    /// Fork child only: the parent's records (and their locks) are not the
+    /// child's. Call it before the child claims a record of its own.
+    pub fn forget_claims_after_fork(&self) {
+        for w in &self.own {
+            w.store(0, Ordering::Release);
+        }
+    }
+
     /// Attaches this process: takes the first record whose lock is free,
     /// resetting whatever a dead previous owner left in it.
     pub fn claim(&self, pid: u32) -> Result<ProcSlot, AbiError> {
         let r = self.region();
+        let _g = foreign_guard();
         for i in 0..MAX_PROCS {
+            if self.is_own(i) {
+                continue;
+            }
             match map::try_lock_byte(&self.file, Self::lock_offset(i)) {
                 Ok(true) => {
+                    self.own[i / 64].fetch_or(1 << (i % 64), Ordering::AcqRel);
                     self.reset_record(i);
                     let rec = &r.procs[i];
                     let now = crate::monotonic_ns();
@@ -213,7 +270,9 @@ impl UsageFile {
 
     /// Detaches: zeroes the record and drops its lock.
     pub fn release(&self, slot: ProcSlot) {
+        let _g = foreign_guard();
         self.reset_record(slot.index);
+        self.own[slot.index / 64].fetch_and(!(1 << (slot.index % 64)), Ordering::AcqRel);
         let _ = map::unlock_byte(&self.file, Self::lock_offset(slot.index));
     }
 
@@ -245,8 +304,9 @@ impl UsageFile {
         let r = self.region();
         let hw = (r.high_water.load(Ordering::Acquire) as usize).min(MAX_PROCS);
         let mut out = Vec::new();
+        let _g = foreign_guard();
         for i in 0..hw {
-            if Some(i) == skip || r.procs[i].state.load(Ordering::Acquire) == 0 {
+            if Some(i) == skip || self.is_own(i) || r.procs[i].state.load(Ordering::Acquire) == 0 {
                 continue;
             }
             if let Ok(true) = map::try_lock_byte(&self.file, Self::lock_offset(i)) {
@@ -286,14 +346,38 @@ impl UsageFile {
                     if spins.is_multiple_of(2048)
                         && owner != 0
                         && owner != mine
+                        && !self.is_own(owner as usize - 1)
                         && !self.owned_by_other(owner as usize - 1)
-                        && l.compare_exchange(owner, mine, Ordering::Acquire, Ordering::Relaxed).is_ok()
+                        && self.take_over(owner, mine, dev)
                     {
                         return;
                     }
                 }
             }
         }
+    }
+
+    /// Takes charge lock `dev` from `owner`, whose record looked dead.
+    ///
+    /// The compare-and-swap runs while this process holds the owner's record
+    /// lock. Without it, a new process could claim that record between the
+    /// liveness check and the swap, clear the stale word, and take the charge
+    /// lock under the very same value (`1 + index`): the swap would then
+    /// succeed against a live owner and put two processes in the section.
+    fn take_over(&self, owner: u32, mine: u32, dev: usize) -> bool {
+        let i = owner as usize - 1;
+        let l = &self.region().charge_locks[dev];
+        if i >= MAX_PROCS {
+            // Not a record index at all (a corrupted word): nobody can own it.
+            return l.compare_exchange(owner, mine, Ordering::Acquire, Ordering::Relaxed).is_ok();
+        }
+        let _g = foreign_guard();
+        if !matches!(map::try_lock_byte(&self.file, Self::lock_offset(i)), Ok(true)) {
+            return false;
+        }
+        let took = l.compare_exchange(owner, mine, Ordering::Acquire, Ordering::Relaxed).is_ok();
+        let _ = map::unlock_byte(&self.file, Self::lock_offset(i));
+        took
     }
 
     fn unlock_charge(&self, me: usize, dev: usize) {
@@ -426,6 +510,36 @@ mod tests {
         u.release(a);
         assert_eq!(u.used(0), 0);
         assert!(u.processes().is_empty());
+    }
+
+    #[test]
+    fn own_records_are_never_taken_for_dead() {
+        // F_GETLK does not report this process's own locks: neither a sweep
+        // nor a charge-lock takeover may treat our records as a dead process's.
+        let dir = tempfile::tempdir().unwrap();
+        let u = UsageFile::create(&dir.path().join("usage"), 1).unwrap();
+        let a = u.claim(1).unwrap();
+        let b = u.claim(1).unwrap();
+        u.try_charge(&a, 0, 5, 100).unwrap();
+        u.try_charge(&b, 0, 7, 100).unwrap();
+        assert!(u.sweep(None).is_empty(), "a sweep must skip records this process owns");
+        assert_eq!(u.used(0), 12);
+        // `b` holds the charge lock; `a` must wait for it, not steal it.
+        let word = &u.region().charge_locks[0];
+        word.store(b.index as u32 + 1, Ordering::Release);
+        std::thread::scope(|sc| {
+            let h = sc.spawn(|| u.try_charge(&a, 0, 1, 100));
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            assert_eq!(word.load(Ordering::Acquire), b.index as u32 + 1, "charge lock of a live record was taken over");
+            word.store(0, Ordering::Release);
+            assert_eq!(h.join().unwrap(), Ok(13));
+        });
+        // A corrupted word that names no record is taken over.
+        word.store(MAX_PROCS as u32 + 9, Ordering::Release);
+        assert_eq!(u.try_charge(&a, 0, 1, 100), Ok(14));
+        u.release(a);
+        u.release(b);
+        assert_eq!(u.used(0), 0);
     }
 
     #[test]

@@ -200,6 +200,10 @@ pub fn uncharge(dev: usize, bytes: u64) {
 extern "C" fn after_fork_child() {
     SLOT.store(NO_SLOT, Ordering::Release);
     CLAIM.force_unlock();
+    egpu_abi::usage::reset_after_fork();
+    if let Some(Init::Ready(s)) = STATE.get() {
+        s.usage.forget_claims_after_fork();
+    }
     crate::ledger::reset_after_fork();
     crate::detour::reset_after_fork();
     crate::compute::reset_after_fork();
