@@ -83,6 +83,8 @@ pub static LEDGER: SpinLock<Ledger> = SpinLock::new(Ledger::new());
 pub fn reset_after_fork() {
     LEDGER.force_unlock();
     let old = std::mem::take(&mut *LEDGER.lock());
-    // The child never frees through these entries; dropping them only frees heap.
-    drop(old);
+    // The child never frees through these entries. They are leaked, not
+    // dropped: another thread of the parent may have been inside a map
+    // operation at the fork, and walking a half-updated tree could crash.
+    std::mem::forget(old);
 }

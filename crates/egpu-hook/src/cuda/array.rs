@@ -109,11 +109,18 @@ pub(crate) fn create_mipmapped(real: sig::cuMipmappedArrayCreate, handle: *mut C
     charged_handle(handle.cast(), mipmapped_bytes(&d, levels), || unsafe { real(handle, desc, levels) })
 }
 
-fn destroyed(h: usize, r: u32) -> Outcome {
-    if r == 0
-        && let Some(c) = LEDGER.lock().arrays.remove(&h)
-    {
-        uncharge(c.dev, c.bytes);
+/// Runs the real destroy of handle `h`, then uncharges it. The entry leaves
+/// the ledger first: once destroyed, the handle value may be reused by another
+/// thread's creation before we would remove it.
+fn destroyed(h: usize, destroy: impl FnOnce() -> u32) -> Outcome {
+    let entry = LEDGER.lock().arrays.remove(&h);
+    let r = destroy();
+    match entry {
+        Some(c) if r == 0 => uncharge(c.dev, c.bytes),
+        Some(c) => {
+            LEDGER.lock().arrays.insert(h, c);
+        }
+        None => {}
     }
     Outcome::from_code(r)
 }
@@ -122,16 +129,14 @@ fn destroyed(h: usize, r: u32) -> Outcome {
 #[doc(alias = "cuArrayDestroy")]
 pub(crate) fn destroy(real: sig::cuArrayDestroy, handle: CUarray) -> Outcome {
     // SAFETY: the real function with the caller's argument.
-    let r = unsafe { real(handle) };
-    destroyed(handle as usize, r)
+    destroyed(handle as usize, || unsafe { real(handle) })
 }
 
 /// `cuMipmappedArrayDestroy`.
 #[doc(alias = "cuMipmappedArrayDestroy")]
 pub(crate) fn destroy_mipmapped(real: sig::cuMipmappedArrayDestroy, handle: CUmipmappedArray) -> Outcome {
     // SAFETY: the real function with the caller's argument.
-    let r = unsafe { real(handle) };
-    destroyed(handle as usize, r)
+    destroyed(handle as usize, || unsafe { real(handle) })
 }
 
 #[cfg(test)]

@@ -58,7 +58,7 @@ fn pitch_bound(width: usize) -> u64 {
         let _ = unsafe { f(&mut align, CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, ord) };
     }
     let a = (align.max(512)) as u64;
-    (width as u64).div_ceil(a) * a
+    (width as u64).div_ceil(a).saturating_mul(a)
 }
 
 /// `cuMemAllocPitch_v2`: charged pitch × height. The pitch is known only
@@ -106,12 +106,18 @@ pub(crate) fn alloc_pitch(real: sig::cuMemAllocPitch_v2, dptr: *mut CUdeviceptr,
 /// pool is settled through its pool's reserved size.
 #[doc(alias = "cuMemFree_v2")]
 pub(crate) fn free(real: sig::cuMemFree_v2, dptr: CUdeviceptr) -> Outcome {
+    // The entry leaves the ledger before the real free: once the driver has
+    // freed the address, another thread may be handed it again and record its
+    // own allocation under it, which a later removal would then take instead.
+    let entry = LEDGER.lock().ptrs.remove(&dptr);
     // SAFETY: the real function with the caller's argument.
     let r = unsafe { real(dptr) };
     if r != 0 {
+        if let Some(e) = entry {
+            LEDGER.lock().ptrs.insert(dptr, e);
+        }
         return Outcome::Error(r);
     }
-    let entry = LEDGER.lock().ptrs.remove(&dptr);
     if let Some(e) = entry {
         if e.pool != 0 {
             super::pool::settle(e.pool);
