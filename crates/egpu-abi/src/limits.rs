@@ -155,15 +155,41 @@ fn load_str(src: &[AtomicU8]) -> String {
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
+/// How long a reader waits on an odd `seq` that does not move before it
+/// takes the writer for dead (see [`LimitsRegion::snapshot`]).
+pub const DEAD_WRITER_NS: u64 = 100_000_000;
+
 impl LimitsRegion {
-    /// Reads the seqlocked fields consistently. Never blocks on a dead writer:
-    /// only `egpud` writes, and a write is a handful of stores.
+    /// Reads the seqlocked fields consistently. Only `egpud` writes, and a
+    /// write is a handful of stores, so a reader normally spins for at most
+    /// that long. A writer killed mid-write leaves `seq` odd until the next
+    /// `egpud` publishes again: once the same odd value has stood for
+    /// [`DEAD_WRITER_NS`], the reader takes the values as they are (each field
+    /// is an atomic, so each is a value `egpud` wrote, old or new) rather than
+    /// hang every workload of the slice until the agent restarts.
     pub fn snapshot(&self) -> LimitsSnapshot {
+        let mut odd_since: Option<(u64, u64)> = None;
+        let mut spins = 0u32;
         loop {
             let s1 = self.seq.load(Ordering::Acquire);
             if s1 & 1 == 1 {
-                std::hint::spin_loop();
-                continue;
+                let now = crate::monotonic_ns();
+                let stale = match odd_since {
+                    Some((seq, since)) if seq == s1 => now.saturating_sub(since) >= DEAD_WRITER_NS,
+                    _ => {
+                        odd_since = Some((s1, now));
+                        false
+                    }
+                };
+                if !stale {
+                    spins = spins.wrapping_add(1);
+                    if spins.is_multiple_of(64) {
+                        std::thread::yield_now();
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                    continue;
+                }
             }
             let n = (self.n_devices.load(Ordering::Relaxed) as usize).min(MAX_DEVICES);
             let mut devices = [DeviceLimitsSnapshot::default(); MAX_DEVICES];
@@ -424,6 +450,27 @@ mod tests {
         std::fs::write(&p, b"").unwrap();
         assert!(matches!(LimitsReader::open(&p), Err(AbiError::Corrupt(..))));
         assert!(matches!(LimitsReader::open(&dir.path().join("nope")), Err(AbiError::Missing(_))));
+    }
+
+    #[test]
+    fn writer_killed_mid_write_does_not_hang_readers() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("limits");
+        let w = LimitsWriter::create(&p, "x", 1, &[dev(0, 1)]).unwrap();
+        let r = LimitsReader::open(&p).unwrap();
+        // What a writer SIGKILLed between its two seq stores leaves behind.
+        let odd = w.region().seq.load(Ordering::Relaxed) | 1;
+        w.region().seq.store(odd, Ordering::Release);
+        let t = std::time::Instant::now();
+        let snap = r.snapshot();
+        assert_eq!(snap.seq, odd);
+        assert_eq!(snap.devices()[0].mem_limit, 1);
+        assert!(t.elapsed() < std::time::Duration::from_secs(5));
+        // The next writer starts from the next even value; readers see it.
+        let mut v = snap.devices().to_vec();
+        v[0].mem_limit = 7;
+        assert_eq!(w.publish(1, &v).unwrap(), odd + 1);
+        assert_eq!(r.snapshot().devices()[0].mem_limit, 7);
     }
 
     #[test]
