@@ -178,12 +178,17 @@ pub(crate) fn alloc_from_pool(real: sig::cuMemAllocFromPoolAsync, dptr: *mut CUd
 /// `cuMemFreeAsync` / `_ptsz`.
 #[doc(alias = "cuMemFreeAsync")]
 pub(crate) fn free_async(real: sig::cuMemFreeAsync, dptr: CUdeviceptr, stream: CUstream) -> Outcome {
+    // Out of the ledger before the real call, as in `mem::free`: once freed,
+    // the address may be handed to another thread's allocation at once.
+    let e = LEDGER.lock().ptrs.remove(&dptr);
     // SAFETY: the real function with the caller's arguments.
     let r = unsafe { real(dptr, stream) };
     if r != 0 {
+        if let Some(e) = e {
+            LEDGER.lock().ptrs.insert(dptr, e);
+        }
         return Outcome::Error(r);
     }
-    let e = LEDGER.lock().ptrs.remove(&dptr);
     match e {
         Some(Ptr { pool: 0, charge }) => uncharge(charge.dev, charge.bytes),
         Some(Ptr { pool, .. }) => settle(pool),
