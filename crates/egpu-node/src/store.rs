@@ -53,6 +53,8 @@ pub enum StoreError {
          with no slices, and workloads still running keep the limits already in their slice files"
     )]
     Corrupt { path: PathBuf, detail: String },
+    #[error("state store {path} is open in another process (another egpud with the same --state-dir?); stop it, or give this egpud its own --state-dir")]
+    InUse { path: PathBuf },
     #[error("state store {path}: {op} failed")]
     Db {
         path: PathBuf,
@@ -79,6 +81,8 @@ impl Store {
         let opened = std::panic::catch_unwind(|| redb::Database::create(&path));
         let db = match opened {
             Ok(Ok(db)) => db,
+            // Not damage: the advice to move the file aside would be wrong here.
+            Ok(Err(redb::DatabaseError::DatabaseAlreadyOpen)) => return Err(StoreError::InUse { path }),
             Ok(Err(e)) => return Err(corrupt(e.to_string())),
             Err(_) => return Err(corrupt("the database code panicked reading it".into())),
         };
@@ -184,6 +188,16 @@ mod tests {
         }
         let s = Store::open(dir.path()).unwrap();
         assert_eq!(s.load_all().unwrap(), vec![rec("b")]);
+    }
+
+    #[test]
+    fn store_open_elsewhere_is_not_called_corrupt() {
+        let dir = tempfile::tempdir().unwrap();
+        let _first = Store::open(dir.path()).unwrap();
+        let e = Store::open(dir.path()).err().expect("must refuse");
+        let msg = e.to_string();
+        assert!(matches!(e, StoreError::InUse { .. }), "{msg}");
+        assert!(!msg.contains("move it aside"), "{msg}");
     }
 
     #[test]
