@@ -73,14 +73,14 @@ pub struct SimulateArgs {
     /// Elastic: resize slices every N minutes.
     #[arg(long, default_value_t = 1)]
     pub resize_every: usize,
-    /// Elastic: size slices from the last N minutes of usage.
-    #[arg(long, default_value_t = 5)]
+    /// Elastic: size memory slices from the last N minutes of usage.
+    #[arg(long, default_value_t = 120)]
     pub window: usize,
     /// Elastic: headroom over recent peak usage (0.15 = 15%).
     #[arg(long, default_value_t = 0.0)]
     pub headroom: f64,
     /// Elastic: memory added to every slice, GiB.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 2.0)]
     pub mem_floor_gib: f64,
     /// Elastic: compute share added to every slice (0.02 = 2% of a GPU).
     #[arg(long, default_value_t = 0.0)]
@@ -94,9 +94,24 @@ pub struct SimulateArgs {
     /// cycle (1 = its peak; 0 = use the mean instead).
     #[arg(long, default_value_t = 0.8)]
     pub compute_quantile: f64,
-    /// Elastic: window for compute shares, minutes (default: --window).
-    #[arg(long)]
+    /// Elastic: window for compute shares, minutes.
+    #[arg(long, default_value = "5")]
     pub compute_window: Option<usize>,
+    /// Elastic: correlation-aware compute packing: a pod joins a GPU only
+    /// if this quantile of the GPU's summed duty over the last
+    /// --gpu-risk-window minutes stays within one GPU (0 = off: pack by the
+    /// sum of the pods' shares).
+    #[arg(long, default_value_t = 1.0)]
+    pub gpu_risk_quantile: f64,
+    /// Elastic: minutes of summed duty the per-GPU check looks at.
+    #[arg(long, default_value_t = 5)]
+    pub gpu_risk_window: usize,
+    /// Elastic: headroom for memory only (0.1 = 10%; default 0.1).
+    #[arg(long, default_value = "0.1")]
+    pub mem_headroom: Option<f64>,
+    /// Elastic: adopt a re-pack only when it frees at least this many GPUs.
+    #[arg(long, default_value_t = 1)]
+    pub repack_gain: usize,
 }
 
 /// Run `egpu simulate`.
@@ -216,7 +231,7 @@ fn run_elastic(args: &SimulateArgs) -> Result<()> {
     let evals: Vec<_> = args
         .gpu_mem_gib
         .iter()
-        .map(|&g| elastic::evaluate(&usage, ElasticConfig { gpu_mem_gib: g, resize_every: args.resize_every, window: args.window, headroom: args.headroom, compute_floor: args.compute_floor, mem_floor_gib: args.mem_floor_gib, moves, compute_quantile: (args.compute_quantile > 0.0).then_some(args.compute_quantile), compute_window: args.compute_window }))
+        .map(|&g| elastic::evaluate(&usage, ElasticConfig { gpu_mem_gib: g, resize_every: args.resize_every, window: args.window, headroom: args.headroom, compute_floor: args.compute_floor, mem_floor_gib: args.mem_floor_gib, moves, compute_quantile: (args.compute_quantile > 0.0).then_some(args.compute_quantile), compute_window: args.compute_window, gpu_risk: (args.gpu_risk_quantile > 0.0).then_some(elastic::GpuRisk { window: args.gpu_risk_window, quantile: args.gpu_risk_quantile }), repack_gain: args.repack_gain, mem_headroom: args.mem_headroom }))
         .collect();
     let md = elastic::write_report(&args.out, "genai-2026 (Alibaba clusterdata, CC BY 4.0)", &evals).context("writing the elastic report")?;
     println!("{md}\nreport in {}", args.out.display());

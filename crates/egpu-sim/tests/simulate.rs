@@ -83,11 +83,12 @@ fn elastic_strategies_are_ordered_and_count_violations() {
 #[test]
 fn repacking_frees_gpus_that_eviction_keeps() {
     // a (50 GiB) and b (50 GiB) arrive first and take one GPU each; c
-    // (20 GiB) joins a. At minute 5 a shrinks to 10 GiB: re-packing puts
-    // everything on one GPU, sticky placement keeps two.
+    // (20 GiB) joins a. At minute 5 a shrinks to 10 GiB; the resize at
+    // minute 10 (which sees minute 9) re-packs everything onto one GPU,
+    // sticky placement keeps two.
     let g = (1u64 << 30) as f64;
     let (mut d, mut m) = (Vec::new(), Vec::new());
-    for t in 0..10 {
+    for t in 0..12 {
         for (p, gib) in [("a", if t < 5 { 50.0 } else { 10.0 }), ("b", 50.0), ("c", 20.0)] {
             d.push((p.to_string(), 60.0 * t as f64, 1.0));
             m.push((p.to_string(), 60.0 * t as f64, gib * g));
@@ -101,4 +102,51 @@ fn repacking_frees_gpus_that_eviction_keeps() {
     assert_eq!((evict, moved), (2, 0));
     assert_eq!(repack, 1);
     assert!(migrations >= 1, "a move is a migration");
+}
+
+/// Per-minute rows for pods given as (name, duty %, GiB) per minute.
+fn usage(rows: &[(&str, Vec<(f64, f64)>)]) -> elastic::Usage {
+    let g = (1u64 << 30) as f64;
+    let (mut d, mut m) = (Vec::new(), Vec::new());
+    for (p, series) in rows {
+        for (t, &(duty, gib)) in series.iter().enumerate() {
+            d.push((p.to_string(), 60.0 * t as f64, duty));
+            m.push((p.to_string(), 60.0 * t as f64, gib * g));
+        }
+    }
+    elastic::load::align(&d, &m)
+}
+
+#[test]
+fn online_slices_do_not_see_the_minute_they_serve() {
+    // Memory steps from 10 to 30 GiB at minute 6 and stays: an online slice
+    // for minute 6 (resized every minute from the last 5 minutes, no
+    // headroom) cannot know it, so minute 6 is refused 20 GiB; from minute
+    // 7 on the slice has caught up.
+    let series: Vec<(f64, f64)> = (0..10).map(|t| (10.0, if t < 6 { 10.0 } else { 30.0 })).collect();
+    let u = usage(&[("a", series)]);
+    let e = elastic::evaluate(&u, elastic::ElasticConfig { gpu_mem_gib: 80.0, resize_every: 1, window: 5, ..Default::default() });
+    let el = e.outcomes.iter().find(|o| o.strategy == "elastic").unwrap();
+    assert_eq!((el.violation_minutes, el.mem_violation_minutes), (1, 1), "{el:?}");
+    assert!((el.refused_mem_gib_minutes - 20.0).abs() < 1e-6, "{el:?}");
+    let oracle = e.outcomes.iter().find(|o| o.strategy == "oracle-next-period").unwrap();
+    assert_eq!(oracle.violation_minutes, 0);
+}
+
+#[test]
+fn gpu_risk_packs_anti_correlated_pods_together() {
+    // a and b alternate 90% / 10% duty out of phase: each pod's 0.8
+    // quantile is 90%, so shares alone need two GPUs, but their sum is
+    // 100% every minute, so the summed-trace check puts both on one GPU,
+    // and nothing is short-changed (demand never exceeds the GPU).
+    let alt = |phase: usize| -> Vec<(f64, f64)> { (0..30).map(|t| (if (t + phase).is_multiple_of(2) { 90.0 } else { 10.0 }, 1.0)).collect() };
+    let u = usage(&[("a", alt(0)), ("b", alt(1))]);
+    let base = elastic::ElasticConfig { gpu_mem_gib: 80.0, resize_every: 1, window: 5, ..Default::default() };
+    let peak_after = |e: &elastic::Evaluation| {
+        let o = e.outcomes.iter().find(|o| o.strategy == "elastic").unwrap();
+        (o.in_use[10..].iter().copied().max().unwrap_or(0), o.violation_minutes)
+    };
+    assert_eq!(peak_after(&elastic::evaluate(&u, base)).0, 2);
+    let risk = elastic::ElasticConfig { gpu_risk: Some(elastic::GpuRisk { window: 5, quantile: 1.0 }), ..base };
+    assert_eq!(peak_after(&elastic::evaluate(&u, risk)), (1, 0));
 }

@@ -8,9 +8,12 @@
 //! - **Elastic**: every `resize_every` minutes each slice is resized from
 //!   the pod's last `window` minutes: memory to the peak times
 //!   `1 + headroom` plus a floor, compute share to a quantile (or the mean)
-//!   of the duty cycle, likewise. It is online: a slice decided at minute t
-//!   uses samples up to t only. [`Moves`] says how slices move at a resize
-//!   (never, on overflow, or re-packed); every move is a migration.
+//!   of the duty cycle, likewise. It is online: a slice that serves minute
+//!   t is decided from samples up to t − 1 (at a pod's first minute, its
+//!   own first sample stands for its request). [`Moves`] says how slices
+//!   move at a resize (never, on overflow, or re-packed); every move is a
+//!   migration. [`GpuRisk`] optionally packs compute by the quantile of
+//!   each GPU's summed recent duty instead of the sum of the shares.
 //! - **Elastic, no migration** and an **oracle** that knows the coming
 //!   period's peak memory and mean duty (a bound on what prediction buys).
 //!
@@ -45,11 +48,33 @@ pub struct ElasticConfig {
     pub compute_quantile: Option<f64>,
     /// Window for the compute share, minutes (`None`: `window`).
     pub compute_window: Option<usize>,
+    /// Correlation-aware compute check: `None` packs compute by the sum of
+    /// the pods' shares (≤ 1 GPU). `Some` instead admits a pod to a GPU
+    /// when the [`GpuRisk::quantile`] of the GPU's *summed* duty trace over
+    /// the last [`GpuRisk::window`] minutes (its pods' traces added minute
+    /// by minute, the candidate's included) is at most one GPU: pods whose
+    /// bursts do not coincide share a GPU. Shares are then scaled down on a
+    /// GPU whose shares sum above 1 (guarantees never over-commit).
+    pub gpu_risk: Option<GpuRisk>,
+    /// Headroom for memory only (`None`: `headroom`).
+    pub mem_headroom: Option<f64>,
+    /// Adopt a first-fit-decreasing re-pack only when it needs at least
+    /// this many fewer GPUs than the current placement (1: any saving).
+    pub repack_gain: usize,
+}
+
+/// The per-GPU compute check of [`ElasticConfig::gpu_risk`].
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct GpuRisk {
+    /// Minutes of history summed.
+    pub window: usize,
+    /// Quantile of the summed trace that must fit in one GPU (1 = its max).
+    pub quantile: f64,
 }
 
 impl Default for ElasticConfig {
     fn default() -> Self {
-        ElasticConfig { gpu_mem_gib: 80.0, resize_every: 1, window: 5, headroom: 0.0, compute_floor: 0.0, mem_floor_gib: 0.0, moves: Moves::Repack, compute_quantile: Some(0.8), compute_window: None }
+        ElasticConfig { gpu_mem_gib: 80.0, resize_every: 1, window: 5, headroom: 0.0, compute_floor: 0.0, mem_floor_gib: 0.0, moves: Moves::Repack, compute_quantile: Some(0.8), compute_window: None, gpu_risk: None, repack_gain: 1, mem_headroom: None }
     }
 }
 
@@ -61,6 +86,8 @@ pub struct Outcome {
     /// Mean over minutes of summed duty cycle ÷ GPUs.
     pub utilization: f64,
     pub violation_minutes: u64,
+    /// Violation minutes with memory over the slice (the rest are compute).
+    pub mem_violation_minutes: u64,
     pub pod_minutes: u64,
     pub refused_mem_gib_minutes: f64,
     pub max_refused_gib: f64,
@@ -146,18 +173,51 @@ struct Packer {
     gpu_mem: f64,
     gpus: Vec<Vec<usize>>,
     gpu_of: Vec<Option<usize>>,
+    /// With a per-GPU risk check: its quantile, and each pod's recent duty
+    /// trace (oldest first, the same length for every pod).
+    risk: Option<f64>,
+    trace: Vec<Vec<f64>>,
+    repack_gain: usize,
 }
 
 impl Packer {
     fn load(&self, g: usize, sl: &[Slice]) -> (f64, f64) {
         self.gpus[g].iter().fold((0.0, 0.0), |(c, m), &p| (c + sl[p].c, m + sl[p].m))
     }
-    fn fits(&self, g: usize, s: Slice, sl: &[Slice]) -> bool {
+    /// Summed duty trace of `pods`.
+    fn sum_trace(&self, pods: impl Iterator<Item = usize>) -> Vec<f64> {
+        let mut sum = vec![0.0; self.trace.first().map_or(0, Vec::len)];
+        for p in pods {
+            for (a, b) in sum.iter_mut().zip(&self.trace[p]) {
+                *a += b;
+            }
+        }
+        sum
+    }
+    /// Whether a GPU holding `pods` (shares `c` and memory `m` summed) is
+    /// within one GPU: memory always; compute by the shares or, with a risk
+    /// check, by the quantile of the summed trace.
+    fn within(&self, pods: &[usize], c: f64, m: f64) -> bool {
+        if m > self.gpu_mem + 1e-3 {
+            return false;
+        }
+        match self.risk {
+            None => c <= 1.0 + 1e-9,
+            Some(q) => quantile(&self.sum_trace(pods.iter().copied()), q) <= 1.0 + 1e-9,
+        }
+    }
+    fn fits(&self, g: usize, p: usize, sl: &[Slice]) -> bool {
         let (c, m) = self.load(g, sl);
-        c + s.c <= 1.0 + 1e-9 && m + s.m <= self.gpu_mem + 1e-3
+        let mut pods = self.gpus[g].clone();
+        pods.push(p);
+        self.within(&pods, c + sl[p].c, m + sl[p].m)
+    }
+    fn overflows(&self, g: usize, sl: &[Slice]) -> bool {
+        let (c, m) = self.load(g, sl);
+        !self.within(&self.gpus[g], c, m)
     }
     fn put(&mut self, p: usize, sl: &[Slice]) {
-        let g = match (0..self.gpus.len()).find(|&g| self.fits(g, sl[p], sl)) {
+        let g = match (0..self.gpus.len()).find(|&g| self.fits(g, p, sl)) {
             Some(g) => g,
             None => {
                 self.gpus.push(Vec::new());
@@ -183,7 +243,12 @@ impl Packer {
         pods.sort_by(|&a, &b| size(b).total_cmp(&size(a)).then(a.cmp(&b)));
         let mut bins: Vec<(f64, f64, Vec<usize>)> = Vec::new();
         for p in pods {
-            match bins.iter_mut().find(|b| b.0 + sl[p].c <= 1.0 + 1e-9 && b.1 + sl[p].m <= self.gpu_mem + 1e-3) {
+            let fit = |b: &(f64, f64, Vec<usize>)| {
+                let mut with = b.2.clone();
+                with.push(p);
+                self.within(&with, b.0 + sl[p].c, b.1 + sl[p].m)
+            };
+            match bins.iter_mut().find(|b| fit(b)) {
                 Some(b) => {
                     b.0 += sl[p].c;
                     b.1 += sl[p].m;
@@ -192,7 +257,7 @@ impl Packer {
                 None => bins.push((sl[p].c, sl[p].m, vec![p])),
             }
         }
-        if bins.len() >= self.in_use() {
+        if bins.len() + self.repack_gain.max(1) > self.in_use() {
             return Vec::new();
         }
         // Give each bin the old GPU that already holds most of its pods.
@@ -246,12 +311,35 @@ impl Packer {
 // `i` indexes the usage, the slices and the packer together.
 #[allow(clippy::needless_range_loop)]
 fn run_slices(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, moves: Moves, mut slice: impl FnMut(usize, usize, usize) -> Slice, name: &str) -> Outcome {
+    run_slices_with(f, minutes, gpu_mem, every, moves, None, 1, &mut slice, name)
+}
+
+/// [`run_slices`] with an optional per-GPU risk check and re-pack gain.
+// `i` indexes the usage, the slices and the packer together.
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
+fn run_slices_with(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, moves: Moves, risk: Option<GpuRisk>, repack_gain: usize, slice: &mut dyn FnMut(usize, usize, usize) -> Slice, name: &str) -> Outcome {
     let n = f.life.len();
     let mut sl = vec![Slice::default(); n];
-    let mut pk = Packer { gpu_mem, gpus: Vec::new(), gpu_of: vec![None; n] };
-    let mut out = Outcome { strategy: name.into(), gpus: 0, utilization: 0.0, violation_minutes: 0, pod_minutes: 0, refused_mem_gib_minutes: 0.0, max_refused_gib: 0.0, migrations: 0, saving_vs_exclusive: 0.0, in_use: Vec::with_capacity(minutes) };
+    let w = risk.map_or(0, |r| r.window.max(1));
+    let mut pk = Packer { gpu_mem, gpus: Vec::new(), gpu_of: vec![None; n], risk: risk.map(|r| r.quantile), trace: vec![vec![0.0; w]; n], repack_gain };
+    let mut out = Outcome { strategy: name.into(), gpus: 0, utilization: 0.0, violation_minutes: 0, mem_violation_minutes: 0, pod_minutes: 0, refused_mem_gib_minutes: 0.0, max_refused_gib: 0.0, migrations: 0, saving_vs_exclusive: 0.0, in_use: Vec::with_capacity(minutes) };
     for t in 0..minutes {
         let resize = t % every == 0;
+        if w > 0 {
+            // Online: the last `w` minutes before t (a pod's first minute
+            // stands in at its arrival); minutes before the pod started
+            // repeat the largest sample seen so far.
+            for i in 0..n {
+                let Some((a, _)) = f.life[i].filter(|_| alive(f, i, t)) else { continue };
+                let now = t.saturating_sub(1).max(a);
+                let seen = &f.duty[i][a.max((now + 1).saturating_sub(w))..=now];
+                let pad = seen.iter().copied().fold(0.0, f64::max);
+                let tr = &mut pk.trace[i];
+                let k = w - seen.len();
+                tr[..k].fill(pad);
+                tr[k..].copy_from_slice(seen);
+            }
+        }
         let end = if every == usize::MAX { minutes } else { (t / every + 1) * every };
         let mut to_place = Vec::new();
         let mut grown = Vec::new();
@@ -284,8 +372,7 @@ fn run_slices(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, moves: Mov
             // Pods whose GPU no longer holds its slices move elsewhere.
             for g in 0..pk.gpus.len() {
                 loop {
-                    let (c, m) = pk.load(g, &sl);
-                    if c <= 1.0 + 1e-9 && m <= gpu_mem + 1e-3 {
+                    if !pk.overflows(g, &sl) {
                         break;
                     }
                     let Some(&p) = pk.gpus[g].iter().max_by(|&&a, &&b| (sl[a].c + sl[a].m / gpu_mem).total_cmp(&(sl[b].c + sl[b].m / gpu_mem))) else { break };
@@ -307,18 +394,23 @@ fn run_slices(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, moves: Mov
         // Compute is work-conserving: a pod above its share only loses out
         // when its GPU's total demand exceeds the whole GPU.
         let demand: Vec<f64> = pk.gpus.iter().map(|g| g.iter().map(|&p| f.duty[p][t]).sum()).collect();
+        // Guaranteed shares never over-commit a GPU: scaled down where
+        // they sum above one (only possible with a per-GPU risk check).
+        let scale: Vec<f64> = (0..pk.gpus.len()).map(|g| 1.0 / pk.load(g, &sl).0.max(1.0)).collect();
         for i in 0..n {
             if !alive(f, i, t) {
                 continue;
             }
             out.pod_minutes += 1;
             let saturated = pk.gpu_of[i].is_some_and(|g| demand[g] > 1.0 + 1e-9);
-            let over_c = saturated && f.duty[i][t] > sl[i].c + 1e-9;
+            let share = sl[i].c * pk.gpu_of[i].map_or(1.0, |g| scale[g]);
+            let over_c = saturated && f.duty[i][t] > share + 1e-9;
             let over_m = f.mem[i][t] > sl[i].m * GIB + 1.0;
             if over_c || over_m {
                 out.violation_minutes += 1;
             }
             if over_m {
+                out.mem_violation_minutes += 1;
                 let r = (f.mem[i][t] - sl[i].m * GIB) / GIB;
                 out.refused_mem_gib_minutes += r;
                 out.max_refused_gib = out.max_refused_gib.max(r);
@@ -367,18 +459,23 @@ pub fn evaluate(u: &Usage, cfg: ElasticConfig) -> Evaluation {
     let static_peak = run_slices(&f, u.minutes, g, usize::MAX, Moves::Evict, |i, _, _| peak[i], "static-peak");
     let every = cfg.resize_every.max(1);
     let window = cfg.window.max(1);
+    // A slice for minute t is decided before minute t's sample exists: it
+    // sees samples up to t − 1. Only at a pod's first minute, when it has
+    // none, does its own first sample stand for the request it arrives with.
     let online = |i: usize, t: usize, _end: usize| {
-        let a = f.life[i].map_or(t, |(a, _)| a).max(t.saturating_sub(window - 1));
         let start = f.life[i].map_or(t, |(a, _)| a);
-        let span = &f.duty[i][start.max(t.saturating_sub(cfg.compute_window.unwrap_or(window).max(1) - 1))..=t];
+        let now = t.saturating_sub(1).max(start);
+        let a = start.max(now.saturating_sub(window - 1));
+        let span = &f.duty[i][start.max(now.saturating_sub(cfg.compute_window.unwrap_or(window).max(1) - 1))..=now];
         let c = match cfg.compute_quantile {
             None => span.iter().sum::<f64>() / span.len() as f64,
             Some(q) => quantile(span, q),
         };
-        let m = f.mem[i][a..=t].iter().copied().fold(0.0, f64::max) / GIB;
-        Slice { c: (c * (1.0 + cfg.headroom) + cfg.compute_floor).min(1.0), m: (m * (1.0 + cfg.headroom) + cfg.mem_floor_gib).min(g) }
+        let m = f.mem[i][a..=now].iter().copied().fold(0.0, f64::max) / GIB;
+        Slice { c: (c * (1.0 + cfg.headroom) + cfg.compute_floor).min(1.0), m: (m * (1.0 + cfg.mem_headroom.unwrap_or(cfg.headroom)) + cfg.mem_floor_gib).min(g) }
     };
-    let elastic = run_slices(&f, u.minutes, g, every, cfg.moves, online, "elastic");
+    let mut online = online;
+    let elastic = run_slices_with(&f, u.minutes, g, every, cfg.moves, cfg.gpu_risk, cfg.repack_gain, &mut online, "elastic");
     let pinned = run_slices(&f, u.minutes, g, every, Moves::None, online, "elastic-no-migration");
     // Not a policy: it sees the coming period. Memory exactly its peak,
     // compute its mean, re-packed like (c).

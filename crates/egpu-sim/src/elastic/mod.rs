@@ -9,7 +9,7 @@
 pub mod eval;
 pub mod load;
 
-pub use eval::{ElasticConfig, Evaluation, Moves, Outcome, evaluate};
+pub use eval::{ElasticConfig, Evaluation, GpuRisk, Moves, Outcome, evaluate};
 pub use load::{Usage, UsageError};
 
 use crate::report::{ReportError, line_chart};
@@ -18,16 +18,16 @@ use std::path::Path;
 
 /// The results table as Markdown.
 pub fn table(evals: &[Evaluation]) -> String {
-    let mut s = String::from("| GPU | strategy | GPUs | utilisation | violation pod-min | % of pod-min | refused mem (GiB·min, max GiB) | migrations | saving vs exclusive |\n|---|---|---|---|---|---|---|---|---|\n");
+    let mut s = String::from("| GPU | strategy | GPUs | utilisation | violation pod-min | % of pod-min | of which memory | refused mem (GiB·min, max GiB) | migrations | saving vs exclusive |\n|---|---|---|---|---|---|---|---|---|---|\n");
     for e in evals {
         for o in &e.outcomes {
             let pct = 100.0 * o.violation_minutes as f64 / o.pod_minutes.max(1) as f64;
-            let _ = writeln!(s, "| {} GiB | {} | {} | {:.1}% | {} | {:.3}% | {:.1}, {:.2} | {} | {:.2}× |", e.config.gpu_mem_gib, o.strategy, o.gpus, 100.0 * o.utilization, o.violation_minutes, pct, o.refused_mem_gib_minutes, o.max_refused_gib, o.migrations, o.saving_vs_exclusive);
+            let _ = writeln!(s, "| {} GiB | {} | {} | {:.1}% | {} | {:.3}% | {} | {:.1}, {:.2} | {} | {:.2}× |", e.config.gpu_mem_gib, o.strategy, o.gpus, 100.0 * o.utilization, o.violation_minutes, pct, o.mem_violation_minutes, o.refused_mem_gib_minutes, o.max_refused_gib, o.migrations, o.saving_vs_exclusive);
         }
         let lb = e.lower_bound as f64;
         let el = e.outcomes.iter().find(|o| o.strategy == "elastic").map_or(0, |o| o.gpus) as f64;
-        let _ = writeln!(s, "| {} GiB | lower bound | {} ({:.2}) | | | | | | {:.2}× |", e.config.gpu_mem_gib, e.lower_bound, e.lower_bound_exact, e.outcomes[0].gpus as f64 / lb.max(1.0));
-        let _ = writeln!(s, "| {} GiB | elastic ÷ lower bound | {:.3} | | | | | | |", e.config.gpu_mem_gib, el / lb.max(1.0));
+        let _ = writeln!(s, "| {} GiB | lower bound | {} ({:.2}) | | | | | | | {:.2}× |", e.config.gpu_mem_gib, e.lower_bound, e.lower_bound_exact, e.outcomes[0].gpus as f64 / lb.max(1.0));
+        let _ = writeln!(s, "| {} GiB | elastic ÷ lower bound | {:.3} | | | | | | | |", e.config.gpu_mem_gib, el / lb.max(1.0));
     }
     s
 }
@@ -38,7 +38,7 @@ pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<St
     let mut md = format!("# Elastic sharing on {source}\n\n");
     if let Some(e) = evals.first() {
         let c = e.config;
-        let _ = write!(md, "{} pods, {} minutes. Elastic: resize every {} min from the last {} min, headroom {:.0}%, floors {:.2} GPU and {:.1} GiB.\n\n", e.pods, e.minutes, c.resize_every, c.window, 100.0 * c.headroom, c.compute_floor, c.mem_floor_gib);
+        let _ = write!(md, "{} pods, {} minutes. Elastic: resize every {} min; memory from the last {} min, headroom {:.0}%, floor {:.1} GiB; compute from the last {} min, headroom {:.0}%, floor {:.2} GPU. Slices decided at minute t see samples up to t − 1.\n\nConfig: `{:?}`\n\n", e.pods, e.minutes, c.resize_every, c.window, 100.0 * c.mem_headroom.unwrap_or(c.headroom), c.mem_floor_gib, c.compute_window.unwrap_or(c.window), 100.0 * c.headroom, c.compute_floor, c);
     }
     md.push_str(&table(evals));
     let w = |p: &Path, t: &str| std::fs::write(p, t).map_err(|e| ReportError::Io { path: p.display().to_string(), source: e });
