@@ -15,9 +15,10 @@
 //!   run, so they are not gated either (and no event is recorded or queried,
 //!   which would break a global-mode capture).
 //! - **Measurement.** [`after`] records a pooled timing event on the
-//!   launching stream (every launch by default; every N with
-//!   `EGPU_HOOK_EVENT_EVERY=N`, and always when the gate is close to a queue
-//!   bound or to the allowance), and completed events are reaped, without
+//!   launching stream (by default when the stream's last event is ≥ 50 µs
+//!   old or 64 launches back, so every launch of a kernel longer than 50 µs;
+//!   every N with `EGPU_HOOK_EVENT_EVERY=N`; and always when the gate is
+//!   close to a queue bound or to the allowance), and completed events are reaped, without
 //!   blocking, at later launches and after `cuStreamSynchronize`,
 //!   `cuCtxSynchronize` and `cuEventSynchronize`. A completed event charges
 //!   `end_k − max(end_{k−1}, submit_k)` to the slice's `consumed_ns` and the
@@ -47,8 +48,19 @@ static GATES: [ProcGate; MAX_DEVICES] = [const { ProcGate::new() }; MAX_DEVICES]
 static CAPTURES: AtomicI64 = AtomicI64::new(0);
 /// Bumped in a fork child: thread tables of another generation are forgotten.
 static FORK_GEN: AtomicU64 = AtomicU64::new(0);
-/// Record an event every this many launches (0: not read yet).
+/// Record an event every this many launches (`EGPU_HOOK_EVENT_EVERY`), or
+/// [`ADAPTIVE`] (the default); 0: not read yet.
 static EVERY: AtomicU32 = AtomicU32::new(0);
+/// Default sampling: an event when the stream's last one was recorded at
+/// least [`EVENT_GAP_NS`] ago, after [`MAX_BATCH`] launches, and always near a
+/// bound. Kernels longer than the gap get an event each (nothing changes for
+/// them); a tight loop of short launches pays one event (≈ 0.5 µs on the
+/// simulated driver) per 50 µs, i.e. ≤ 1% of its time, and an event covers
+/// launches submitted within 50 µs of each other, so a gap inside a batch
+/// charged as busy is at most 50 µs (reconciliation corrects the rest).
+const ADAPTIVE: u32 = u32::MAX;
+const EVENT_GAP_NS: u64 = 50_000;
+const MAX_BATCH: u32 = 64;
 
 struct Local(RefCell<Table>);
 
@@ -83,7 +95,7 @@ fn sleep_until(t: u64) {
 fn every() -> u32 {
     match EVERY.load(Relaxed) {
         0 => {
-            let n = std::env::var("EGPU_HOOK_EVENT_EVERY").ok().and_then(|v| v.trim().parse::<u32>().ok()).unwrap_or(1).clamp(1, streams::RING as u32);
+            let n = std::env::var("EGPU_HOOK_EVENT_EVERY").ok().and_then(|v| v.trim().parse::<u32>().ok()).map_or(ADAPTIVE, |n| n.clamp(1, streams::RING as u32));
             EVERY.store(n, Relaxed);
             n
         }
@@ -120,14 +132,7 @@ fn complete(d: Done) {
     }
     let v = view(s, d.dev);
     let rec = record_of(s).map(|r| &r.gpu_time_ns[d.dev]);
-    let g = &GATES[d.dev];
-    let n = u64::from(d.n.max(1));
-    for i in 0..n {
-        let last = i + 1 == n;
-        let est = if last { d.est - d.est / n * (n - 1) } else { d.est / n };
-        let m = if last { d.measured - d.measured / n * (n - 1) } else { d.measured / n };
-        g.completed(&v, est, m, rec);
-    }
+    GATES[d.dev].completed_n(&v, u64::from(d.n.max(1)), d.est, d.measured, rec);
 }
 
 /// The stream a launch really went to: stream 0 is the per-thread default
@@ -175,10 +180,20 @@ pub fn admit(stream: CUstream, ptsz: bool) -> Result<Option<Ticket>, CUresult> {
         let i = t.entry(key, dev, &monotonic_ns, &mut complete)?;
         t.entries[i].reap(now, false, &mut complete);
         let mut drained_since: Option<u64> = None;
+        let mut polled = false;
         loop {
             match g.before_launch(&v, now) {
                 Decision::Go => break,
+                Decision::Drain if !polled => {
+                    // First look without blocking: short kernels are often
+                    // done already, and a blocking wait on an event that
+                    // completes a few µs from now sleeps for the kernel's
+                    // timer slack (≥ 50 µs) on Linux.
+                    polled = true;
+                    t.reap_dev(dev, now, &mut complete);
+                }
                 Decision::Drain => {
+                    polled = false;
                     if !t.drain(dev, now, &mut complete) {
                         // Another thread of this process holds the unfinished
                         // launches; it reaps them at its next launch or
@@ -208,8 +223,8 @@ pub fn admit(stream: CUstream, ptsz: bool) -> Result<Option<Ticket>, CUresult> {
 }
 
 /// After the driver call of an admitted launch: on success, counts it and
-/// records its completion event (every launch, or every N when far from the
-/// gate's bounds).
+/// records its completion event (see [`ADAPTIVE`]; every N launches with
+/// `EGPU_HOOK_EVENT_EVERY=N`; always when near the gate's bounds).
 #[inline]
 pub fn after(t: Ticket, ok: bool) {
     if !ok {
@@ -229,7 +244,12 @@ pub fn after(t: Ticket, ok: bool) {
             return;
         };
         e.add(t.submit, est);
-        if n > 1 && e.unrecorded() < n && !near(s, t.dev, g, n) {
+        let (due, ahead) = if n == ADAPTIVE {
+            (e.unrecorded() >= MAX_BATCH || t.submit.saturating_sub(e.last_record()) >= EVENT_GAP_NS, MAX_BATCH)
+        } else {
+            (e.unrecorded() >= n, n)
+        };
+        if !due && !near(s, t.dev, g, ahead) {
             return;
         }
         let now = t.submit;
@@ -251,7 +271,7 @@ fn near(s: &'static Slice, dev: usize, g: &ProcGate, n: u32) -> bool {
     let ql = v.queue_launches.load(Relaxed);
     let qns = v.queue_ns.load(Relaxed);
     let ahead = g.mean_ns().saturating_mul(u64::from(n));
-    (ql != 0 && inflight + 1 >= ql)
+    (ql != 0 && inflight + 1 >= ql && !egpu_arbiter::gate::tiny(g.mean_ns()))
         || (qns != 0 && g.inflight_ns().saturating_add(ahead) >= qns)
         || v.consumed_ns.load(Relaxed).saturating_add(g.inflight_ns()).saturating_add(ahead) >= v.allowance_ns.load(Relaxed)
 }

@@ -58,6 +58,8 @@ pub struct Entry {
     unrec_est: u64,
     /// When the oldest pending event is worth querying again.
     next_check: u64,
+    /// Submission time of the last launch an event was recorded after.
+    last_record: u64,
     /// The stream refused our events (another context now): rebuild.
     broken: bool,
 }
@@ -105,6 +107,7 @@ impl Entry {
             unrec_submit: 0,
             unrec_est: 0,
             next_check: 0,
+            last_record: 0,
             broken: false,
         })
     }
@@ -115,6 +118,11 @@ impl Entry {
 
     pub fn unrecorded(&self) -> u32 {
         self.unrec
+    }
+
+    /// When the last event was recorded (CLOCK_MONOTONIC ns; 0: never).
+    pub fn last_record(&self) -> u64 {
+        self.last_record
     }
 
     /// Counts one launch; it is covered by the next recorded event.
@@ -134,6 +142,7 @@ impl Entry {
             return;
         }
         let p = Pending { ev: 0, submit: self.unrec_submit, est: self.unrec_est, n: self.unrec };
+        self.last_record = now;
         self.unrec = 0;
         self.unrec_est = 0;
         let ev = match self.pool.pop() {
@@ -269,6 +278,14 @@ impl Table {
         let e = Entry::new(key, dev, now)?;
         self.entries.push(e);
         Ok(self.entries.len() - 1)
+    }
+
+    /// Non-blocking reap of this thread's entries on `dev`, whatever their
+    /// next check time.
+    pub fn reap_dev(&mut self, dev: usize, now: u64, out: &mut impl FnMut(Done)) {
+        for e in self.entries.iter_mut().filter(|e| e.dev == dev) {
+            e.reap_now(now, out);
+        }
     }
 
     /// Non-blocking reap of every entry (after a synchronisation).
