@@ -128,4 +128,14 @@ impl node_server::Node for NodeService {
         })
         .await
     }
+
+    async fn set_workload(&self, req: Request<proto::SetWorkloadRequest>) -> Result<Response<proto::Slice>, Status> {
+        let r = req.into_inner();
+        self.blocking(move |node| {
+            let mut m = node.slices();
+            let s = m.set_workload(&r.name, r.pid)?;
+            Ok(wire::with_compute(wire::slice_to_wire(s), node.compute.slice(s.name())))
+        })
+        .await
+    }
 }

@@ -293,6 +293,7 @@ impl SliceManager {
             ephemeral: req.ephemeral,
             owner,
             created_unix: now_unix(),
+            workload: None,
         };
         let dir = paths::slice_dir(&self.run_dir, &name);
         // Leftovers of an older slice of that name (removed while egpud was down) are replaced.
@@ -387,18 +388,36 @@ impl SliceManager {
         n
     }
 
-    /// Deletes ephemeral slices whose owner died and that have no live process left.
+    /// Records the program a slice runs (the child `egpu run` started), by pid and
+    /// start time, so that the collector keeps an ephemeral slice while it lives,
+    /// even before it has made a single intercepted call.
+    pub fn set_workload(&mut self, name_or_id: &str, pid: u32) -> Result<&Slice, SliceOpError> {
+        let name = self.get(name_or_id)?.name().to_string();
+        let workload = crate::owner::owner_of(pid).ok_or_else(|| SliceOpError::BadRequest(format!("workload process {pid} does not exist")))?;
+        let slice = self.slices.get_mut(&name).expect("looked up above");
+        let mut record = slice.record.clone();
+        record.workload = Some(workload);
+        self.store.put(&record)?;
+        slice.record = record;
+        tracing::info!(slice = %name, pid, "workload registered");
+        Ok(slice)
+    }
+
+    /// Deletes ephemeral slices that nothing uses any more: the owner (the CLI) has
+    /// exited, the workload it reported (if any) has exited, and no live process is
+    /// attached. Pids are compared with their start times, so a reused pid is dead.
     pub fn collect_orphans(&mut self) -> Vec<String> {
+        let gone = |o: &Option<crate::store::Owner>| o.as_ref().is_none_or(|o| !crate::owner::is_alive(o));
         let dead: Vec<String> = self
             .slices
             .values()
-            .filter(|s| s.record.ephemeral && s.record.owner.as_ref().is_some_and(|o| !crate::owner::is_alive(o)) && s.live_pids().is_empty())
+            .filter(|s| s.record.ephemeral && s.record.owner.is_some() && gone(&s.record.owner) && gone(&s.record.workload) && s.live_pids().is_empty())
             .map(|s| s.name().to_string())
             .collect();
         dead.into_iter()
             .filter(|name| match self.delete(name, false) {
                 Ok(_) => {
-                    tracing::info!(slice = %name, "removed ephemeral slice whose owner exited");
+                    tracing::info!(slice = %name, "removed ephemeral slice whose owner and workload exited");
                     true
                 }
                 Err(e) => {

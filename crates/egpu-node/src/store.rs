@@ -37,6 +37,10 @@ pub struct SliceRecord {
     pub ephemeral: bool,
     pub owner: Option<Owner>,
     pub created_unix: u64,
+    /// The program an ephemeral slice runs (the child `egpu run` started), once its CLI
+    /// reported it. Absent in records written before this field existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<Owner>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -173,7 +177,20 @@ mod tests {
             ephemeral: true,
             owner: Some(Owner { pid: 42, start_ticks: 7 }),
             created_unix: 1,
+            workload: None,
         }
+    }
+
+    #[test]
+    fn records_without_a_workload_still_decode_and_with_one_round_trip() {
+        // A record without a workload is written exactly as before the field existed.
+        let old = serde_json::to_string(&rec("a")).unwrap();
+        assert!(!old.contains("workload"), "{old}");
+        let mut r: SliceRecord = serde_json::from_str(&old).unwrap();
+        assert_eq!(r.workload, None);
+        r.workload = Some(Owner { pid: 5, start_ticks: 6 });
+        let back: SliceRecord = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
+        assert_eq!(back.workload, Some(Owner { pid: 5, start_ticks: 6 }));
     }
 
     #[test]

@@ -113,6 +113,7 @@ pub fn slice_to_wire(s: &Slice) -> proto::Slice {
         generation: s.generation(),
         created_unix: rec.created_unix,
         slice_dir: s.dir.display().to_string(),
+        workload_pid: rec.workload.map(|o| o.pid).unwrap_or(0),
     }
 }
 

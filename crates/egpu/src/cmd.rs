@@ -151,7 +151,16 @@ async fn run_ephemeral(socket: &Path, name: Option<String>, limits: &LimitArgs, 
     let slice = create(&mut c, name.clone(), limits, true).await?;
     let result = async {
         let env = launch_env(&mut c, &slice.name).await?;
-        crate::process::run(cmd, &env).await
+        let running = crate::process::start(cmd, &env)?;
+        // Tell egpud which process the slice runs, so that it keeps the slice while that
+        // process lives even if we die first. An egpud without this call keeps the older rule.
+        let report = proto::SetWorkloadRequest { name: slice.name.clone(), pid: running.pid() };
+        if let Err(s) = c.set_workload(report).await
+            && s.code() != tonic::Code::Unimplemented
+        {
+            eprintln!("egpu: could not register the program with egpud: {} (if this command dies, the slice may be removed under it)", s.message());
+        }
+        running.wait().await
     }
     .await;
     // Remove the slice whatever happened; egpud also collects it if we die first.

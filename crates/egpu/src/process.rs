@@ -38,24 +38,46 @@ pub fn send_signal(pid: u32, sig: i32) {
     }
 }
 
-/// Starts `cmd` with `env`, forwards termination signals, waits, returns its exit code.
-pub async fn run(cmd: &[String], env: &[EnvEntry]) -> anyhow::Result<i32> {
+/// A started program whose termination signals are being caught for forwarding.
+pub struct Running {
+    child: tokio::process::Child,
+    pid: u32,
+    signals: [tokio::signal::unix::Signal; 4],
+}
+
+/// Starts `cmd` with `env`. Termination signals are caught from before the
+/// start, and forwarded to the program by [`Running::wait`].
+pub fn start(cmd: &[String], env: &[EnvEntry]) -> anyhow::Result<Running> {
     // Handlers first: a signal that arrives while the child starts is forwarded, not fatal.
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut term = signal(SignalKind::terminate())?;
-    let mut hup = signal(SignalKind::hangup())?;
-    let mut quit = signal(SignalKind::quit())?;
-    let mut child = command(cmd, env)
+    let signals = [signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?, signal(SignalKind::hangup())?, signal(SignalKind::quit())?];
+    let child = command(cmd, env)
         .spawn()
         .map_err(|e| Failure::new(CANNOT_START, format!("cannot start {}: {e}", cmd[0])))?;
     let pid = child.id().unwrap_or(0);
-    loop {
-        tokio::select! {
-            st = child.wait() => return Ok(exit_code(st?)),
-            _ = int.recv() => send_signal(pid, libc::SIGINT),
-            _ = term.recv() => send_signal(pid, libc::SIGTERM),
-            _ = hup.recv() => send_signal(pid, libc::SIGHUP),
-            _ = quit.recv() => send_signal(pid, libc::SIGQUIT),
+    Ok(Running { child, pid, signals })
+}
+
+impl Running {
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Forwards termination signals (also those caught since the start), waits, returns the exit code.
+    pub async fn wait(self) -> anyhow::Result<i32> {
+        let Running { mut child, pid, signals: [mut int, mut term, mut hup, mut quit] } = self;
+        loop {
+            tokio::select! {
+                st = child.wait() => return Ok(exit_code(st?)),
+                _ = int.recv() => send_signal(pid, libc::SIGINT),
+                _ = term.recv() => send_signal(pid, libc::SIGTERM),
+                _ = hup.recv() => send_signal(pid, libc::SIGHUP),
+                _ = quit.recv() => send_signal(pid, libc::SIGQUIT),
+            }
         }
     }
+}
+
+/// Starts `cmd` with `env`, forwards termination signals, waits, returns its exit code.
+pub async fn run(cmd: &[String], env: &[EnvEntry]) -> anyhow::Result<i32> {
+    start(cmd, env)?.wait().await
 }

@@ -81,21 +81,37 @@ fn run_forwards_sigterm_to_the_program() {
     assert!(node.slices().is_empty());
 }
 
+/// Waits until the sweeper has run twice more (it refreshes the heartbeat of every
+/// limits file, then collects orphans, in one tick): a collection has run since the call.
+fn wait_two_sweeps(node: &Node, slice: &str) {
+    let lim = egpu_abi::LimitsReader::open(&node.run_dir().join("slices").join(slice).join("limits")).unwrap();
+    let beat = || lim.region().agent_heartbeat_ns.load(std::sync::atomic::Ordering::Acquire);
+    for _ in 0..2 {
+        let before = beat();
+        assert!(wait_until(Duration::from_secs(10), || beat() != before), "sweeper did not run");
+    }
+}
+
 #[test]
-fn ephemeral_slice_of_a_killed_cli_is_collected() {
+fn ephemeral_slice_of_a_killed_cli_lives_until_its_program_exits() {
     let node = Node::start("1x8GiB");
     let pidfile = node.dir.path().join("child.pid");
+    // The program never makes an intercepted call: it has no usage record.
     let script = format!("echo $$ > {}; exec sleep 60", pidfile.display());
     let mut cli = node.cli().args(["run", "--name", "eph", "--gpu-memory", "1GiB", "--", "sh", "-c", &script]).spawn().unwrap();
     assert!(wait_until(Duration::from_secs(20), || std::fs::read_to_string(&pidfile).is_ok_and(|s| s.ends_with('\n'))));
+    let child: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    assert!(wait_until(Duration::from_secs(20), || node.log().contains("workload registered")), "{}", node.log());
     let s = node.slice("eph");
     assert_eq!(s["ephemeral"], true);
     assert_eq!(s["owner_pid"], cli.id());
+    assert!(live_pids(&node.slices()).is_empty(), "the program has not allocated");
     cli.kill().unwrap();
     cli.wait().unwrap();
-    assert!(wait_until(Duration::from_secs(10), || node.slices().is_empty()), "orphaned slice not collected: {:?}", node.slices());
-    let child: u32 = std::fs::read_to_string(&pidfile).unwrap().trim().parse().unwrap();
+    wait_two_sweeps(&node, "eph");
+    assert_eq!(node.slices().len(), 1, "slice removed under its running program");
     signal(child, libc::SIGKILL);
+    assert!(wait_until(Duration::from_secs(10), || node.slices().is_empty()), "orphaned slice not collected: {:?}", node.slices());
 }
 
 #[test]

@@ -98,3 +98,30 @@ fn orphaned_ephemeral_slices_are_collected() {
     assert_eq!(m.collect_orphans(), vec!["eph"]);
     assert!(m.get("mine").is_ok());
 }
+
+#[test]
+fn ephemeral_slice_survives_its_owner_while_the_reported_workload_lives() {
+    let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut m, _) = manager(run.path(), state.path());
+    let mut owner = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let mut workload = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+    let mut r = req("eph", vec![share(0, 1)]);
+    r.ephemeral = true;
+    r.owner_pid = Some(owner.id());
+    m.create(r).unwrap();
+    m.set_workload("eph", workload.id()).unwrap();
+    assert!(matches!(m.set_workload("eph", u32::MAX - 1), Err(SliceOpError::BadRequest(_))));
+    owner.kill().unwrap();
+    owner.wait().unwrap();
+    // The workload has no usage record (it never made an intercepted call), yet it keeps the slice.
+    assert!(m.get("eph").unwrap().live_pids().is_empty());
+    assert!(m.collect_orphans().is_empty());
+    drop(m);
+    // The registration is persisted: a restarted agent keeps the slice too.
+    let (mut m, _) = manager(run.path(), state.path());
+    assert!(m.collect_orphans().is_empty());
+    assert_eq!(m.get("eph").unwrap().record.workload.map(|w| w.pid), Some(workload.id()));
+    workload.kill().unwrap();
+    workload.wait().unwrap();
+    assert_eq!(m.collect_orphans(), vec!["eph"]);
+}
