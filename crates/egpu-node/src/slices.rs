@@ -143,6 +143,9 @@ pub struct AdoptReport {
     /// Slice-table files recreated (missing, corrupt or of another ABI version), with why.
     pub recreated: Vec<(PathBuf, String)>,
     pub reclaimed_processes: usize,
+    /// Slice directories without a store entry (a crash during a delete): marked
+    /// deleted; removed at once, or by a later sweep once no live process is attached.
+    pub orphan_dirs: Vec<PathBuf>,
 }
 
 pub struct SliceManager {
@@ -150,6 +153,8 @@ pub struct SliceManager {
     devices: Vec<DeviceInfo>,
     store: Store,
     slices: BTreeMap<String, Slice>,
+    /// Slice directories of no slice, still attached to live processes; removed by [`SliceManager::sweep`].
+    orphan_dirs: Vec<PathBuf>,
 }
 
 fn now_unix() -> u64 {
@@ -180,7 +185,7 @@ impl SliceManager {
     pub fn adopt(run_dir: &Path, devices: Vec<DeviceInfo>, store: Store) -> Result<(SliceManager, AdoptReport), SliceOpError> {
         let slices_dir = paths::slices_dir(run_dir);
         std::fs::create_dir_all(&slices_dir).map_err(|source| SliceOpError::Io { path: slices_dir.clone(), source })?;
-        let mut mgr = SliceManager { run_dir: run_dir.into(), devices, store, slices: BTreeMap::new() };
+        let mut mgr = SliceManager { run_dir: run_dir.into(), devices, store, slices: BTreeMap::new(), orphan_dirs: Vec::new() };
         let mut report = AdoptReport::default();
         for record in mgr.store.load_all()? {
             for (i, d) in record.spec.devices.iter().enumerate() {
@@ -199,7 +204,60 @@ impl SliceManager {
             report.adopted.push(name.clone());
             mgr.slices.insert(name, slice);
         }
+        mgr.adopt_orphan_dirs(&slices_dir, &mut report);
         Ok((mgr, report))
+    }
+
+    /// Directories under `slices/` that no stored slice owns are what a crash in the
+    /// middle of a delete leaves (the store entry goes first). Their limits are marked
+    /// deleted, so attached processes stop allocating, and each goes once no live
+    /// process is attached.
+    fn adopt_orphan_dirs(&mut self, slices_dir: &Path, report: &mut AdoptReport) {
+        let entries = match std::fs::read_dir(slices_dir) {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::warn!(dir = %slices_dir.display(), error = %e, "cannot list slice directories");
+                return;
+            }
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if self.slices.contains_key(&name) || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let dir = entry.path();
+            if let Ok(limits) = LimitsWriter::open(&paths::limits_path(&dir)) {
+                limits.mark_deleted();
+            }
+            tracing::warn!(dir = %dir.display(), "slice directory without a stored slice (a delete was interrupted); marked it deleted");
+            report.orphan_dirs.push(dir.clone());
+            self.orphan_dirs.push(dir);
+        }
+        self.remove_orphan_dirs();
+    }
+
+    /// Removes the orphaned slice directories that no live process is attached to any more.
+    fn remove_orphan_dirs(&mut self) {
+        self.orphan_dirs.retain(|dir| {
+            let live = UsageFile::open(&paths::usage_path(dir)).map(|u| {
+                u.sweep(None);
+                u.processes().iter().filter(|p| p.alive).map(|p| p.pid).collect::<Vec<_>>()
+            });
+            match live {
+                Ok(pids) if !pids.is_empty() => true,
+                _ => match std::fs::remove_dir_all(dir) {
+                    Ok(()) => {
+                        tracing::info!(dir = %dir.display(), "removed orphaned slice directory");
+                        false
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+                    Err(e) => {
+                        tracing::warn!(dir = %dir.display(), error = %e, "could not remove orphaned slice directory");
+                        true
+                    }
+                },
+            }
+        });
     }
 
     fn open_files(&self, record: SliceRecord, report: &mut AdoptReport) -> Result<Slice, SliceOpError> {
@@ -298,6 +356,7 @@ impl SliceManager {
         let dir = paths::slice_dir(&self.run_dir, &name);
         // Leftovers of an older slice of that name (removed while egpud was down) are replaced.
         let _ = std::fs::remove_dir_all(&dir);
+        self.orphan_dirs.retain(|d| *d != dir);
         std::fs::create_dir_all(&dir).map_err(|source| SliceOpError::Io { path: dir.clone(), source })?;
         let usage = UsageFile::create(&paths::usage_path(&dir), record.spec.devices.len()).map_err(SliceOpError::Abi)?;
         // Store before the limits file appears: a crash in between leaves a stored slice
@@ -375,8 +434,10 @@ impl SliceManager {
         Ok(pids)
     }
 
-    /// Reclaims dead processes' records in every slice and refreshes the heartbeat.
-    pub fn sweep(&self) -> usize {
+    /// Reclaims dead processes' records in every slice, refreshes the heartbeat, and
+    /// removes orphaned slice directories that no live process uses any more.
+    pub fn sweep(&mut self) -> usize {
+        self.remove_orphan_dirs();
         let mut n = 0;
         for s in self.slices.values() {
             for r in s.usage.sweep(None) {

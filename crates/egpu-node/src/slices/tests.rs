@@ -125,3 +125,22 @@ fn ephemeral_slice_survives_its_owner_while_the_reported_workload_lives() {
     workload.wait().unwrap();
     assert_eq!(m.collect_orphans(), vec!["eph"]);
 }
+
+#[test]
+fn adoption_removes_slice_directories_the_store_does_not_know() {
+    let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    {
+        let (mut m, _) = manager(run.path(), state.path());
+        m.create(req("kept", vec![share(0, 1)])).unwrap();
+        m.create(req("half-deleted", vec![share(0, 1)])).unwrap();
+    }
+    let dir = paths::slice_dir(run.path(), "half-deleted");
+    let lim = LimitsReader::open(&paths::limits_path(&dir)).unwrap();
+    Store::open(state.path()).unwrap().remove("half-deleted").unwrap();
+    let (m, report) = manager(run.path(), state.path());
+    assert_eq!(report.adopted, vec!["kept"]);
+    assert_eq!(report.orphan_dirs, vec![dir.clone()]);
+    assert_eq!(lim.snapshot().state, egpu_abi::SliceState::Deleted);
+    assert!(!dir.exists());
+    assert!(m.get("kept").unwrap().dir.exists());
+}
