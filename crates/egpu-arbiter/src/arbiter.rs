@@ -132,6 +132,8 @@ struct State {
     deficit: i128,
     /// (share, limit) the deficit was accumulated under.
     spec: (u32, u32),
+    /// Ticks left after a resize during which the deficit is not accumulated.
+    settle: u8,
     /// True usage of the last `HISTORY` periods (ring).
     history: [u64; HISTORY],
     scale: Scale,
@@ -235,10 +237,22 @@ impl Arbiter {
             };
             let half = (fair / 2) as i128;
             if st.spec != (inp.share_bps, inp.limit_bps) {
-                // A resize: the old deficit measured distance to old shares.
+                // A resize: the old deficit measured distance to old shares,
+                // and neither the period that ended now (old budgets) nor
+                // the next one (queues filled at the old budgets drain, the
+                // scale still has the old contention) says anything about
+                // the new ones: without this the integral charged that
+                // transient to the new budget and rang for several periods.
                 st.spec = (inp.share_bps, inp.limit_bps);
                 st.deficit = 0;
+                st.settle = if st.seen { 2 } else { 0 };
             }
+            let error = if st.settle > 0 {
+                st.settle -= 1;
+                0
+            } else {
+                error
+            };
             st.deficit = if hungry || error < 0 { (st.deficit + error).clamp(-half, half) } else { 0 };
             let budget = (fair as i128 + st.deficit / 2).max(0) as u64;
             st.fair = fair;
