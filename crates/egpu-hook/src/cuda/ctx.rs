@@ -159,15 +159,20 @@ pub(crate) fn create_v4(real: sig::cuCtxCreate_v4, pctx: *mut CUcontext, params:
     record(pctx, res)
 }
 
-/// `cuCtxDestroy_v2` (and v1).
+/// `cuCtxDestroy_v2` (and v1). The entry leaves the ledger before the real
+/// call: once destroyed, the handle value may be reused by another thread's
+/// creation, whose entry a removal after the call would take.
 #[doc(alias = "cuCtxDestroy_v2")]
 pub(crate) fn destroy(real: sig::cuCtxDestroy_v2, ctx: CUcontext) -> Outcome {
+    let entry = LEDGER.lock().ctxs.remove(&(ctx as usize));
     // SAFETY: the real function with the caller's argument.
     let r = unsafe { real(ctx) };
-    if r == 0
-        && let Some(c) = LEDGER.lock().ctxs.remove(&(ctx as usize))
-    {
-        uncharge(c.dev, c.bytes);
+    match entry {
+        Some(c) if r == 0 => uncharge(c.dev, c.bytes),
+        Some(c) => {
+            LEDGER.lock().ctxs.insert(ctx as usize, c);
+        }
+        None => {}
     }
     Outcome::from_code(r)
 }
@@ -202,7 +207,12 @@ pub(crate) fn primary_retain(real: sig::cuDevicePrimaryCtxRetain, pctx: *mut CUc
     // SAFETY: the real function with the caller's arguments.
     match charged_create(dev, || (unsafe { real(pctx, dev) }, out(pctx)), undo) {
         Ok((_, c)) => {
-            LEDGER.lock().primary.insert(dev, Primary { refs: 1, charge: c });
+            // An entry with no references is a context being released by another
+            // thread; it was not active any more, so that release has destroyed it.
+            let old = LEDGER.lock().primary.insert(dev, Primary { refs: 1, charge: c });
+            if let Some(o) = old.filter(|o| o.refs == 0) {
+                uncharge(o.charge.dev, o.charge.bytes);
+            }
             Outcome::Success
         }
         Err(e) => Outcome::Error(e),
@@ -210,38 +220,81 @@ pub(crate) fn primary_retain(real: sig::cuDevicePrimaryCtxRetain, pctx: *mut CUc
 }
 
 /// `cuDevicePrimaryCtxRelease_v2` (and v1): the last release uncharges.
+///
+/// The reference is dropped before the real call and the entry stays, at zero
+/// references, until the call returned: a retain by another thread meanwhile
+/// finds the context still active, takes the entry back (with its charge),
+/// and the context lives on charged; a retain after the call finds it inactive
+/// and charges a new one, replacing (and uncharging) the old entry.
 #[doc(alias = "cuDevicePrimaryCtxRelease_v2")]
 pub(crate) fn primary_release(real: sig::cuDevicePrimaryCtxRelease_v2, dev: CUdevice) -> Outcome {
+    let had = {
+        let mut l = LEDGER.lock();
+        match l.primary.get_mut(&dev) {
+            Some(p) if p.refs > 0 => {
+                p.refs -= 1;
+                true
+            }
+            _ => false,
+        }
+    };
     // SAFETY: the real function with the caller's argument.
     let r = unsafe { real(dev) };
-    if r == 0 {
-        let gone = {
-            let mut l = LEDGER.lock();
-            match l.primary.get_mut(&dev) {
-                Some(p) if p.refs > 1 => {
-                    p.refs -= 1;
-                    None
-                }
-                Some(_) => l.primary.remove(&dev).map(|p| p.charge),
-                None => None,
-            }
-        };
-        if let Some(c) = gone {
-            uncharge(c.dev, c.bytes);
-        }
+    if !had {
+        return Outcome::from_code(r);
     }
-    Outcome::from_code(r)
+    let mut l = LEDGER.lock();
+    if r != 0 {
+        l.primary.entry(dev).or_insert(Primary { refs: 0, charge: Charge { dev: 0, bytes: 0 } }).refs += 1;
+        return Outcome::Error(r);
+    }
+    let gone = match l.primary.get(&dev) {
+        Some(p) if p.refs == 0 => l.primary.remove(&dev).map(|p| p.charge),
+        _ => None,
+    };
+    drop(l);
+    if let Some(c) = gone {
+        uncharge(c.dev, c.bytes);
+    }
+    Outcome::Success
 }
 
-/// `cuDevicePrimaryCtxReset_v2` (and v1): destroys the primary context.
+/// `cuDevicePrimaryCtxReset_v2` (and v1): destroys the primary context. The
+/// entry leaves the ledger first, so that a context retained by another thread
+/// after the reset is charged as a new one and not uncharged here.
 #[doc(alias = "cuDevicePrimaryCtxReset_v2")]
 pub(crate) fn primary_reset(real: sig::cuDevicePrimaryCtxReset_v2, dev: CUdevice) -> Outcome {
+    let entry = LEDGER.lock().primary.remove(&dev);
     // SAFETY: the real function with the caller's argument.
     let r = unsafe { real(dev) };
-    if r == 0
-        && let Some(p) = LEDGER.lock().primary.remove(&dev)
-    {
-        uncharge(p.charge.dev, p.charge.bytes);
+    match entry {
+        Some(p) if r == 0 => uncharge(p.charge.dev, p.charge.bytes),
+        Some(p) => {
+            // Still alive: put it back, merged with what a retain meanwhile
+            // recorded (an uncharged reference to the same, still active, context).
+            let extra = {
+                let mut l = LEDGER.lock();
+                match l.primary.get_mut(&dev) {
+                    None => {
+                        l.primary.insert(dev, p);
+                        None
+                    }
+                    Some(e) => {
+                        e.refs += p.refs;
+                        if e.charge.bytes == 0 {
+                            e.charge = p.charge;
+                            None
+                        } else {
+                            Some(p.charge)
+                        }
+                    }
+                }
+            };
+            if let Some(c) = extra {
+                uncharge(c.dev, c.bytes);
+            }
+        }
+        None => {}
     }
     Outcome::from_code(r)
 }

@@ -136,16 +136,25 @@ pub(crate) fn instantiate_with_params(real: sig::cuGraphInstantiateWithParams, e
     instantiate(exec, graph, || unsafe { real(exec, graph, params) })
 }
 
-/// `cuGraphExecDestroy`: uncharges what instantiation charged.
+/// `cuGraphExecDestroy`: uncharges what instantiation charged. The entry
+/// leaves the ledger before the real call (the exec handle may be reused by
+/// another thread's instantiation as soon as it is destroyed) and is put back
+/// if the call fails.
 #[doc(alias = "cuGraphExecDestroy")]
 pub(crate) fn exec_destroy(real: sig::cuGraphExecDestroy, exec: CUgraphExec) -> Outcome {
+    let charges = LEDGER.lock().graph_execs.remove(&(exec as usize));
     // SAFETY: the real function with the caller's argument.
     let r = unsafe { real(exec) };
-    if r == 0 {
-        let charges = LEDGER.lock().graph_execs.remove(&(exec as usize));
-        for c in charges.unwrap_or_default() {
-            uncharge(c.dev, c.bytes);
+    match charges {
+        Some(cs) if r == 0 => {
+            for c in cs {
+                uncharge(c.dev, c.bytes);
+            }
         }
+        Some(cs) => {
+            LEDGER.lock().graph_execs.insert(exec as usize, cs);
+        }
+        None => {}
     }
     Outcome::from_code(r)
 }
@@ -168,10 +177,14 @@ pub(crate) fn add_mem_alloc_node(real: sig::cuGraphAddMemAllocNode, node: *mut C
 /// `cuGraphDestroy`: forgets recorded nodes.
 #[doc(alias = "cuGraphDestroy")]
 pub(crate) fn destroy(real: sig::cuGraphDestroy, graph: CUgraph) -> Outcome {
+    // Taken first, as for exec handles: the graph handle may be reused at once.
+    let nodes = LEDGER.lock().graph_nodes.remove(&(graph as usize));
     // SAFETY: the real function with the caller's argument.
     let r = unsafe { real(graph) };
-    if r == 0 {
-        LEDGER.lock().graph_nodes.remove(&(graph as usize));
+    if r != 0
+        && let Some(n) = nodes
+    {
+        LEDGER.lock().graph_nodes.insert(graph as usize, n);
     }
     Outcome::from_code(r)
 }

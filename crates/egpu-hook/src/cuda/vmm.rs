@@ -31,8 +31,26 @@ fn created(handle: *mut CUmemGenericAllocationHandle, c: Charge, create: impl Fn
     }
     // SAFETY: on success the driver wrote the handle.
     let h = unsafe { *handle };
-    LEDGER.lock().physical.insert(h, Physical { charge: c, refs: 1 });
+    let mut l = LEDGER.lock();
+    // A released handle whose memory is still mapped keeps its entry (and its
+    // charge) under the old handle value, which the driver may now hand out
+    // again. That entry moves to a key of its own, with its mappings, so that
+    // neither charge overwrites the other.
+    if let Some(old) = l.physical.remove(&h) {
+        let key = released_key(&l.physical);
+        l.physical.insert(key, old);
+        for m in l.mappings.values_mut().filter(|m| m.1 == h) {
+            m.1 = key;
+        }
+    }
+    l.physical.insert(h, Physical { charge: c, refs: 1 });
     Outcome::Success
+}
+
+/// A ledger key for a released-but-mapped handle that no driver handle uses:
+/// counting down from `u64::MAX`.
+fn released_key(physical: &std::collections::BTreeMap<u64, Physical>) -> u64 {
+    (0..).map(|i| u64::MAX - i).find(|k| !physical.contains_key(k)).unwrap_or(u64::MAX)
 }
 
 /// `cuMemCreate`.
@@ -70,31 +88,62 @@ pub(crate) fn multicast_create(real: sig::cuMulticastCreate, handle: *mut CUmemG
     created(handle, Charge { dev, bytes: size }, || unsafe { real(handle, prop) })
 }
 
-/// Drops one reference to `h`; the last one uncharges.
-fn unref(h: CUmemGenericAllocationHandle) {
-    let done = {
-        let mut l = LEDGER.lock();
-        match l.physical.get_mut(&h) {
-            Some(p) if p.refs > 1 => {
-                p.refs -= 1;
-                None
-            }
-            Some(_) => l.physical.remove(&h).map(|p| p.charge),
-            None => None,
+/// Takes one reference to `h` out of the ledger: the entry itself when it is
+/// the last one (the caller uncharges it once the real call succeeded).
+fn take_ref(l: &mut crate::ledger::Ledger, h: u64) -> Option<Taken> {
+    match l.physical.get_mut(&h) {
+        Some(p) if p.refs > 1 => {
+            p.refs -= 1;
+            Some(Taken::Ref(h))
         }
-    };
-    if let Some(c) = done {
-        uncharge(c.dev, c.bytes);
+        Some(_) => l.physical.remove(&h).map(|p| Taken::Last(h, p)),
+        None => None,
     }
 }
 
-/// `cuMemRelease`.
+/// A reference taken before a real release/unmap, to be given back if it fails.
+enum Taken {
+    Ref(u64),
+    Last(u64, Physical),
+}
+
+impl Taken {
+    /// The real call succeeded: the last reference uncharges.
+    fn commit(self) {
+        if let Taken::Last(_, p) = self {
+            uncharge(p.charge.dev, p.charge.bytes);
+        }
+    }
+
+    /// The real call failed: the reference goes back.
+    fn restore(self, l: &mut crate::ledger::Ledger) {
+        match self {
+            Taken::Ref(h) => {
+                if let Some(p) = l.physical.get_mut(&h) {
+                    p.refs += 1;
+                }
+            }
+            Taken::Last(h, p) => {
+                l.physical.entry(h).or_insert(Physical { refs: 0, ..p }).refs += 1;
+            }
+        }
+    }
+}
+
+/// `cuMemRelease`. The reference leaves the ledger before the real call: once
+/// the driver has released the handle, another thread may be handed the same
+/// value by `cuMemCreate`, and a removal after the call would take its entry.
 #[doc(alias = "cuMemRelease")]
 pub(crate) fn release(real: sig::cuMemRelease, handle: CUmemGenericAllocationHandle) -> Outcome {
+    let taken = take_ref(&mut LEDGER.lock(), handle);
     // SAFETY: the real function with the caller's argument.
     let r = unsafe { real(handle) };
-    if r == 0 {
-        unref(handle);
+    if let Some(t) = taken {
+        if r == 0 {
+            t.commit();
+        } else {
+            t.restore(&mut LEDGER.lock());
+        }
     }
     Outcome::from_code(r)
 }
@@ -114,20 +163,36 @@ pub(crate) fn map(real: sig::cuMemMap, ptr: CUdeviceptr, size: usize, offset: us
     Outcome::from_code(r)
 }
 
-/// `cuMemUnmap`: drops the references of every mapping in the range.
+/// `cuMemUnmap`: drops the references of every mapping in the range. Taken
+/// out of the ledger before the real call (the range may be mapped again by
+/// another thread as soon as it is unmapped), put back if the call fails.
 #[doc(alias = "cuMemUnmap")]
 pub(crate) fn unmap(real: sig::cuMemUnmap, ptr: CUdeviceptr, size: usize) -> Outcome {
+    let end = ptr.saturating_add(size as u64);
+    let taken: Vec<(u64, (u64, u64), Option<Taken>)> = {
+        let mut l = LEDGER.lock();
+        let keys: Vec<u64> = l.mappings.range(ptr..end).map(|(k, _)| *k).collect();
+        keys.into_iter()
+            .filter_map(|k| {
+                let m = l.mappings.remove(&k)?;
+                let t = take_ref(&mut l, m.1);
+                Some((k, m, t))
+            })
+            .collect()
+    };
     // SAFETY: the real function with the caller's arguments.
     let r = unsafe { real(ptr, size) };
     if r == 0 {
-        let end = ptr.saturating_add(size as u64);
-        let gone: Vec<u64> = {
-            let mut l = LEDGER.lock();
-            let keys: Vec<u64> = l.mappings.range(ptr..end).map(|(k, _)| *k).collect();
-            keys.iter().filter_map(|k| l.mappings.remove(k)).map(|(_, h)| h).collect()
-        };
-        for h in gone {
-            unref(h);
+        for t in taken.into_iter().filter_map(|(_, _, t)| t) {
+            t.commit();
+        }
+    } else if !taken.is_empty() {
+        let mut l = LEDGER.lock();
+        for (k, m, t) in taken {
+            l.mappings.insert(k, m);
+            if let Some(t) = t {
+                t.restore(&mut l);
+            }
         }
     }
     Outcome::from_code(r)
