@@ -178,3 +178,62 @@ fn per_thread_stream_variants_are_charged_too() {
         }
     }
 }
+
+/// Ending a context (cuCtxDestroy, cuDevicePrimaryCtxReset, the last
+/// cuDevicePrimaryCtxRelease) frees what was allocated in it: the slice's
+/// usage and the simulated driver's own accounting both drop back to what the
+/// remaining contexts hold (here another process of the slice).
+#[test]
+fn ending_a_context_uncharges_what_was_allocated_in_it() {
+    let w = World::new("1x4GiB");
+    let s = w.slice("ctxend", &[(0, 1024 * MIB)]);
+    let mut other = Running::start(w.probe(&s, &["alloc", "--size", "64MiB", "--hold"]));
+    other.wait_for("holding");
+    let rest = CTX + 64 * MIB;
+    assert_eq!(s.used(0), rest);
+    assert_eq!(w.sim_used(0), rest);
+    for (own, how) in [(true, "destroy"), (false, "reset"), (false, "release")] {
+        for family in ["mem", "pitch", "managed"] {
+            for way in WAYS {
+                let what = format!("{family}/{way}/{how}");
+                let mut a = vec!["--via", way];
+                if own {
+                    a.push("--own-ctx");
+                }
+                a.extend(["alloc", "--family", family, "--size", "64MiB", "--count", "3", "--drop-ctx", how]);
+                let mut p = Running::start(w.probe(&s, &a));
+                assert_eq!(p.wait_for("allocated")["allocated"], 3, "{what}");
+                let held = rest + CTX + 3 * 64 * MIB;
+                assert_eq!(s.used(0), held, "{what}: charged while the context lives");
+                assert_eq!(w.sim_used(0), held, "{what}: simulated driver while the context lives");
+                p.write("go\n");
+                assert_eq!(p.wait_for("ctx-dropped")["code"], 0, "{what}");
+                assert_eq!(s.used(0), rest, "{what}: usage after the context ended");
+                assert_eq!(w.sim_used(0), rest, "{what}: simulated driver after the context ended");
+                let (code, lines) = p.finish();
+                assert_eq!(code, 0, "{what}: {lines:?}");
+                assert_eq!(s.used(0), rest, "{what}: after exit");
+            }
+        }
+    }
+    assert_eq!(other.finish().0, 0);
+    assert_eq!(s.used(0), 0);
+    assert_eq!(w.sim_used(0), 0);
+}
+
+/// A context destroy the driver refuses (cuCtxDestroy of a primary context)
+/// frees nothing, so nothing is uncharged.
+#[test]
+fn a_refused_context_destroy_keeps_its_allocations_charged() {
+    let w = World::new("1x4GiB");
+    let s = w.slice("ctxkeep", &[(0, 1024 * MIB)]);
+    let mut p = Running::start(w.probe(&s, &["alloc", "--size", "64MiB", "--count", "2", "--drop-ctx", "destroy"]));
+    assert_eq!(p.wait_for("allocated")["allocated"], 2);
+    let held = CTX + 2 * 64 * MIB;
+    assert_eq!(s.used(0), held);
+    p.write("go\n");
+    assert_ne!(p.wait_for("ctx-dropped")["code"], 0, "the simulated driver refuses cuCtxDestroy of a primary context");
+    assert_eq!(s.used(0), held);
+    assert_eq!(w.sim_used(0), held);
+    assert_eq!(p.finish().0, 1);
+}

@@ -11,7 +11,7 @@
 use super::sig;
 use crate::detour::Outcome;
 use crate::devmap;
-use crate::ledger::{Charge, LEDGER};
+use crate::ledger::{Charge, LEDGER, Owned};
 use crate::state::{charge, uncharge};
 use egpu_cuda::{CUDA_ARRAY_DESCRIPTOR, CUDA_ARRAY3D_DESCRIPTOR, CUDA_ARRAY3D_CUBEMAP, CUDA_ARRAY3D_LAYERED, CUDA_ARRAY3D_SPARSE, CU_AD_FORMAT_NV12, CUDA_ERROR_INVALID_VALUE, CUarray, CUmipmappedArray, array_format_bytes};
 use std::ffi::c_uint;
@@ -65,6 +65,7 @@ fn charged_handle(handle: *mut usize, bytes: u64, create: impl FnOnce() -> u32) 
         Ok(d) => d,
         Err(e) => return Outcome::Error(e),
     };
+    let ctx = super::mem::current_ctx();
     if let Err(e) = charge(dev, bytes) {
         return Outcome::Error(e);
     }
@@ -75,7 +76,7 @@ fn charged_handle(handle: *mut usize, bytes: u64, create: impl FnOnce() -> u32) 
     }
     // SAFETY: on success the driver wrote the handle.
     let h = unsafe { *handle };
-    LEDGER.lock().arrays.insert(h, Charge { dev, bytes });
+    LEDGER.lock().arrays.insert(h, Owned { charge: Charge { dev, bytes }, ctx });
     Outcome::Success
 }
 
@@ -116,7 +117,7 @@ fn destroyed(h: usize, destroy: impl FnOnce() -> u32) -> Outcome {
     let entry = LEDGER.lock().arrays.remove(&h);
     let r = destroy();
     match entry {
-        Some(c) if r == 0 => uncharge(c.dev, c.bytes),
+        Some(c) if r == 0 => uncharge(c.charge.dev, c.charge.bytes),
         Some(c) => {
             LEDGER.lock().arrays.insert(h, c);
         }

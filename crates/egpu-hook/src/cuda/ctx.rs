@@ -14,6 +14,12 @@
 //!   it is destroyed again and `CUDA_ERROR_OUT_OF_MEMORY` returned.
 //! - `cuCtxDestroy` uncharges; a primary context is charged on this
 //!   process's first retain and uncharged on its last release or on reset.
+//! - Destroying a context (`cuCtxDestroy`, a primary context's reset or last
+//!   release) frees what was allocated in it: every ledger entry recorded
+//!   with that context current (linear, pitch and managed memory, arrays) is
+//!   taken out before the real call, uncharged if the context was destroyed
+//!   and put back if it was not. Pools, `cuMemCreate` handles and graph
+//!   memory are device-level objects the driver keeps: they stay charged.
 //! - With the device-wide fallback, concurrent allocations by other processes
 //!   on the device during the measurement are attributed to the context (an
 //!   over-charge, never an escape).
@@ -23,7 +29,7 @@ use super::hooked;
 use super::sig;
 use crate::detour::Outcome;
 use crate::devmap;
-use crate::ledger::{Charge, LEDGER, Primary};
+use crate::ledger::{Charge, CtxAllocs, LEDGER, Primary};
 use crate::state::{charge, uncharge};
 use egpu_abi::MAX_DEVICES;
 use egpu_cuda::{CUDA_ERROR_OUT_OF_MEMORY, CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam};
@@ -32,6 +38,36 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Last measured context cost per slice device (this process).
 static COST: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+/// Generations of primary-context entries (see [`Primary::generation`]).
+static GEN: AtomicU64 = AtomicU64::new(1);
+
+fn new_generation() -> u64 {
+    GEN.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Uncharges what a destroyed context's allocations charged.
+fn uncharge_all(t: &CtxAllocs) {
+    for c in t.charges() {
+        uncharge(c.dev, c.bytes);
+    }
+}
+
+/// The context was not destroyed: its allocations go back into the ledger.
+fn restore(t: CtxAllocs) {
+    if t.is_empty() {
+        return;
+    }
+    let gone = LEDGER.lock().restore_ctx(t);
+    uncharge_all(&gone);
+}
+
+/// The context was destroyed: what was allocated in it is freed.
+fn freed_with(ctx: usize, t: &CtxAllocs) {
+    if !t.is_empty() {
+        crate::util::debug!("context {ctx:#x} destroyed: {} allocations and {} arrays freed with it", t.ptrs.len(), t.arrays.len());
+    }
+    uncharge_all(t);
+}
 
 #[derive(Clone, Copy)]
 enum Source {
@@ -164,15 +200,23 @@ pub(crate) fn create_v4(real: sig::cuCtxCreate_v4, pctx: *mut CUcontext, params:
 /// creation, whose entry a removal after the call would take.
 #[doc(alias = "cuCtxDestroy_v2")]
 pub(crate) fn destroy(real: sig::cuCtxDestroy_v2, ctx: CUcontext) -> Outcome {
-    let entry = LEDGER.lock().ctxs.remove(&(ctx as usize));
+    let h = ctx as usize;
+    let (entry, owned) = {
+        let mut l = LEDGER.lock();
+        (l.ctxs.remove(&h), l.take_ctx(h))
+    };
     // SAFETY: the real function with the caller's argument.
     let r = unsafe { real(ctx) };
-    match entry {
-        Some(c) if r == 0 => uncharge(c.dev, c.bytes),
-        Some(c) => {
-            LEDGER.lock().ctxs.insert(ctx as usize, c);
+    if r == 0 {
+        if let Some(c) = entry {
+            uncharge(c.dev, c.bytes);
         }
-        None => {}
+        freed_with(h, &owned);
+    } else {
+        if let Some(c) = entry {
+            LEDGER.lock().ctxs.insert(h, c);
+        }
+        restore(owned);
     }
     Outcome::from_code(r)
 }
@@ -194,7 +238,13 @@ pub(crate) fn primary_retain(real: sig::cuDevicePrimaryCtxRetain, pctx: *mut CUc
         let r = unsafe { real(pctx, dev) };
         if r == 0 {
             let sdev = devmap::slice_dev(dev).unwrap_or(0);
-            LEDGER.lock().primary.entry(dev).or_insert(Primary { refs: 0, charge: Charge { dev: sdev, bytes: 0 } }).refs += 1;
+            let handle = out(pctx) as usize;
+            let mut l = LEDGER.lock();
+            let p = l.primary.entry(dev).or_insert_with(|| Primary { refs: 0, charge: Charge { dev: sdev, bytes: 0 }, handle, generation: new_generation() });
+            p.refs += 1;
+            if p.handle == 0 {
+                p.handle = handle;
+            }
         }
         return Outcome::from_code(r);
     }
@@ -206,10 +256,12 @@ pub(crate) fn primary_retain(real: sig::cuDevicePrimaryCtxRetain, pctx: *mut CUc
     };
     // SAFETY: the real function with the caller's arguments.
     match charged_create(dev, || (unsafe { real(pctx, dev) }, out(pctx)), undo) {
-        Ok((_, c)) => {
+        Ok((ctx, c)) => {
             // An entry with no references is a context being released by another
-            // thread; it was not active any more, so that release has destroyed it.
-            let old = LEDGER.lock().primary.insert(dev, Primary { refs: 1, charge: c });
+            // thread; it was not active any more, so that release has destroyed it
+            // (the new generation tells that release so: it uncharges what was
+            // allocated in the old context).
+            let old = LEDGER.lock().primary.insert(dev, Primary { refs: 1, charge: c, handle: ctx as usize, generation: new_generation() });
             if let Some(o) = old.filter(|o| o.refs == 0) {
                 uncharge(o.charge.dev, o.charge.bytes);
             }
@@ -226,16 +278,25 @@ pub(crate) fn primary_retain(real: sig::cuDevicePrimaryCtxRetain, pctx: *mut CUc
 /// finds the context still active, takes the entry back (with its charge),
 /// and the context lives on charged; a retain after the call finds it inactive
 /// and charges a new one, replacing (and uncharging) the old entry.
+///
+/// The last reference also takes the context's allocations out first; they
+/// are uncharged if the context was destroyed (the entry is still ours at zero
+/// references, or a retain replaced it with a new generation, or a reset
+/// removed it), and put back if a retain took the context back in time.
 #[doc(alias = "cuDevicePrimaryCtxRelease_v2")]
 pub(crate) fn primary_release(real: sig::cuDevicePrimaryCtxRelease_v2, dev: CUdevice) -> Outcome {
-    let had = {
+    let (had, generation, handle, owned) = {
         let mut l = LEDGER.lock();
-        match l.primary.get_mut(&dev) {
+        let mine = match l.primary.get_mut(&dev) {
             Some(p) if p.refs > 0 => {
                 p.refs -= 1;
-                true
+                Some((p.generation, p.handle, p.refs == 0))
             }
-            _ => false,
+            _ => None,
+        };
+        match mine {
+            Some((generation, handle, last)) => (true, generation, handle, if last { l.take_ctx(handle) } else { CtxAllocs::default() }),
+            None => (false, 0, 0, CtxAllocs::default()),
         }
     };
     // SAFETY: the real function with the caller's argument.
@@ -245,16 +306,26 @@ pub(crate) fn primary_release(real: sig::cuDevicePrimaryCtxRelease_v2, dev: CUde
     }
     let mut l = LEDGER.lock();
     if r != 0 {
-        l.primary.entry(dev).or_insert(Primary { refs: 0, charge: Charge { dev: 0, bytes: 0 } }).refs += 1;
+        l.primary.entry(dev).or_insert(Primary { refs: 0, charge: Charge { dev: 0, bytes: 0 }, handle, generation }).refs += 1;
+        drop(l);
+        restore(owned);
         return Outcome::Error(r);
     }
-    let gone = match l.primary.get(&dev) {
-        Some(p) if p.refs == 0 => l.primary.remove(&dev).map(|p| p.charge),
-        _ => None,
+    let (gone, destroyed) = match l.primary.get(&dev) {
+        Some(p) if p.generation == generation && p.refs == 0 => (l.primary.remove(&dev).map(|p| p.charge), true),
+        // Retained again before the release reached the driver: still alive.
+        Some(p) if p.generation == generation => (None, false),
+        // Replaced by a new incarnation, or reset: ours was destroyed.
+        _ => (None, true),
     };
     drop(l);
     if let Some(c) = gone {
         uncharge(c.dev, c.bytes);
+    }
+    if destroyed {
+        freed_with(handle, &owned);
+    } else {
+        restore(owned);
     }
     Outcome::Success
 }
@@ -264,9 +335,19 @@ pub(crate) fn primary_release(real: sig::cuDevicePrimaryCtxRelease_v2, dev: CUde
 /// after the reset is charged as a new one and not uncharged here.
 #[doc(alias = "cuDevicePrimaryCtxReset_v2")]
 pub(crate) fn primary_reset(real: sig::cuDevicePrimaryCtxReset_v2, dev: CUdevice) -> Outcome {
-    let entry = LEDGER.lock().primary.remove(&dev);
+    let (entry, owned) = {
+        let mut l = LEDGER.lock();
+        let e = l.primary.remove(&dev);
+        let owned = e.map(|p| l.take_ctx(p.handle)).unwrap_or_default();
+        (e, owned)
+    };
     // SAFETY: the real function with the caller's argument.
     let r = unsafe { real(dev) };
+    if r == 0 {
+        freed_with(entry.map_or(0, |p| p.handle), &owned);
+    } else {
+        restore(owned);
+    }
     match entry {
         Some(p) if r == 0 => uncharge(p.charge.dev, p.charge.bytes),
         Some(p) => {
@@ -281,6 +362,9 @@ pub(crate) fn primary_reset(real: sig::cuDevicePrimaryCtxReset_v2, dev: CUdevice
                     }
                     Some(e) => {
                         e.refs += p.refs;
+                        if e.handle == 0 {
+                            e.handle = p.handle;
+                        }
                         if e.charge.bytes == 0 {
                             e.charge = p.charge;
                             None

@@ -10,8 +10,17 @@ use crate::detour::Outcome;
 use crate::devmap;
 use crate::ledger::{Charge, LEDGER, Ptr};
 use crate::state::{charge, uncharge};
-use egpu_cuda::{CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, CUDA_ERROR_OUT_OF_MEMORY, CUdeviceptr};
+use egpu_cuda::{CU_DEVICE_ATTRIBUTE_TEXTURE_PITCH_ALIGNMENT, CUDA_ERROR_OUT_OF_MEMORY, CUcontext, CUdeviceptr};
 use std::ffi::c_uint;
+
+/// The current context (0 if none or unknown): the owner of what is
+/// allocated now, freed by the driver when that context is destroyed.
+pub(crate) fn current_ctx() -> usize {
+    let Some(f) = super::drv::real::cuCtxGetCurrent.get() else { return 0 };
+    let mut c: CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one pointer.
+    if unsafe { f(&mut c) } == 0 { c as usize } else { 0 }
+}
 
 /// Charges `bytes` on the current device, runs `alloc`, records `*dptr`.
 pub(crate) fn charged_alloc(dptr: *mut CUdeviceptr, bytes: u64, alloc: impl FnOnce() -> u32) -> Outcome {
@@ -19,6 +28,7 @@ pub(crate) fn charged_alloc(dptr: *mut CUdeviceptr, bytes: u64, alloc: impl FnOn
         Ok(d) => d,
         Err(e) => return Outcome::Error(e),
     };
+    let ctx = current_ctx();
     if let Err(e) = charge(dev, bytes) {
         return Outcome::Error(e);
     }
@@ -29,7 +39,7 @@ pub(crate) fn charged_alloc(dptr: *mut CUdeviceptr, bytes: u64, alloc: impl FnOn
     }
     // SAFETY: the real allocator succeeded, so it wrote the caller's `*dptr`.
     let p = unsafe { *dptr };
-    LEDGER.lock().ptrs.insert(p, Ptr { charge: Charge { dev, bytes }, pool: 0 });
+    LEDGER.lock().ptrs.insert(p, Ptr { charge: Charge { dev, bytes }, pool: 0, ctx });
     Outcome::Success
 }
 
@@ -71,6 +81,7 @@ pub(crate) fn alloc_pitch(real: sig::cuMemAllocPitch_v2, dptr: *mut CUdeviceptr,
         Ok(d) => d,
         Err(e) => return Outcome::Error(e),
     };
+    let ctx = current_ctx();
     let bound = pitch_bound(width).saturating_mul(height as u64);
     if let Err(e) = charge(dev, bound) {
         return Outcome::Error(e);
@@ -98,7 +109,7 @@ pub(crate) fn alloc_pitch(real: sig::cuMemAllocPitch_v2, dptr: *mut CUdeviceptr,
         uncharge(dev, bound - actual);
         bytes = actual;
     }
-    LEDGER.lock().ptrs.insert(p, Ptr { charge: Charge { dev, bytes }, pool: 0 });
+    LEDGER.lock().ptrs.insert(p, Ptr { charge: Charge { dev, bytes }, pool: 0, ctx });
     Outcome::Success
 }
 

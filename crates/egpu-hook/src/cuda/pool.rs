@@ -118,7 +118,7 @@ fn alloc_in_pool(dptr: *mut CUdeviceptr, size: usize, pool: usize, dev: usize, s
     }
     // SAFETY: on success the driver wrote the caller's `*dptr`.
     let p = unsafe { *dptr };
-    LEDGER.lock().ptrs.insert(p, Ptr { charge: Charge { dev, bytes: size as u64 }, pool });
+    LEDGER.lock().ptrs.insert(p, Ptr { charge: Charge { dev, bytes: size as u64 }, pool, ctx: 0 });
     if reconcile(pool, true).is_err() {
         // The pool grew past the limit: give the memory back and refuse.
         LEDGER.lock().ptrs.remove(&p);
@@ -190,7 +190,7 @@ pub(crate) fn free_async(real: sig::cuMemFreeAsync, dptr: CUdeviceptr, stream: C
         return Outcome::Error(r);
     }
     match e {
-        Some(Ptr { pool: 0, charge }) => uncharge(charge.dev, charge.bytes),
+        Some(Ptr { pool: 0, charge, .. }) => uncharge(charge.dev, charge.bytes),
         Some(Ptr { pool, .. }) => settle(pool),
         None => {}
     }

@@ -31,6 +31,27 @@ pub struct AllocArgs {
     /// Exit without freeing (like a crash; the slice reclaims the record).
     #[arg(long)]
     no_free: bool,
+    /// After allocating, print "allocated" and wait for a line on stdin; then
+    /// end the context with the allocations still in it (destroy: cuCtxDestroy
+    /// of the --own-ctx context; reset: cuDevicePrimaryCtxReset; release: the
+    /// last cuDevicePrimaryCtxRelease), print "ctx-dropped", wait until stdin
+    /// is closed and exit without freeing (the driver freed them).
+    #[arg(long, value_parser = ["destroy", "reset", "release"])]
+    drop_ctx: Option<String>,
+}
+
+/// `--drop-ctx`: ends the context that holds the allocations.
+fn drop_ctx(cu: &crate::common::Cuda, how: &str, n: u64) -> i32 {
+    emit(json!({"event": "allocated", "allocated": n, "pid": std::process::id(), "mem": cu.mem_info()}));
+    crate::common::wait_go_quiet();
+    let r = match how {
+        "destroy" => egpu_workloads::call!(cu.api, cuCtxDestroy_v2(cu.ctx)),
+        "reset" => egpu_workloads::call!(cu.api, cuDevicePrimaryCtxReset_v2(cu.dev)),
+        _ => egpu_workloads::call!(cu.api, cuDevicePrimaryCtxRelease_v2(cu.dev)),
+    };
+    emit(json!({"event": "ctx-dropped", "how": how, "code": r.as_ref().err().map_or(0, |e| e.code)}));
+    crate::common::wait_stdin();
+    if r.is_ok() { exit::OK } else { exit::FAILED }
 }
 
 pub fn run(api: Api, g: &Global, a: AllocArgs) -> i32 {
@@ -60,6 +81,9 @@ pub fn run(api: Api, g: &Global, a: AllocArgs) -> i32 {
         i += 1;
     }
     let n = held.len() as u64;
+    if let Some(how) = &a.drop_ctx {
+        return drop_ctx(&cu, how, n);
+    }
     if a.hold {
         emit(json!({"event": "holding", "allocated": n, "pid": std::process::id(), "mem": cu.mem_info()}));
         crate::common::hold(&cu);

@@ -78,6 +78,11 @@ pub fn hold(cu: &Cuda) {
 /// several probes' allocations together, after all have their contexts).
 pub fn wait_go() {
     emit(json!({"event": "ready", "pid": std::process::id()}));
+    wait_go_quiet();
+}
+
+/// Blocks until a line arrives on stdin.
+pub fn wait_go_quiet() {
     let mut l = String::new();
     let _ = std::io::stdin().read_line(&mut l);
 }
