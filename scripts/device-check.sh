@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# eGPU device check: the memory suite and PyTorch under libegpu.so on a real
-# NVIDIA GPU, with prebuilt binaries (no Rust toolchain needed).
+# eGPU device check: the memory suite, compute isolation (egpu-burn in slices
+# with shares/limits/priorities) and PyTorch under libegpu.so on a real NVIDIA
+# GPU, with prebuilt binaries (no Rust toolchain needed). docs/device-check.md
+# lists every check and its pass rule.
 #
 #   scripts/package-device.sh dist      # on a build machine
 #   dist/device-check.sh [RESULT.json]  # on the GPU machine (default $OUT/device-check.json or ./device-check.json)
@@ -9,7 +11,9 @@
 # Binaries are taken from --dist DIR, $EGPU_DIST, the script's own directory
 # (packaged layout) or ../dist. Starts its own egpud (killed by pid on exit),
 # runs every check with a timeout, writes ONE JSON file with each check's
-# pass/fail and numbers, and exits non-zero if any check failed.
+# pass/fail/skip/info and numbers, and exits non-zero if any check failed.
+# EGPU_DC_WINDOW: compute measuring window, s (default 6); EGPU_DC_BURN_ARGS:
+# egpu-burn kernel flags on a real GPU (default: egpu-burn's own).
 set -uo pipefail
 
 SIM=0
@@ -19,7 +23,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --simulate) SIM=1 ;;
     --dist) DIST=$2; shift ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) RESULT=$1 ;;
   esac
   shift
@@ -48,7 +52,8 @@ LIMIT=$((2 * GIB))
 
 cleanup() {
   if [ -n "$EGPUD" ]; then
-    timeout 10 "$DIST/egpu" --socket "$SOCK" rm --force dc >/dev/null 2>&1
+    for p in ${BURN_PIDS:-}; do kill "$p" 2>/dev/null; done
+    for s in dc ${CSLICES:-}; do timeout 10 "$DIST/egpu" --socket "$SOCK" rm --force "$s" >/dev/null 2>&1; done
     kill "$EGPUD" 2>/dev/null
     for _ in $(seq 50); do kill -0 "$EGPUD" 2>/dev/null || break; sleep 0.1; done
     kill -9 "$EGPUD" 2>/dev/null
@@ -57,7 +62,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# record NAME STATUS(pass|fail|skip) DETAILS_JSON
+# record NAME STATUS(pass|fail|skip|info) DETAILS_JSON (info: ran, numbers only, no verdict)
 record() {
   python3 - "$1" "$2" "${3:-{\}}" >>"$RES" <<'PY'
 import json, sys
@@ -241,6 +246,160 @@ ok = all(k in d for k in ('launch_bare','launch_hook','alloc_free_bare','alloc_f
 # Simulated: informative only (often a debug build on a shared machine).
 print('pass' if ok and ($SIM == 1 or d['launch_hook'] - d['launch_bare'] <= 50 + 0.03 * d['launch_bare']) else 'fail')")
   record hook-overhead "$verdict" "$(printf '%s' "$v" | python3 -c "import json,sys; d=json.load(sys.stdin); d['criterion']='launch_hook - launch_bare <= 50 ns + 3% of launch_bare (real GPU only)'; print(json.dumps(d))")"
+
+  # --- compute isolation (docs/device-check.md) ---------------------------------
+  # egpu-burn saturate/latency loops in slices with compute shares and limits;
+  # a split is read from egpud's per-slice GPU seconds (`egpu ls -o json`
+  # compute_used_seconds) and/or the burners' kernels/s. CW: measuring window.
+  BURN=$DIST/egpu-burn
+  CT() { python3 "$PYDIR/compute_tools.py" "$@"; }
+  CW=${EGPU_DC_WINDOW:-6}
+  if [ $SIM = 1 ]; then
+    # ~0.4 ms kernels on the simulated GPU (64 x 128 threads x 50 ns).
+    export EGPU_SIM_NS_PER_THREAD=50
+    KARGS=(--grid 64 --block 128)
+  else
+    # egpu-burn's default kernel unless EGPU_DC_BURN_ARGS says otherwise.
+    read -r -a KARGS <<<"${EGPU_DC_BURN_ARGS:-}"
+  fi
+  cslice() { CSLICES="${CSLICES:-} $1"; local n=$1; shift; E create --name "$n" --gpu-memory 512MiB --device 0 "$@" >/dev/null; }
+  crm() { for s in "$@"; do E rm --force "$s" >/dev/null 2>&1; done; }
+  # sburn SLICE OUTNAME SECONDS MODE: egpu-burn in a slice, in the background (pid in $LAST).
+  sburn() {
+    T=$(($3 + 30)) X "$1" "$BURN" --mode "$4" --seconds "$3" "${KARGS[@]}" --report-every 1s -o json >"$W/$2.out" 2>"$W/$2.err" &
+    LAST=$!
+    BURN_PIDS="${BURN_PIDS:-} $LAST"
+  }
+  # bareburn OUTNAME SECONDS: egpu-burn without the hook, on the same (simulated) GPU.
+  bareburn() {
+    env -u LD_PRELOAD LD_LIBRARY_PATH="$RUN/simlib:${LD_LIBRARY_PATH:-}" EGPU_SIM_GPUS=1x16GiB EGPU_SIM_STATE="$RUN/simgpu.state" \
+      timeout $(($2 + 30)) "$BURN" --mode saturate --seconds "$2" "${KARGS[@]}" --report-every 1s -o json >"$W/$1.out" 2>"$W/$1.err"
+  }
+  bstat() { CT burn "$W/$1.out" 2>/dev/null || echo '{}'; }
+  snap() { CT snap "$DIST/egpu" "$SOCK" 2>/dev/null || echo '{"t": 0, "used": {}}'; }
+  # verdict PYEXPR JSON: pass/fail from PYEXPR over d = JSON.
+  verdict() { python3 -c "import json,sys; d=json.loads(sys.argv[1]); print('pass' if ($1) else 'fail')" "$2" 2>/dev/null || echo fail; }
+  # record_target NAME VERDICT JSON: on a real GPU as VERDICT; in --simulate as
+  # `info` with target_met in the details (a target the simulated GPU on a
+  # shared CI machine does not model: see docs/device-check.md).
+  record_target() {
+    if [ $SIM = 1 ]; then
+      record "$1" info "$(python3 -c "import json,sys; d=json.loads(sys.argv[1]); d['target_met']=sys.argv[2]=='pass'; print(json.dumps(d))" "$3" "$2")"
+    else
+      record "$1" "$2" "$3"
+    fi
+  }
+
+  if [ ! -x "$BURN" ]; then
+    for c in compute-share-30-70 compute-work-conservation compute-limit-40 compute-priority-latency compute-resize-convergence; do
+      record "$c" fail "{\"error\": \"$BURN is missing (scripts/package-device.sh packages it)\"}"
+    done
+  else
+    # (1) shares 30/70, limit = share, both saturating.
+    cslice c30 --gpu-compute 30% --gpu-compute-limit 30%
+    cslice c70 --gpu-compute 70% --gpu-compute-limit 70%
+    sburn c30 c30 $((CW + 4)) saturate; p1=$LAST
+    sburn c70 c70 $((CW + 4)) saturate; p2=$LAST
+    sleep 2.5
+    s0=$(snap); sleep "$CW"; s1=$(snap)
+    wait $p1 $p2
+    v=$(python3 -c "
+import json,sys
+sp=json.loads(sys.argv[1]); a=json.loads(sys.argv[2]); b=json.loads(sys.argv[3])
+ka, kb = a.get('kernels_per_s') or 0, b.get('kernels_per_s') or 0
+p=sp['pct']
+print(json.dumps({'target_pct': [30, 70], 'egpud_used_pct': [p.get('c30'), p.get('c70')], 'window_s': sp['window_s'],
+  'kernels_per_s': [ka, kb], 'kernel_split_pct': [round(100*ka/(ka+kb),1), round(100*kb/(ka+kb),1)] if ka+kb else None,
+  'burners_complete': [a.get('complete'), b.get('complete')],
+  'rule': 'egpud used seconds over the window: each slice within 3 points of its share (% of the device)'}))" \
+      "$(CT split "$s0" "$s1" c30 c70 2>/dev/null || echo '{"window_s":0,"pct":{}}')" "$(bstat c30)" "$(bstat c70)")
+    record compute-share-30-70 "$(verdict "None not in d['egpud_used_pct'] and abs(d['egpud_used_pct'][0]-30) <= 3 and abs(d['egpud_used_pct'][1]-70) <= 3" "$v")" "$v"
+    crm c30 c70
+
+    # (2) work conservation: a lone 30%-share slice, limit 100% then 40%, against an un-hooked solo run.
+    bareburn solo $((CW + 1))
+    cslice cw --gpu-compute 30%
+    sburn cw cw100 $((CW + 1)) saturate; wait $LAST
+    v=$(python3 -c "
+import json,sys
+s=json.loads(sys.argv[1]); h=json.loads(sys.argv[2]); k0, k = s.get('kernels_per_s'), h.get('kernels_per_s')
+print(json.dumps({'solo_kernels_per_s': k0, 'slice_kernels_per_s': k, 'ratio': round(k/k0, 4) if k and k0 else None,
+  'solo_kernel_us': round(1e6/k0, 1) if k0 else None, 'share_pct': 30, 'limit_pct': 100,
+  'rule': 'slice kernels/s >= 0.95 x un-hooked solo kernels/s'}))" "$(bstat solo)" "$(bstat cw100)")
+    record compute-work-conservation "$(verdict "d['ratio'] is not None and d['ratio'] >= 0.95" "$v")" "$v"
+    E resize cw --gpu-compute-limit 40% >/dev/null
+    sburn cw cw40 $((CW + 3)) saturate; p1=$LAST
+    sleep 2; s0=$(snap); sleep "$CW"; s1=$(snap)
+    wait $p1
+    v=$(python3 -c "
+import json,sys
+s=json.loads(sys.argv[1]); h=json.loads(sys.argv[2]); sp=json.loads(sys.argv[3]); k0, k = s.get('kernels_per_s'), h.get('kernels_per_s')
+print(json.dumps({'solo_kernels_per_s': k0, 'slice_kernels_per_s': k, 'pct_of_solo': round(100*k/k0, 1) if k and k0 else None,
+  'egpud_used_pct': sp['pct'].get('cw'), 'window_s': sp['window_s'], 'share_pct': 30, 'limit_pct': 40,
+  'rule': 'slice kernels/s / un-hooked solo kernels/s = 40% +- 3 points'}))" "$(bstat solo)" "$(bstat cw40)" "$(CT split "$s0" "$s1" cw 2>/dev/null || echo '{"window_s":0,"pct":{}}')")
+    record compute-limit-40 "$(verdict "d['pct_of_solo'] is not None and abs(d['pct_of_solo'] - 40) <= 3" "$v")" "$v"
+    crm cw
+
+    # (3) priority: a high 25% slice's latency loop, alone and against three saturating best-effort slices.
+    cslice hp --gpu-compute 25% --priority high
+    sburn hp hpalone $((CW + 1)) latency; wait $LAST
+    for i in 1 2 3; do cslice "be$i" --gpu-compute 25% --priority best-effort; done
+    bes=""
+    for i in 1 2 3; do sburn "be$i" "be$i" $((CW + 5)) saturate; bes="$bes $LAST"; done
+    sleep 2
+    sburn hp hpload $((CW + 1)) latency; wait $LAST
+    # shellcheck disable=SC2086
+    wait $bes
+    v=$(python3 -c "
+import json,sys
+a=json.loads(sys.argv[1]); l=json.loads(sys.argv[2]); be=[json.loads(x).get('kernels_per_s') for x in sys.argv[3:]]
+pa, pl = a.get('p99_us'), l.get('p99_us')
+print(json.dumps({'p99_alone_us': pa, 'p99_loaded_us': pl, 'ratio': round(pl/pa, 3) if pa and pl else None,
+  'p50_alone_us': a.get('p50_us'), 'p50_loaded_us': l.get('p50_us'), 'best_effort_kernels_per_s': be,
+  'rule': 'p99 iteration latency with 3 saturating best-effort slices <= 1.10 x alone (high, 25% share)'}))" "$(bstat hpalone)" "$(bstat hpload)" "$(bstat be1)" "$(bstat be2)" "$(bstat be3)")
+    record_target compute-priority-latency "$(verdict "d['ratio'] is not None and d['ratio'] <= 1.10" "$v")" "$v"
+    crm hp be1 be2 be3
+
+    # (4) live resize 30/70 -> 60/40 while both saturate: split over successive >= 20 ms windows.
+    cslice ra --gpu-compute 30% --gpu-compute-limit 30%
+    cslice rb --gpu-compute 70% --gpu-compute-limit 70%
+    sburn ra ra 8 saturate; p1=$LAST
+    sburn rb rb 8 saturate; p2=$LAST
+    sleep 2.5
+    v=$(timeout 30 python3 "$PYDIR/compute_tools.py" resize "$DIST/egpu" "$SOCK" ra rb 1.5 2.0 20 60 40 2>"$W/resize.err" || python3 -c 'import json,sys; print(json.dumps({"error": open(sys.argv[1]).read()[-1000:]}))' "$W/resize.err")
+    wait $p1 $p2
+    v=$(python3 -c "import json,sys; d=json.loads(sys.argv[1]); d['rule']='converged_ms <= 20 (2 periods): the start, after the resize returned, of the first >= 20 ms window whose split is within 5 points of 60/40 and from which on the mean split is within 3 points'; print(json.dumps(d))" "$v")
+    record_target compute-resize-convergence "$(verdict "d.get('resize_rc') == [0, 0] and d.get('converged_ms') is not None and d['converged_ms'] <= 20" "$v")" "$v"
+    crm ra rb
+  fi
+
+  # (5) hook overhead on a PyTorch GEMM loop: natively vs in a slice without a compute cap.
+  if [ $SIM = 1 ]; then
+    record torch-gemm-overhead skip '{"reason": "--simulate: the simulated GPU does not run PyTorch"}'
+  elif ! python3 -c 'import torch; assert torch.cuda.is_available()' >/dev/null 2>&1; then
+    record torch-gemm-overhead skip '{"reason": "no PyTorch with CUDA here"}'
+  else
+    G=(2000 10 1024 5)
+    n1=$(timeout 180 python3 "$PYDIR/torch_gemm.py" "${G[@]}" 2>"$W/gemm.err" | tail -1)
+    E create --name tg --gpu-memory 8GiB --device 0 >/dev/null; CSLICES="${CSLICES:-} tg"
+    h=$(T=180 X tg python3 "$PYDIR/torch_gemm.py" "${G[@]}" 2>>"$W/gemm.err" | tail -1)
+    n2=$(timeout 180 python3 "$PYDIR/torch_gemm.py" "${G[@]}" 2>>"$W/gemm.err" | tail -1)
+    v=$(python3 -c "
+import json,sys
+def j(s):
+    try: return json.loads(s)
+    except Exception: return {}
+n1, h, n2 = j(sys.argv[1]), j(sys.argv[2]), j(sys.argv[3])
+nat = [x['median_s'] for x in (n1, n2) if 'median_s' in x]
+native = sum(nat)/len(nat) if nat else None
+hooked = h.get('median_s')
+print(json.dumps({'native_median_s': [n1.get('median_s'), n2.get('median_s')], 'hooked_median_s': hooked,
+  'ratio': round(hooked/native, 4) if native and hooked else None, 'workload': {k: h.get(k, n1.get(k)) for k in ('iters','sync_every','size','reps','torch','cuda')},
+  'error': open(sys.argv[4]).read()[-800:] if not (native and hooked) else None,
+  'rule': 'hooked median wall / mean of the native medians (run before and after) <= 1.05'}))" "$n1" "$h" "$n2" "$W/gemm.err")
+    record torch-gemm-overhead "$(verdict "d['ratio'] is not None and d['ratio'] <= 1.05" "$v")" "$v"
+    crm tg
+  fi
 fi
 
 python3 - "$RES" "$RESULT" "$SIM" "$START" <<'PY'
@@ -250,10 +409,11 @@ checks = [json.loads(l) for l in open(res) if l.strip()]
 failed = [c["name"] for c in checks if c["status"] == "fail"]
 doc = {"simulate": sim, "host": platform.node(), "duration_s": int(time.time()) - start,
        "passed": sum(c["status"] == "pass" for c in checks), "failed": failed,
-       "skipped": [c["name"] for c in checks if c["status"] == "skip"], "ok": not failed and bool(checks), "checks": checks}
+       "skipped": [c["name"] for c in checks if c["status"] == "skip"],
+       "informative": [c["name"] for c in checks if c["status"] == "info"], "ok": not failed and bool(checks), "checks": checks}
 os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
 with open(path, "w") as f:
     json.dump(doc, f, indent=1)
-print(f"device-check: {doc['passed']} passed, {len(failed)} failed, {len(doc['skipped'])} skipped -> {path}", file=sys.stderr)
+print(f"device-check: {doc['passed']} passed, {len(failed)} failed, {len(doc['skipped'])} skipped, {len(doc['informative'])} informative -> {path}", file=sys.stderr)
 sys.exit(0 if doc["ok"] else 1)
 PY

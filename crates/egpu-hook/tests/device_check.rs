@@ -1,6 +1,7 @@
 //! `scripts/device-check.sh --simulate`: the device check's non-GPU parts
 //! (egpud, the memory suite through `egpu exec`, the driver witness,
-//! fail-closed, live resize, the overhead bench) against the simulated GPU.
+//! fail-closed, live resize, the overhead bench, the compute-isolation checks
+//! with egpu-burn in slices) against the simulated GPU.
 
 mod common;
 
@@ -11,11 +12,11 @@ fn device_check_passes_on_the_simulated_gpu() {
     let dir = common::build().clone();
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut c = Command::new(cargo);
-    c.args(["build", "-q", "-p", "egpu"]);
+    c.args(["build", "-q", "-p", "egpu", "-p", "egpu-burn"]);
     if dir.file_name().is_some_and(|n| n == "release") {
         c.arg("--release");
     }
-    assert!(c.status().unwrap().success(), "building egpud/egpu failed");
+    assert!(c.status().unwrap().success(), "building egpud/egpu/egpu-burn failed");
     let tmp = tempfile::tempdir().unwrap();
     let result = tmp.path().join("device-check.json");
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/device-check.sh");
@@ -30,5 +31,35 @@ fn device_check_passes_on_the_simulated_gpu() {
         let c = checks.iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("check {name} missing"));
         assert_eq!(c["status"], "pass", "{c}");
     }
-    assert!(checks.len() >= 38, "{} checks", checks.len());
+    let num = |c: &serde_json::Value, k: &str| c["details"][k].as_f64().unwrap_or_else(|| panic!("{k} not a number: {c}"));
+    // Compute isolation with real targets on the simulated GPU (~0.4 ms
+    // kernels): 30/70 within 3 points, a lone 30%/100% slice >= 95% of solo,
+    // a 40% limit at 40 +- 3 (observed 30.0/69.5, 0.988, 40.1).
+    for name in ["compute-share-30-70", "compute-work-conservation", "compute-limit-40"] {
+        let c = checks.iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("check {name} missing"));
+        assert_eq!(c["status"], "pass", "{c}");
+    }
+    // Recorded as `info` in --simulate (ran, numbers, target_met, no verdict):
+    // - priority p99 within 10% of alone: the simulated GPU runs a high
+    //   slice's kernel behind the best-effort kernels already queued on the
+    //   device (no preemption model, 0.4 ms kernels), so p99 loaded/alone is
+    //   ~5x there; what a real GPU's time-slicing gives is the device check's
+    //   question;
+    // - resize reached within 20 ms: 20 ms windows of egpud's used seconds
+    //   hold ~50 simulated kernels, and egpu ls polling on a loaded 2-core
+    //   machine jitters; the split settles in ~25-50 ms there (2.5-5 periods).
+    let c = checks.iter().find(|c| c["name"] == "compute-priority-latency").expect("compute-priority-latency missing");
+    assert_eq!(c["status"], "info", "{c}");
+    assert!(num(c, "p99_alone_us") > 0.0 && num(c, "p99_loaded_us") > 0.0 && num(c, "ratio") > 0.0, "{c}");
+    assert!(c["details"]["target_met"].is_boolean(), "{c}");
+    let c = checks.iter().find(|c| c["name"] == "compute-resize-convergence").expect("compute-resize-convergence missing");
+    assert_eq!(c["status"], "info", "{c}");
+    assert_eq!(c["details"]["resize_rc"], serde_json::json!([0, 0]), "{c}");
+    assert!(num(c, "windows") >= 10.0, "{c}");
+    assert!(c["details"]["first_windows"][0]["a_split_pct"].is_number(), "{c}");
+    // The split did move: the whole post-resize window is nearer 60/40 than 30/70.
+    assert!(c["details"]["after"]["ra"].as_f64().unwrap() > 45.0, "{c}");
+    let c = checks.iter().find(|c| c["name"] == "torch-gemm-overhead").expect("torch-gemm-overhead missing");
+    assert_eq!(c["status"], "skip", "{c}");
+    assert!(checks.len() >= 44, "{} checks", checks.len());
 }
