@@ -46,8 +46,10 @@ fn device_check_passes_on_the_simulated_gpu() {
     //   ~5x there; what a real GPU's time-slicing gives is the device check's
     //   question;
     // - resize reached within 20 ms: 20 ms windows of egpud's used seconds
-    //   hold ~50 simulated kernels, and egpu ls polling on a loaded 2-core
-    //   machine jitters; the split settles in ~25-50 ms there (2.5-5 periods).
+    //   hold ~50 simulated kernels and catch two or three of egpud's 10 ms
+    //   accounting updates (egpu ls polling jitters on a loaded 2-core
+    //   machine), so per-window splits alternate by +-7 points; converged_ms
+    //   was 25 and 94 ms in two runs, the 2 s mean split 58/40.
     let c = checks.iter().find(|c| c["name"] == "compute-priority-latency").expect("compute-priority-latency missing");
     assert_eq!(c["status"], "info", "{c}");
     assert!(num(c, "p99_alone_us") > 0.0 && num(c, "p99_loaded_us") > 0.0 && num(c, "ratio") > 0.0, "{c}");
