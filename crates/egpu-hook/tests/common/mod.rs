@@ -20,20 +20,20 @@ pub fn target_dir() -> PathBuf {
     exe.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf()
 }
 
-/// Builds libegpu.so, the simulated driver and egpu-probe (same profile as this test).
+/// Builds libegpu.so, the simulated driver, egpu-probe and egpu-burn (same profile as this test).
 pub fn build() -> &'static PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
         let dir = target_dir();
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut c = Command::new(cargo);
-        c.args(["build", "-q", "-p", "egpu-hook", "-p", "egpu-simgpu", "-p", "egpu-workloads"]);
+        c.args(["build", "-q", "-p", "egpu-hook", "-p", "egpu-simgpu", "-p", "egpu-workloads", "-p", "egpu-burn"]);
         if dir.file_name().is_some_and(|n| n == "release") {
             c.arg("--release");
         }
         let st = c.status().expect("run cargo build");
-        assert!(st.success(), "cargo build of the hook, the simulated GPU and egpu-probe failed");
-        for f in ["libegpu.so", "libegpu_simgpu.so", "egpu-probe"] {
+        assert!(st.success(), "cargo build of the hook, the simulated GPU and the test workloads failed");
+        for f in ["libegpu.so", "libegpu_simgpu.so", "egpu-probe", "egpu-burn"] {
             assert!(dir.join(f).exists(), "{} missing after build", dir.join(f).display());
         }
         dir

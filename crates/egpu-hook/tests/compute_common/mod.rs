@@ -14,39 +14,20 @@ use egpu_arbiter::{Arbiter, ArbiterConfig, TableRef};
 use egpu_core::Priority;
 use egpu_simgpu::state::{MAX_SLOTS, Shared, SlotState};
 use serde_json::Value;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Simulated ns per thread: egpu-burn's default 64×128 grid is a 410 µs kernel
 /// (long enough that a burner woken a little late still finds work queued).
 pub const NS_PER_THREAD: &str = "50";
 
-pub fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    exe.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf()
-}
-
-/// Builds libegpu.so, the simulated driver, egpu-burn and egpu-probe (same profile as this test).
-pub fn build() -> &'static PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT.get_or_init(|| {
-        let dir = target_dir();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut c = Command::new(cargo);
-        c.args(["build", "-q", "-p", "egpu-hook", "-p", "egpu-simgpu", "-p", "egpu-burn", "-p", "egpu-workloads"]);
-        if dir.file_name().is_some_and(|n| n == "release") {
-            c.arg("--release");
-        }
-        assert!(c.status().expect("run cargo build").success(), "cargo build of the hook, the simulated GPU and egpu-burn failed");
-        for f in ["libegpu.so", "libegpu_simgpu.so", "egpu-burn", "egpu-probe"] {
-            assert!(dir.join(f).exists(), "{} missing after build", dir.join(f).display());
-        }
-        dir
-    })
-}
+#[path = "../common/mod.rs"]
+mod base;
+/// The one-time build of the binaries, shared with the memory tests.
+pub use base::build;
 
 /// A simulated machine with its own state file.
 pub struct Machine {
