@@ -7,6 +7,8 @@ cd "$(dirname "$0")/.."
 
 echo "==> building the workspace (debug)"
 cargo build --workspace --all-targets
+# The whole-process tests start these binaries; tell them they are built.
+export EGPU_TEST_PREBUILT=1
 
 echo "==> clippy (deny-level lints such as undocumented unsafe blocks fail the run)"
 cargo clippy --workspace --all-targets --quiet

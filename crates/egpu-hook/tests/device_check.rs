@@ -10,13 +10,10 @@ use std::process::Command;
 #[test]
 fn device_check_passes_on_the_simulated_gpu() {
     let dir = common::build().clone();
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut c = Command::new(cargo);
-    c.args(["build", "-q", "-p", "egpu", "-p", "egpu-burn"]);
-    if dir.file_name().is_some_and(|n| n == "release") {
-        c.arg("--release");
+    common::cargo_build(&["egpu", "egpu-burn"]);
+    for f in ["egpud", "egpu"] {
+        assert!(dir.join(f).exists(), "{} missing after build", dir.join(f).display());
     }
-    assert!(c.status().unwrap().success(), "building egpud/egpu/egpu-burn failed");
     let tmp = tempfile::tempdir().unwrap();
     let result = tmp.path().join("device-check.json");
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/device-check.sh");

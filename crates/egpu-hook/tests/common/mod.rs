@@ -20,19 +20,33 @@ pub fn target_dir() -> PathBuf {
     exe.parent().and_then(Path::parent).expect("target/<profile>").to_path_buf()
 }
 
+/// Runs `cargo build -q -p PKG...` in this test's profile, unless
+/// `EGPU_TEST_PREBUILT` is set: `scripts/test.sh` builds the whole workspace
+/// first and sets it, so that each of the many test processes does not queue
+/// on cargo's build lock only to find nothing to do.
+pub fn cargo_build(packages: &[&str]) {
+    if std::env::var_os("EGPU_TEST_PREBUILT").is_some() {
+        return;
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut c = Command::new(cargo);
+    c.args(["build", "-q"]);
+    for p in packages {
+        c.args(["-p", p]);
+    }
+    if target_dir().file_name().is_some_and(|n| n == "release") {
+        c.arg("--release");
+    }
+    let st = c.status().expect("run cargo build");
+    assert!(st.success(), "cargo build of {packages:?} failed");
+}
+
 /// Builds libegpu.so, the simulated driver, egpu-probe and egpu-burn (same profile as this test).
 pub fn build() -> &'static PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT.get_or_init(|| {
         let dir = target_dir();
-        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let mut c = Command::new(cargo);
-        c.args(["build", "-q", "-p", "egpu-hook", "-p", "egpu-simgpu", "-p", "egpu-workloads", "-p", "egpu-burn"]);
-        if dir.file_name().is_some_and(|n| n == "release") {
-            c.arg("--release");
-        }
-        let st = c.status().expect("run cargo build");
-        assert!(st.success(), "cargo build of the hook, the simulated GPU and the test workloads failed");
+        cargo_build(&["egpu-hook", "egpu-simgpu", "egpu-workloads", "egpu-burn"]);
         for f in ["libegpu.so", "libegpu_simgpu.so", "egpu-probe", "egpu-burn"] {
             assert!(dir.join(f).exists(), "{} missing after build", dir.join(f).display());
         }
