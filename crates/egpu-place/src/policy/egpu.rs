@@ -25,7 +25,7 @@
 //! plus a recomputation for each node that changed.
 
 use super::cache::{EvalCache, FragCache};
-use super::fgd::frag_after;
+use super::fgd::{frag_after, free_after};
 use super::{Policy, gpusel};
 use crate::frag::TargetWorkload;
 use crate::model::{Cluster, GpuTypeId, MAX_GPUS_PER_NODE, Node, Placement, Pod};
@@ -89,23 +89,7 @@ pub(crate) fn unusable(target: &TargetWorkload, cpu_free: u64, gpu_type: Option<
 /// Growth of [`unusable`] compute if `pod` takes the GPUs `take` (a
 /// sharing pod: one index) or, when `None`, its lowest fitting GPUs.
 fn unusable_growth(target: &TargetWorkload, node: &Node, pod: &Pod, take: Option<usize>, before: u32) -> f64 {
-    let mut free = [0u32; MAX_GPUS_PER_NODE];
-    let n = node.free_milli_into(&mut free);
-    match take {
-        Some(i) => free[i] -= pod.gpu_milli(),
-        None => {
-            let mut want = pod.gpu_count();
-            for (i, f) in free[..n].iter_mut().enumerate() {
-                if want == 0 {
-                    break;
-                }
-                if node.gpu_fits(i, pod) {
-                    *f -= pod.gpu_milli();
-                    want -= 1;
-                }
-            }
-        }
-    }
+    let (free, n) = free_after(node, pod, take);
     let after = unusable(target, node.cpu_free() - pod.cpu_milli(), node.gpu_type(), &free[..n]);
     f64::from(after) - f64::from(before)
 }

@@ -33,9 +33,10 @@ fn score(before: f64, after: f64) -> i64 {
     (100.0 / (1.0 + (-x).exp())) as i64
 }
 
-/// Fragmentation of `node` after `pod` takes the GPUs `take` (for a
-/// sharing pod: one index) or, when `take` is None, its lowest fitting GPUs.
-pub(crate) fn frag_after(target: &TargetWorkload, node: &Node, pod: &Pod, take: Option<usize>) -> f64 {
+/// Free milli-GPU of each of `node`'s GPUs (and their count) after `pod`
+/// takes the GPUs `take` (for a sharing pod: one index) or, when `take` is
+/// None, its lowest fitting GPUs.
+pub(crate) fn free_after(node: &Node, pod: &Pod, take: Option<usize>) -> ([u32; MAX_GPUS_PER_NODE], usize) {
     let mut free = [0u32; MAX_GPUS_PER_NODE];
     let n = node.free_milli_into(&mut free);
     match take {
@@ -53,6 +54,12 @@ pub(crate) fn frag_after(target: &TargetWorkload, node: &Node, pod: &Pod, take: 
             }
         }
     }
+    (free, n)
+}
+
+/// Fragmentation of `node` after `pod` takes the GPUs `take` (see [`free_after`]).
+pub(crate) fn frag_after(target: &TargetWorkload, node: &Node, pod: &Pod, take: Option<usize>) -> f64 {
+    let (free, n) = free_after(node, pod, take);
     target.frag(node.cpu_free() - pod.cpu_milli(), node.gpu_type(), &free[..n])
 }
 
