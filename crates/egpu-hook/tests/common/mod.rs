@@ -72,10 +72,7 @@ impl World {
         let bin = build().clone();
         let tmp = tempfile::tempdir().expect("tempdir");
         let lib = tmp.path().join("lib");
-        std::fs::create_dir_all(&lib).unwrap();
-        for n in ["libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libnvidia-ml.so"] {
-            std::os::unix::fs::symlink(bin.join("libegpu_simgpu.so"), lib.join(n)).unwrap();
-        }
+        egpu_simgpu::link_dir(&bin.join("libegpu_simgpu.so"), &lib).expect("simulated driver links");
         let state = tmp.path().join("sim.state");
         World { gpus: gpus.into(), lib, state, bin, tmp }
     }

@@ -66,10 +66,7 @@ impl Machine {
         let bin = build().clone();
         let tmp = tempfile::tempdir().expect("tempdir");
         let lib = tmp.path().join("lib");
-        std::fs::create_dir_all(&lib).unwrap();
-        for n in ["libcuda.so.1", "libcuda.so", "libnvidia-ml.so.1", "libnvidia-ml.so"] {
-            std::os::unix::fs::symlink(bin.join("libegpu_simgpu.so"), lib.join(n)).unwrap();
-        }
+        egpu_simgpu::link_dir(&bin.join("libegpu_simgpu.so"), &lib).expect("simulated driver links");
         let state = tmp.path().join("sim.state");
         let spec: egpu_core::SimSpec = gpus.parse().expect("sim spec");
         let totals: Vec<u64> = spec.devices.iter().map(|d| d.memory.0).collect();
