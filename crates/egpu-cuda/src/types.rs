@@ -275,6 +275,23 @@ pub struct CUlaunchConfig {
 const _: () = assert!(size_of::<CUlaunchConfig>() == 56);
 const _: () = assert!(core::mem::offset_of!(CUlaunchConfig, hStream) == 32);
 
+/// `CUDA_LAUNCH_PARAMS`: one device's part of `cuLaunchCooperativeKernelMultiDevice`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUDA_LAUNCH_PARAMS {
+    pub function: CUfunction,
+    pub gridDimX: c_uint,
+    pub gridDimY: c_uint,
+    pub gridDimZ: c_uint,
+    pub blockDimX: c_uint,
+    pub blockDimY: c_uint,
+    pub blockDimZ: c_uint,
+    pub sharedMemBytes: c_uint,
+    pub hStream: CUstream,
+    pub kernelParams: *mut *mut c_void,
+}
+const _: () = assert!(size_of::<CUDA_LAUNCH_PARAMS>() == 56);
+
 /// `CUDA_KERNEL_NODE_PARAMS` (v1, used by `cuGraphAddKernelNode`).
 #[repr(C)]
 #[derive(Debug, Clone, Copy)]

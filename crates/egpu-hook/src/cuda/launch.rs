@@ -11,7 +11,7 @@
 use super::sig;
 use crate::compute;
 use crate::detour::Outcome;
-use egpu_cuda::{CUcontext, CUfunction, CUgraphExec, CUlaunchConfig, CUresult, CUstream};
+use egpu_cuda::{CUDA_LAUNCH_PARAMS, CUcontext, CUfunction, CUgraphExec, CUlaunchConfig, CUresult, CUstream};
 use std::ffi::{c_int, c_uint, c_void};
 
 /// One gated launch on `stream`: admit (may wait), call the driver, measure.
@@ -88,24 +88,6 @@ macro_rules! cooperative {
 cooperative!(launch_cooperative, cuLaunchCooperativeKernel, false, "cuLaunchCooperativeKernel");
 cooperative!(launch_cooperative_ptsz, cuLaunchCooperativeKernel_ptsz, true, "cuLaunchCooperativeKernel_ptsz");
 
-/// `CUDA_LAUNCH_PARAMS` (cuda.h), one device's part of a multi-device launch.
-#[repr(C)]
-#[allow(non_snake_case)]
-#[derive(Debug, Clone, Copy)]
-pub struct CudaLaunchParams {
-    pub function: CUfunction,
-    pub gridDimX: c_uint,
-    pub gridDimY: c_uint,
-    pub gridDimZ: c_uint,
-    pub blockDimX: c_uint,
-    pub blockDimY: c_uint,
-    pub blockDimZ: c_uint,
-    pub sharedMemBytes: c_uint,
-    pub hStream: CUstream,
-    pub kernelParams: *mut *mut c_void,
-}
-const _: () = assert!(size_of::<CudaLaunchParams>() == 56);
-
 /// Runs `f` with the context of `stream` current.
 fn in_stream_ctx<R>(stream: CUstream, f: impl FnOnce() -> R) -> Result<R, CUresult> {
     use super::drv::real as d;
@@ -133,7 +115,7 @@ fn in_stream_ctx<R>(stream: CUstream, f: impl FnOnce() -> R) -> Result<R, CUresu
 /// `cuLaunchCooperativeKernelMultiDevice` (deprecated): one gated launch per
 /// device in the list, each admitted in its stream's context.
 #[doc(alias = "cuLaunchCooperativeKernelMultiDevice")]
-pub(crate) fn launch_cooperative_multi_device(real: sig::cuLaunchCooperativeKernelMultiDevice, list: *mut CudaLaunchParams, n: c_uint, flags: c_uint) -> Outcome {
+pub(crate) fn launch_cooperative_multi_device(real: sig::cuLaunchCooperativeKernelMultiDevice, list: *mut CUDA_LAUNCH_PARAMS, n: c_uint, flags: c_uint) -> Outcome {
     if let Err(e) = crate::state::gate() {
         return Outcome::Error(e);
     }
@@ -141,7 +123,7 @@ pub(crate) fn launch_cooperative_multi_device(real: sig::cuLaunchCooperativeKern
         return Outcome::Passthrough;
     }
     // SAFETY: the caller passes `n` CUDA_LAUNCH_PARAMS at `list` for the call.
-    let params: Vec<CudaLaunchParams> = unsafe { std::slice::from_raw_parts(list, n as usize) }.to_vec();
+    let params: Vec<CUDA_LAUNCH_PARAMS> = unsafe { std::slice::from_raw_parts(list, n as usize) }.to_vec();
     let mut tickets = Vec::with_capacity(params.len());
     for p in &params {
         match in_stream_ctx(p.hStream, || compute::admit(p.hStream, false)) {

@@ -84,7 +84,7 @@ crate::detour::hooks! {
     fn cuLaunchKernelEx_ptsz(config: *const CUlaunchConfig, f: CUfunction, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ex_ptsz;
     fn cuLaunchCooperativeKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::launch_cooperative;
     fn cuLaunchCooperativeKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void) => launch::launch_cooperative_ptsz;
-    fn cuLaunchCooperativeKernelMultiDevice(list: *mut launch::CudaLaunchParams, n: c_uint, flags: c_uint) => launch::launch_cooperative_multi_device;
+    fn cuLaunchCooperativeKernelMultiDevice(list: *mut CUDA_LAUNCH_PARAMS, n: c_uint, flags: c_uint) => launch::launch_cooperative_multi_device;
     fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream) => launch::graph_launch;
     fn cuGraphLaunch_ptsz(exec: CUgraphExec, stream: CUstream) => launch::graph_launch_ptsz;
     fn cuLaunch(f: CUfunction) => launch::launch_legacy;
