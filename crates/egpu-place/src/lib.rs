@@ -21,6 +21,7 @@
 
 pub mod frag;
 pub mod model;
+pub mod pack;
 pub mod policy;
 
 pub use frag::{TargetShape, TargetWorkload};
