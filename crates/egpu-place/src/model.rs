@@ -396,6 +396,14 @@ impl Cluster {
     pub fn nodes(&self) -> &[Node] {
         &self.nodes
     }
+    /// Rename node `id`. Names only break ties between equal scores; the
+    /// node's version changes so that no cached decision outlives it.
+    pub fn rename_node(&mut self, id: NodeId, name: String) -> Result<(), ModelError> {
+        let node = self.nodes.get_mut(id).ok_or(ModelError::NoSuchNode(id))?;
+        node.name = name;
+        node.version = next_version();
+        Ok(())
+    }
     pub fn node(&self, id: NodeId) -> Option<&Node> {
         self.nodes.get(id)
     }

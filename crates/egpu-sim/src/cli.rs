@@ -52,6 +52,11 @@ pub struct SimulateArgs {
     /// Skip malformed rows (counted and reported) instead of failing.
     #[arg(long)]
     pub lenient: bool,
+    /// Node order for tie-breaks: `shuffled` (as the published simulator:
+    /// node names get a seeded random-permutation prefix) or `name` (the
+    /// trace's node names).
+    #[arg(long, default_value = "shuffled")]
+    pub node_order: String,
     /// Worker threads (default: all cores).
     #[arg(long)]
     pub threads: Option<usize>,
@@ -130,6 +135,11 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         .iter()
         .map(|p| PolicyKind::parse(p).with_context(|| format!("unknown policy '{p}': use random, dotprod, clustering, packing, bestfit, fgd or egpu")))
         .collect::<Result<_>>()?;
+    let shuffle_nodes = match args.node_order.as_str() {
+        "shuffled" => true,
+        "name" => false,
+        o => bail!("unknown --node-order '{o}': use shuffled or name"),
+    };
     let (t, source) = load_trace(&args)?;
     let seeds: Vec<u64> = (args.first_seed..args.first_seed + args.seeds.max(1)).collect();
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
@@ -138,7 +148,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} runs {elapsed} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
     eprintln!("simulating {} pods on {} nodes ({} GPUs), {} policies x {} seeds, {} threads", t.pods.len(), t.cluster.nodes().len(), t.cluster.gpu_count(), policies.len(), seeds.len(), threads);
     let start = Instant::now();
-    let runs = sweep::run(&Sweep { trace: &t, policies: &policies, seeds: &seeds, inflation: args.inflation, threads }, &|r| {
+    let runs = sweep::run(&Sweep { trace: &t, policies: &policies, seeds: &seeds, inflation: args.inflation, threads, shuffle_nodes }, &|r| {
         bar.set_message(format!("{} seed {}", r.policy, r.seed));
         bar.inc(1);
     });

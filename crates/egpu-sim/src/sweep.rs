@@ -30,6 +30,10 @@ pub struct Sweep<'a> {
     pub seeds: &'a [u64],
     pub inflation: f64,
     pub threads: usize,
+    /// Node names as the published simulator renames them (see
+    /// [`workload::shuffled_node_names`]): ties then go to a random node
+    /// order fixed per seed instead of the trace's names.
+    pub shuffle_nodes: bool,
 }
 
 /// Run every (policy, seed); `progress` is called after each run finishes.
@@ -47,7 +51,19 @@ pub fn run(s: &Sweep, progress: &(dyn Fn(&RunResult) + Sync)) -> Vec<RunResult> 
                     let Some(&(kind, seed)) = jobs.get(j) else { break };
                     let order = workload::arrivals(&s.trace.pods, s.trace.cluster.gpu_capacity_milli(), s.inflation, seed);
                     let mut policy = kind.build(&s.trace.target, seed);
-                    let r = sim::run(&s.trace.cluster, &pods, &order, policy.as_mut(), &s.trace.target, seed);
+                    let renamed;
+                    let cluster = if s.shuffle_nodes {
+                        let names: Vec<&str> = s.trace.cluster.nodes().iter().map(|n| n.name()).collect();
+                        let mut c = s.trace.cluster.clone();
+                        for (id, name) in workload::shuffled_node_names(&names, seed).into_iter().enumerate() {
+                            let _ = c.rename_node(id, name);
+                        }
+                        renamed = c;
+                        &renamed
+                    } else {
+                        &s.trace.cluster
+                    };
+                    let r = sim::run(cluster, &pods, &order, policy.as_mut(), &s.trace.target, seed);
                     progress(&r);
                     if let Ok(mut o) = out.lock() {
                         o[j] = Some(r);

@@ -33,7 +33,7 @@ fn inflation_reaches_the_target_and_seeds_reproduce() {
 #[test]
 fn sweep_produces_curves_and_fgd_beats_random() {
     let t = small_trace();
-    let runs = sweep::run(&Sweep { trace: &t, policies: &[PolicyKind::Random, PolicyKind::Fgd, PolicyKind::Egpu], seeds: &[1], inflation: 1.3, threads: 2 }, &|_| {});
+    let runs = sweep::run(&Sweep { trace: &t, policies: &[PolicyKind::Random, PolicyKind::Fgd, PolicyKind::Egpu], seeds: &[1], inflation: 1.3, threads: 2, shuffle_nodes: false }, &|_| {});
     assert_eq!(runs.len(), 3);
     for r in &runs {
         assert_eq!(r.invalid, 0);
