@@ -210,7 +210,7 @@ fn resize(n: usize) {
         let c = converged(&per, ta, tb);
         conv_q.push(converged(queued, ta, tb));
         if std::env::var_os("RESIZE_TRACE").is_some() {
-            eprintln!("resize {k} -> {ta}/{tb}: conv {c}: {:?}", per.iter().take(20).map(|x| (x.0.round() as i64, x.1.round() as i64)).collect::<Vec<_>>());
+            eprintln!("resize {k} -> {ta}/{tb}: conv {c}: {:?}", per.iter().map(|x| (x.0.round() as i64, x.1.round() as i64)).collect::<Vec<_>>());
         }
         conv.push(c);
         for (t, x) in traj[k % 2].iter_mut().zip(&per) {

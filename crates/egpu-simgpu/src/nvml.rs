@@ -238,19 +238,24 @@ static SAMPLED: std::sync::Mutex<Sampled> = std::sync::Mutex::new(std::collectio
 /// run kernels on the device, covering the time since this caller's previous
 /// sample of it (or since `last_seen_us` for a process not sampled before;
 /// the first sample of a process with `last_seen_us == 0` is a 0% baseline).
-/// `smUtil` is the busy share of that interval in whole percent, rounded
-/// down and capped at 100; what is not reported (rounding, kernels queued
-/// beyond the interval) carries into the next sample, so summing
+/// `smUtil` is the share of that interval in which the process's kernels
+/// *ran* (not were queued: [`crate::state::Shared::executed`]), in whole
+/// percent, rounded down and capped at 100; what is not reported (rounding)
+/// carries into the next sample, so summing
 /// `smUtil × interval` over samples tracks the process's GPU time to within
 /// one percent of one interval. Timestamps are CLOCK_MONOTONIC µs.
 pub fn process_utilization(h: nvmlDevice_t, out: *mut nvmlProcessUtilizationSample_t, count: *mut u32, last_seen_us: u64) -> NR<()> {
     // No sweep here (it reads /proc per live process): a dead process's slot
     // only reports 0% until the next sweep frees it.
     let (p, d) = dev(h)?;
+    let now = now_ns();
+    let mut pending = std::collections::HashMap::<u64, u64>::new();
+    p.shm.pending_spans(d, now, |who, ns| *pending.entry(who).or_default() += ns);
     let live: Vec<(usize, u32, u64)> = (0..crate::state::MAX_SLOTS)
         .filter_map(|i| {
             let (pid, st) = p.shm.slot_owner(i);
-            let busy = p.shm.slots[i].busy[d].load(Ordering::SeqCst);
+            let queued = p.shm.slots[i].busy[d].load(Ordering::SeqCst);
+            let busy = queued.saturating_sub(pending.get(&((i as u64) << 32 | u64::from(pid))).copied().unwrap_or(0));
             (st == crate::state::SlotState::Live && busy > 0).then_some((i, pid, busy))
         })
         .collect();
@@ -262,7 +267,7 @@ pub fn process_utilization(h: nvmlDevice_t, out: *mut nvmlProcessUtilizationSamp
     if out.is_null() || (cap as usize) < live.len() {
         return Err(NVML_ERROR_INSUFFICIENT_SIZE);
     }
-    let now_us = now_ns() / 1000;
+    let now_us = now / 1000;
     let mut hist = SAMPLED.lock().unwrap_or_else(|e| e.into_inner());
     hist.retain(|&(hd, slot, pid), _| hd != d || live.iter().any(|&(s, p, _)| (s, p) == (slot, pid)));
     for (k, &(slot, pid, busy)) in live.iter().enumerate() {

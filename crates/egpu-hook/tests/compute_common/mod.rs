@@ -108,9 +108,10 @@ impl Machine {
         Burn { child, host: slice.host }
     }
 
-    /// The simulated GPU's busy time charged to `pid` on host device `host` (None: no live slot).
+    /// The simulated GPU's kernel time of `pid` on host device `host` that has
+    /// run by now (None: no live slot).
     pub fn busy_of(&self, pid: u32, host: u32) -> Option<u64> {
-        (0..MAX_SLOTS).find(|&i| self.sim.slot_owner(i) == (pid, SlotState::Live)).map(|i| self.sim.slots[i].busy[host as usize].load(Ordering::SeqCst))
+        (0..MAX_SLOTS).find(|&i| self.sim.slot_owner(i) == (pid, SlotState::Live)).map(|i| self.sim.executed(i, host as usize, monotonic_ns()))
     }
 }
 
@@ -134,7 +135,8 @@ impl Burn {
 }
 
 /// The arbiter loop `egpud` runs, in a thread: every period, true GPU time
-/// per slice from the simulated GPU, then `tick_tables`.
+/// per slice from the simulated GPU (what has run, as NVML accounting
+/// reports it), then `tick_tables`.
 pub struct Egpud {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<u64>>,
@@ -153,6 +155,7 @@ impl Egpud {
             let mut last: std::collections::HashMap<u32, u64> = Default::default();
             let mut next = Instant::now();
             let mut ticks = 0;
+            let trace = std::env::var_os("EGPU_ARBITER_TRACE").is_some();
             while !st.load(Ordering::Relaxed) {
                 let truth: Vec<[Option<u64>; 1]> = slices
                     .iter()
@@ -161,7 +164,7 @@ impl Egpud {
                         let mut sum = 0;
                         for p in pids {
                             if let Some(i) = (0..MAX_SLOTS).find(|&i| sim.slot_owner(i) == (p, SlotState::Live)) {
-                                last.insert(p, sim.slots[i].busy[s.host as usize].load(Ordering::SeqCst));
+                                last.insert(p, sim.executed(i, s.host as usize, monotonic_ns()));
                             }
                             sum += last.get(&p).copied().unwrap_or(0);
                         }
@@ -174,8 +177,16 @@ impl Egpud {
                     .enumerate()
                     .map(|(i, (s, t))| TableRef { slice: i as u64, limits: &s.writer, usage: &s.usage, true_ns: t })
                     .collect();
-                let (_, errs) = arb.tick_tables(monotonic_ns(), &refs);
+                let (budgets, errs) = arb.tick_tables(monotonic_ns(), &refs);
                 assert!(errs.is_empty(), "{errs:?}");
+                if trace {
+                    // Per slice: true use last period, budget, scale (×100), hungry; in 10 µs.
+                    let row: Vec<String> = budgets
+                        .iter()
+                        .map(|b| format!("{}/{}/{}{}", b.used_ns / 10_000, b.budget_ns / 10_000, b.scale_ppm / 10_000, if b.hungry { "h" } else { "" }))
+                        .collect();
+                    eprintln!("tick {ticks}: {}", row.join(" "));
+                }
                 ticks += 1;
                 next += period;
                 let now = Instant::now();

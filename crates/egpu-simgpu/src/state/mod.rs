@@ -32,13 +32,28 @@ pub use slots::{ProcUsage, SlotState};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"EGPUSIM\0");
 /// Bumped whenever the layout below changes.
-pub const ABI_VERSION: u32 = 1;
+pub const ABI_VERSION: u32 = 2;
 pub const MAX_DEVS: usize = 64;
 pub const MAX_SLOTS: usize = 512;
 const SPEC_BYTES: usize = 8192;
 const TEXT_BYTES: usize = 256;
 /// Utilisation buckets per device (see [`timing`]).
 pub const NBUCKETS: usize = 32;
+/// Recently queued kernels remembered per device (see [`timing`]).
+pub const NSPANS: usize = 1024;
+
+/// One queued kernel in a device's span log (see [`timing`]).
+#[repr(C)]
+pub struct Span {
+    /// `2·n + 2` once entry `n` of the log is complete, odd while written.
+    pub seq: AtomicU64,
+    /// CLOCK_MONOTONIC ns at which the kernel ends.
+    pub end: AtomicU64,
+    /// Its duration, ns.
+    pub dur: AtomicU64,
+    /// `slot << 32 | pid` of the process it is charged to.
+    pub owner: AtomicU64,
+}
 
 /// Per-device shared counters.
 #[repr(C)]
@@ -51,6 +66,10 @@ pub struct Dev {
     pub busy_total: AtomicU64,
     /// Packed (epoch, busy ns) per 100 ms bucket, ring of [`NBUCKETS`].
     pub buckets: [AtomicU64; NBUCKETS],
+    /// Entries ever appended to `spans`.
+    pub span_cursor: AtomicU64,
+    /// The last [`NSPANS`] kernels queued, a ring indexed by `span_cursor`.
+    pub spans: [Span; NSPANS],
 }
 
 /// One process's record.
@@ -62,7 +81,8 @@ pub struct Slot {
     pub start: AtomicU64,
     /// Device memory charged to this process, per physical device.
     pub mem: [AtomicU64; MAX_DEVS],
-    /// Kernel time queued by this process, per physical device, ns.
+    /// Kernel time queued by this process, per physical device, ns. What has
+    /// *run* by a given time is [`Shared::executed`].
     pub busy: [AtomicU64; MAX_DEVS],
 }
 

@@ -7,16 +7,28 @@
 //! order their CASes succeed. Times are CLOCK_MONOTONIC nanoseconds, which
 //! are the same for every process on the machine.
 //!
+//! Executed time: [`Slot::busy`](super::Slot) counts a kernel when it is
+//! queued, but device accounting (NVML's per-process utilisation, which
+//! `egpud` reconciles against) counts what has run. Each device keeps a log
+//! of its last [`NSPANS`] kernels (end, duration, owner);
+//! [`Shared::executed`] is a process's queued time minus the part of its
+//! logged kernels that lies after `now`. A kernel is logged before it is
+//! added to `busy`, so a reader that sees it in `busy` sees its span; a
+//! process with more than [`NSPANS`] kernels queued on a device at once
+//! has the oldest counted as run early.
+//!
 //! Utilisation: each device has a ring of [`NBUCKETS`] 100 ms buckets, each
 //! an atomic `(epoch << 28) | busy_ns`. A kernel adds its overlap with each
 //! bucket it spans (kernels queued more than ~2 s ahead are not counted).
 //! [`Shared::utilization`] is the busy fraction of the last ten whole
 //! buckets, i.e. the last second, lagging by up to 100 ms.
 
-use super::{NBUCKETS, Shared};
+use super::{NBUCKETS, NSPANS, Shared};
 use std::sync::atomic::Ordering::SeqCst;
 
 pub const BUCKET_NS: u64 = 100_000_000;
+/// Ended log entries in a row after which [`Shared::pending_spans`] stops.
+const SETTLED_RUN: u32 = 64;
 const BUSY_BITS: u32 = 28;
 const BUSY_MASK: u64 = (1 << BUSY_BITS) - 1;
 /// Whole buckets in the utilisation window (1 s).
@@ -57,10 +69,66 @@ impl Shared {
                 Err(actual) => cur = actual,
             }
         };
+        self.log_span(slot, dev, end, dur);
         d.busy_total.fetch_add(dur, SeqCst);
         self.slots[slot].busy[dev].fetch_add(dur, SeqCst);
         self.record_busy(dev, start, end, now);
         (start, end)
+    }
+
+    fn log_span(&self, slot: usize, dev: usize, end: u64, dur: u64) {
+        let d = &self.devs[dev];
+        let n = d.span_cursor.fetch_add(1, SeqCst);
+        let e = &d.spans[(n % NSPANS as u64) as usize];
+        let pid = u64::from(self.slot_owner(slot).0);
+        e.seq.store(2 * n + 1, SeqCst);
+        e.end.store(end, SeqCst);
+        e.dur.store(dur, SeqCst);
+        e.owner.store((slot as u64) << 32 | pid, SeqCst);
+        e.seq.store(2 * n + 2, SeqCst);
+    }
+
+    /// Kernel time of `slot` on `dev` that has run by `now` (CLOCK_MONOTONIC
+    /// ns): its queued time less what of its logged kernels lies after `now`.
+    /// Monotonic in `now` for one process except while a kernel is being
+    /// logged (it is briefly counted as run).
+    pub fn executed(&self, slot: usize, dev: usize, now: u64) -> u64 {
+        let queued = self.slots[slot].busy[dev].load(SeqCst);
+        let owner = (slot as u64) << 32 | u64::from(self.slot_owner(slot).0);
+        let mut pending = 0;
+        self.pending_spans(dev, now, |who, ns| {
+            if who == owner {
+                pending += ns;
+            }
+        });
+        queued.saturating_sub(pending)
+    }
+
+    /// Calls `f(owner, ns)` for every logged kernel of `dev` with `ns` of it
+    /// still to run after `now`, newest first. The log is in queue order but
+    /// for launches racing between their CAS and their log entry, so the
+    /// walk stops after [`SETTLED_RUN`] entries in a row that have ended.
+    pub fn pending_spans(&self, dev: usize, now: u64, mut f: impl FnMut(u64, u64)) {
+        let d = &self.devs[dev];
+        let cursor = d.span_cursor.load(SeqCst);
+        let mut settled = 0;
+        for n in (cursor.saturating_sub(NSPANS as u64)..cursor).rev() {
+            let e = &d.spans[(n % NSPANS as u64) as usize];
+            let seq = e.seq.load(SeqCst);
+            let (end, dur, who) = (e.end.load(SeqCst), e.dur.load(SeqCst), e.owner.load(SeqCst));
+            if seq != 2 * n + 2 || e.seq.load(SeqCst) != seq {
+                continue; // being written, or already overwritten
+            }
+            if end > now {
+                settled = 0;
+                f(who, dur.min(end - now));
+            } else {
+                settled += 1;
+                if settled >= SETTLED_RUN {
+                    break;
+                }
+            }
+        }
     }
 
     fn record_busy(&self, dev: usize, start: u64, end: u64, now: u64) {
@@ -122,6 +190,42 @@ mod tests {
         assert_eq!(s.devs[0].busy_total.load(SeqCst), 900);
         assert_eq!(s.slots[a].busy[0].load(SeqCst), 600);
         assert_eq!(s.slots[b].busy[0].load(SeqCst), 300);
+    }
+
+    #[test]
+    fn executed_time_follows_the_queue_not_the_launch() {
+        let s = fresh(2, 1);
+        s.slots[0].owner.store(7 << 8 | 2, SeqCst);
+        s.slots[1].owner.store(8 << 8 | 2, SeqCst);
+        let t0 = 1_000 * BUCKET_NS;
+        s.schedule(0, 0, t0, 500, t0); // a: t0..t0+500
+        s.schedule(1, 0, t0, 300, t0); // b: t0+500..t0+800
+        s.schedule(0, 0, t0, 200, t0); // a: t0+800..t0+1000
+        // Before anything ran, nothing has been executed although 1000 ns are queued.
+        assert_eq!((s.executed(0, 0, t0), s.executed(1, 0, t0)), (0, 0));
+        // Half-way through a's first kernel.
+        assert_eq!((s.executed(0, 0, t0 + 250), s.executed(1, 0, t0 + 250)), (250, 0));
+        // During b's kernel a has run 500 and waits behind it.
+        assert_eq!((s.executed(0, 0, t0 + 600), s.executed(1, 0, t0 + 600)), (500, 100));
+        assert_eq!((s.executed(0, 0, t0 + 900), s.executed(1, 0, t0 + 900)), (600, 300));
+        // Afterwards executed equals queued.
+        assert_eq!((s.executed(0, 0, t0 + 5_000), s.executed(1, 0, t0 + 5_000)), (700, 300));
+        // Another device's log is separate.
+        assert_eq!(s.executed(0, 1, t0 + 5_000), 0);
+    }
+
+    #[test]
+    fn a_reused_slot_is_not_charged_its_previous_owners_pending_kernels() {
+        let s = fresh(1, 1);
+        s.slots[0].owner.store(7 << 8 | 2, SeqCst);
+        let t0 = 2_000 * BUCKET_NS;
+        s.schedule(0, 0, t0, 1_000, t0);
+        // The owner dies, the slot is reclaimed and claimed by pid 9.
+        s.slots[0].busy[0].store(0, SeqCst);
+        s.slots[0].owner.store(9 << 8 | 2, SeqCst);
+        s.schedule(0, 0, t0, 100, t0); // queued behind the dead process's kernel
+        assert_eq!(s.executed(0, 0, t0 + 500), 0);
+        assert_eq!(s.executed(0, 0, t0 + 1_050), 50);
     }
 
     #[test]
