@@ -20,8 +20,7 @@
 //! loss to its cost (see [`crate::policy::EgpuPolicy`]).
 //!
 //! The dual is solved by a cutting-plane loop: start with single-size
-//! patterns, solve the LP over the patterns known so far with a small dense
-//! simplex, find the most valuable pattern at the current prices with the
+//! patterns, solve the LP over the patterns known so far (`microlp`), find the most valuable pattern at the current prices with the
 //! knapsack, and add it while it is worth more than one GPU.
 
 use crate::frag::TargetWorkload;
@@ -152,66 +151,21 @@ fn knapsack(sizes: &[u32], y: &[f64], cap: u32) -> (f64, Vec<f64>) {
 
 /// Maximise `c·y` subject to `p·y ≤ 1` for every row `p` of `rows`, `y ≥
 /// 0` (rows and `c` non-negative, so the LP is feasible at 0 and bounded
-/// when every variable appears in some row). Dense tableau simplex with
-/// Bland's rule (no cycling).
+/// when every variable appears in some row), with the `microlp` solver.
+/// Should the solver fail, all prices are 0: the packing loss is then off
+/// and the policy is what it was without it.
 fn max_lp(c: &[f64], rows: &[Vec<f64>]) -> Vec<f64> {
-    let n = c.len();
-    let m = rows.len();
-    let width = n + m + 1;
-    // Tableau: m constraint rows then the objective row (reduced costs, negated).
-    let mut t = vec![0.0f64; (m + 1) * width];
-    for (r, row) in rows.iter().enumerate() {
-        t[r * width..r * width + n].copy_from_slice(row);
-        t[r * width + n + r] = 1.0;
-        t[r * width + width - 1] = 1.0;
+    use microlp::{ComparisonOp, OptimizationDirection, Problem};
+    let mut lp = Problem::new(OptimizationDirection::Maximize);
+    let vars: Vec<_> = c.iter().map(|&w| lp.add_var(w, (0.0, f64::INFINITY))).collect();
+    for row in rows {
+        let terms: Vec<_> = vars.iter().zip(row).filter(|(_, a)| **a != 0.0).map(|(&v, &a)| (v, a)).collect();
+        lp.add_constraint(terms.as_slice(), ComparisonOp::Le, 1.0);
     }
-    for j in 0..n {
-        t[m * width + j] = -c[j];
+    match lp.solve().ok().and_then(|o| o.solution().map(|sol| vars.iter().map(|&v| sol.var_value(v).max(0.0)).collect())) {
+        Some(y) => y,
+        None => vec![0.0; c.len()],
     }
-    let mut basis: Vec<usize> = (n..n + m).collect();
-    for _ in 0..100_000 {
-        // Entering: the lowest index with a negative reduced cost (Bland).
-        let Some(e) = (0..width - 1).find(|&j| t[m * width + j] < -EPS) else { break };
-        // Leaving: minimum ratio, ties to the lowest basis index.
-        let mut leave: Option<(f64, usize, usize)> = None;
-        for r in 0..m {
-            let a = t[r * width + e];
-            if a > EPS {
-                let ratio = t[r * width + width - 1] / a;
-                let better = match leave {
-                    None => true,
-                    Some((q, b, _)) => ratio < q - EPS || (ratio <= q + EPS && basis[r] < b),
-                };
-                if better {
-                    leave = Some((ratio, basis[r], r));
-                }
-            }
-        }
-        let Some((_, _, r)) = leave else { break }; // unbounded: cannot happen here
-        let piv = t[r * width + e];
-        for x in &mut t[r * width..(r + 1) * width] {
-            *x /= piv;
-        }
-        for o in 0..=m {
-            if o == r {
-                continue;
-            }
-            let f = t[o * width + e];
-            if f.abs() > 0.0 {
-                for j in 0..width {
-                    t[o * width + j] -= f * t[r * width + j];
-                }
-            }
-        }
-        basis[r] = e;
-    }
-    let mut y = vec![0.0; n];
-    for (r, &b) in basis.iter().enumerate() {
-        if b < n {
-            y[b] = t[r * width + width - 1].max(0.0);
-        }
-    }
-    y
 }
 
 #[cfg(test)]
