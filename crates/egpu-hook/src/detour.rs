@@ -1,7 +1,7 @@
 //! The detour machinery: a thread-local re-entry guard, the `Outcome` of a
 //! safe `ops` function, the runners that every exported symbol goes through
 //! (re-entry check, `catch_unwind`, passthrough), and the `macro_rules!`
-//! that generate the exported symbols and their `OnceLock`ed real pointers.
+//! that generate the exported symbols and their lazily resolved real pointers.
 
 use egpu_cuda::{CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS, CUresult, NVML_ERROR_FUNCTION_NOT_FOUND, NVML_ERROR_UNKNOWN, NVML_SUCCESS, nvmlReturn_t};
 use std::cell::Cell;

@@ -10,10 +10,10 @@
 
 use crate::detour::Hook;
 use crate::real::Lib;
-use std::sync::OnceLock;
+use once_cell::race::OnceBox;
 
-static CUDA_MAP: OnceLock<Vec<(usize, usize)>> = OnceLock::new();
-static NVML_MAP: OnceLock<Vec<(usize, usize)>> = OnceLock::new();
+static CUDA_MAP: OnceBox<Vec<(usize, usize)>> = OnceBox::new();
+static NVML_MAP: OnceBox<Vec<(usize, usize)>> = OnceBox::new();
 
 fn build(hooks: &[Hook]) -> Vec<(usize, usize)> {
     let mut v: Vec<(usize, usize)> = hooks.iter().map(|h| ((h.real)(), (h.hook)())).filter(|&(r, _)| r != 0).collect();
@@ -24,8 +24,8 @@ fn build(hooks: &[Hook]) -> Vec<(usize, usize)> {
 
 fn table(lib: Lib) -> &'static [(usize, usize)] {
     match lib {
-        Lib::Cuda => CUDA_MAP.get_or_init(|| build(crate::cuda::HOOKS)),
-        Lib::Nvml => NVML_MAP.get_or_init(|| build(crate::nvml::HOOKS)),
+        Lib::Cuda => CUDA_MAP.get_or_init(|| Box::new(build(crate::cuda::HOOKS))),
+        Lib::Nvml => NVML_MAP.get_or_init(|| Box::new(build(crate::nvml::HOOKS))),
     }
 }
 

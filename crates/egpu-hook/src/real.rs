@@ -3,12 +3,14 @@
 //!
 //! Our exported `dlsym` shadows glibc's for the whole process, so the real one
 //! is found with `dlvsym(RTLD_NEXT, "dlsym", version)`, which allocates
-//! nothing and takes no lock of ours. The result is cached in an atomic (not a
-//! `OnceLock`), so concurrent or nested first calls just resolve it twice.
+//! nothing and takes no lock of ours. Every cache here is an atomic or a
+//! `once_cell::race` cell, never a `OnceLock`: concurrent or nested first
+//! calls just resolve twice, and a child forked while another thread of its
+//! parent was resolving does not wait forever for a thread it does not have.
 
 use std::ffi::{CStr, c_char, c_int, c_void};
-use std::sync::OnceLock;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use once_cell::race::OnceBox;
+use std::sync::atomic::{AtomicPtr, AtomicUsize, Ordering};
 
 /// `dlsym`'s C signature.
 pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
@@ -58,8 +60,8 @@ unsafe impl Send for Handle {}
 // SAFETY: as above.
 unsafe impl Sync for Handle {}
 
-static CUDA: OnceLock<Handle> = OnceLock::new();
-static NVML: OnceLock<Handle> = OnceLock::new();
+static CUDA: OnceBox<Handle> = OnceBox::new();
+static NVML: OnceBox<Handle> = OnceBox::new();
 
 fn open(name: &CStr) -> Handle {
     // SAFETY: dlopen with a NUL-terminated soname. This is glibc's dlopen: the
@@ -70,8 +72,8 @@ fn open(name: &CStr) -> Handle {
 /// The real library's handle, opened on first use (null if it cannot be loaded).
 pub fn handle(lib: Lib) -> *mut c_void {
     match lib {
-        Lib::Cuda => CUDA.get_or_init(|| open(c"libcuda.so.1")).0,
-        Lib::Nvml => NVML.get_or_init(|| open(c"libnvidia-ml.so.1")).0,
+        Lib::Cuda => CUDA.get_or_init(|| Box::new(open(c"libcuda.so.1"))).0,
+        Lib::Nvml => NVML.get_or_init(|| Box::new(open(c"libnvidia-ml.so.1"))).0,
     }
 }
 
@@ -100,14 +102,19 @@ pub fn addr(lib: Lib, name: &CStr) -> usize {
 pub struct RealFn<F> {
     name: &'static str,
     lib: Lib,
-    cell: OnceLock<usize>,
+    /// [`UNRESOLVED`], [`ABSENT`], or the address.
+    cell: AtomicUsize,
     _f: std::marker::PhantomData<F>,
 }
+
+const UNRESOLVED: usize = 0;
+/// Resolved, and the real library lacks it (no function lives at address 1).
+const ABSENT: usize = 1;
 
 impl<F: Copy> RealFn<F> {
     /// `name` must end with a NUL byte.
     pub const fn new(name: &'static str, lib: Lib) -> Self {
-        RealFn { name, lib, cell: OnceLock::new(), _f: std::marker::PhantomData }
+        RealFn { name, lib, cell: AtomicUsize::new(UNRESOLVED), _f: std::marker::PhantomData }
     }
 
     /// The symbol name without its NUL.
@@ -117,10 +124,18 @@ impl<F: Copy> RealFn<F> {
 
     /// The real function's address, 0 when the real library lacks it.
     pub fn addr(&self) -> usize {
-        *self.cell.get_or_init(|| match CStr::from_bytes_with_nul(self.name.as_bytes()) {
-            Ok(n) => addr(self.lib, n),
-            Err(_) => 0,
-        })
+        match self.cell.load(Ordering::Acquire) {
+            UNRESOLVED => {
+                let a = match CStr::from_bytes_with_nul(self.name.as_bytes()) {
+                    Ok(n) => addr(self.lib, n),
+                    Err(_) => 0,
+                };
+                self.cell.store(if a == 0 { ABSENT } else { a }, Ordering::Release);
+                a
+            }
+            ABSENT => 0,
+            a => a,
+        }
     }
 
     /// The real function, `None` when the real library lacks it.

@@ -1,7 +1,9 @@
 //! Per-process state: the slice this process runs in, its usage record, and
 //! the fail-closed decision.
 //!
-//! - Initialised lazily on the first intercepted call (no constructor), once.
+//! - Initialised lazily on the first intercepted call (no constructor), in a
+//!   non-blocking `once_cell::race` cell (racing first calls may each attach;
+//!   one attachment is kept), so a fork never inherits a half-done init.
 //! - If the slice table is missing, corrupt or of another ABI version, every
 //!   intercepted CUDA entry point returns `CUDA_ERROR_NOT_INITIALIZED` and
 //!   every NVML one `NVML_ERROR_UNINITIALIZED`, and one line on stderr says
@@ -14,7 +16,7 @@ use crate::util::{SpinLock, say, say_once};
 use egpu_abi::{ChargeError, LimitsReader, ProcSlot, SliceState, UsageFile, paths};
 use egpu_cuda::{CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_OUT_OF_MEMORY, CUresult, NVML_ERROR_UNINITIALIZED, nvmlReturn_t};
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use once_cell::race::OnceBox;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 /// Status every CUDA entry point returns when the hook fails closed.
@@ -37,15 +39,31 @@ enum Init {
     Failed(String),
 }
 
-static STATE: OnceLock<Init> = OnceLock::new();
+static STATE: OnceBox<Init> = OnceBox::new();
+static ATFORK: AtomicBool = AtomicBool::new(false);
 static SAID_FAILED: AtomicBool = AtomicBool::new(false);
 const NO_SLOT: usize = usize::MAX;
 static SLOT: AtomicUsize = AtomicUsize::new(NO_SLOT);
 static CLAIM: SpinLock<()> = SpinLock::new(());
 
-fn init() -> Init {
-    // SAFETY: registers a plain extern "C" handler; pthread_atfork has no other precondition.
-    unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+/// Attaches to the slice. Racing first calls (or a child forked while its
+/// parent was attaching) may each run this; one result is kept, the others
+/// are dropped (their mappings and descriptors closed).
+fn init() -> Box<Init> {
+    // Debug builds only: hold the first attachment for a while, so that the
+    // fork test can fork while another thread is inside it.
+    #[cfg(debug_assertions)]
+    if let Some(ms) = std::env::var("EGPU_HOOK_TEST_INIT_DELAY_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+    if !ATFORK.swap(true, Ordering::AcqRel) {
+        // SAFETY: registers a plain extern "C" handler; pthread_atfork has no other precondition.
+        unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+    }
+    Box::new(attach())
+}
+
+fn attach() -> Init {
     let dir = std::env::var_os(paths::SLICE_DIR_ENV).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(paths::CONTAINER_SLICE_DIR));
     let how = "run the workload through `egpu run`/`egpu exec` (or set EGPU_SLICE_DIR to <run-dir>/slices/<name>); libegpu never runs a GPU workload without limits";
     let limits = match LimitsReader::open(&paths::limits_path(&dir)) {

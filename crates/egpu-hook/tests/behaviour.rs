@@ -172,6 +172,25 @@ fn a_fork_child_claims_its_own_record() {
 }
 
 #[test]
+fn a_child_forked_while_the_parent_attaches_does_not_block() {
+    // Another thread of the parent is inside its first driver call (the
+    // debug libegpu.so holds its attachment for 1.5 s) when the process
+    // forks. The child has no such thread: with a blocking once-cell it
+    // would wait for it forever.
+    let w = World::new("1x4GiB");
+    let s = w.slice("forkinit", &[(0, GIB)]);
+    let mut c = w.probe(&s, &["fork", "--size", "64MiB", "--during-init", "--child-timeout-s", "20"]);
+    c.env("EGPU_HOOK_TEST_INIT_DELAY_MS", "1500");
+    let d = run(c);
+    let done = d.event("parent-done");
+    assert_eq!(done["child_blocked"], false, "{:?} {}", d.lines, d.stderr);
+    assert_eq!(d.code, 0, "{:?} {}", d.lines, d.stderr);
+    assert_eq!(d.event("child")["ok"], true);
+    assert_eq!(done["first_call_ok"], true);
+    assert_eq!(s.used(0), 0);
+}
+
+#[test]
 fn a_crashed_process_is_swept_when_memory_runs_short() {
     let w = World::new("1x4GiB");
     let s = w.slice("crash", &[(0, 512 * MIB)]);

@@ -33,9 +33,10 @@ crate::detour::hooks! {
 /// Device-wide used memory of the device with `uuid` from the real NVML (for
 /// measuring context cost), initialising the real NVML once for the hook.
 pub fn real_used(uuid: &str) -> Option<u64> {
-    static INIT: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    // Racing first calls may both initialise; NVML counts its inits.
+    static INIT: once_cell::race::OnceBool = once_cell::race::OnceBool::new();
     // SAFETY: nvmlInit_v2 takes no arguments.
-    let ok = *INIT.get_or_init(|| hooked::nvmlInit_v2.get().is_some_and(|f| unsafe { f() } == NVML_SUCCESS));
+    let ok = INIT.get_or_init(|| hooked::nvmlInit_v2.get().is_some_and(|f| unsafe { f() } == NVML_SUCCESS));
     if !ok {
         return None;
     }

@@ -29,6 +29,14 @@ pub struct ForkArgs {
     /// allow the child to use CUDA then; the simulated GPU does).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     parent_cuda: bool,
+    /// Fork while another thread makes the process's first driver call
+    /// (with a debug libegpu.so and EGPU_HOOK_TEST_INIT_DELAY_MS, while it
+    /// is attaching to the slice); implies --parent-cuda false.
+    #[arg(long)]
+    during_init: bool,
+    /// Give up on the child after this many seconds (reported as blocked).
+    #[arg(long, default_value_t = 20)]
+    child_timeout_s: u64,
 }
 
 pub fn export(api: Api, g: &Global, a: ExportArgs) -> i32 {
@@ -69,10 +77,30 @@ pub fn import(api: Api, g: &Global, a: ImportArgs) -> i32 {
     exit::OK
 }
 
-pub fn fork(api: Api, g: &Global, a: ForkArgs) -> i32 {
+pub fn fork(load: &dyn Fn() -> Api, g: &Global, a: ForkArgs) -> i32 {
     let mut held = None;
-    let cu = if a.parent_cuda {
-        let cu = setup(api, g.device, g.own_ctx);
+    let mut first_call = None;
+    if a.during_init {
+        let entered = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let e = entered.clone();
+        let (via, ptds) = (g.via, g.ptds);
+        first_call = Some(std::thread::spawn(move || {
+            // Loading the driver may already be the first call into the hook
+            // (its dlsym), so the flag goes up before it.
+            e.store(true, std::sync::atomic::Ordering::SeqCst);
+            let api = egpu_workloads::via::load(via, ptds, &crate::direct::table());
+            call!(api, cuInit(0)).is_ok()
+        }));
+        while !entered.load(std::sync::atomic::Ordering::SeqCst) {
+            std::thread::yield_now();
+        }
+        // Margin for the thread to get from the flag into the hook's
+        // attachment (held there by EGPU_HOOK_TEST_INIT_DELAY_MS); were it
+        // too short the fork would merely happen before the first call.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let cu = if a.parent_cuda && !a.during_init {
+        let cu = setup(load(), g.device, g.own_ctx);
         let mut p: CUdeviceptr = 0;
         call!(cu.api, cuMemAlloc_v2(&mut p, a.size as usize)).unwrap_or_else(|e| die(e, exit::FAILED));
         held = Some(p);
@@ -96,13 +124,27 @@ pub fn fork(api: Api, g: &Global, a: ForkArgs) -> i32 {
         std::process::exit(if r.is_ok() { exit::OK } else { exit::FAILED });
     }
     let mut status = 0;
-    // SAFETY: waits for the child we forked.
-    unsafe { libc::waitpid(pid, &mut status, 0) };
-    let child_ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(a.child_timeout_s);
+    let mut blocked = false;
+    // SAFETY: polls the child we forked.
+    while unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) } == 0 {
+        if std::time::Instant::now() > deadline {
+            blocked = true;
+            // SAFETY: kills and reaps our own child.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, &mut status, 0);
+            }
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let child_ok = !blocked && libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    let first_call_ok = first_call.map(|t| t.join().unwrap_or(false));
     if let (Some(cu), Some(p)) = (&cu, held) {
         let _ = call!(cu.api, cuMemFree_v2(p));
     }
-    emit(json!({"event": "parent-done", "child_ok": child_ok, "mem": cu.as_ref().map(|c| c.mem_info())}));
+    emit(json!({"event": "parent-done", "child_ok": child_ok, "child_blocked": blocked, "first_call_ok": first_call_ok, "mem": cu.as_ref().map(|c| c.mem_info())}));
     if let Some(c) = &cu {
         c.teardown(g.own_ctx);
     }

@@ -66,7 +66,12 @@ enum Cmd {
 fn main() {
     let cli = Cli::parse();
     let direct = if cli.g.via == Via::Direct { direct::table() } else { Vec::new() };
-    let api = via::load(cli.g.via, cli.g.ptds, &direct);
+    let load = || via::load(cli.g.via, cli.g.ptds, &direct);
+    // `fork --during-init` must make its process's first driver call itself.
+    if let Cmd::Fork(a) = cli.cmd {
+        std::process::exit(ipc::fork(&load, &cli.g, a));
+    }
+    let api = load();
     let code = match cli.cmd {
         Cmd::Info => info::run(api, &cli.g),
         Cmd::Alloc(a) => alloc::run(api, &cli.g, a),
@@ -74,7 +79,7 @@ fn main() {
         Cmd::Churn(a) => loops::churn(api, &cli.g, a),
         Cmd::IpcExport(a) => ipc::export(api, &cli.g, a),
         Cmd::IpcImport(a) => ipc::import(api, &cli.g, a),
-        Cmd::Fork(a) => ipc::fork(api, &cli.g, a),
+        Cmd::Fork(_) => unreachable!("handled above"),
         Cmd::Bench(a) => bench::run(api, &cli.g, a),
     };
     std::process::exit(code);
