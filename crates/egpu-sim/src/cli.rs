@@ -117,6 +117,76 @@ pub struct SimulateArgs {
     /// Elastic: adopt a re-pack only when it frees at least this many GPUs.
     #[arg(long, default_value_t = 1)]
     pub repack_gain: usize,
+    /// Elastic: skip the fixed-fleet strategy (`elastic-fleet`).
+    #[arg(long)]
+    pub no_fleet: bool,
+    /// Elastic fleet: evaluate this many GPUs instead of searching for the
+    /// smallest fleet within --fleet-budget.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub fleet_gpus: Option<u32>,
+    /// Elastic fleet: violation budget, fraction of pod-minutes (0.01 = 1%).
+    #[arg(long, default_value_t = 0.01, value_parser = fraction, allow_negative_numbers = true)]
+    pub fleet_budget: f64,
+    /// Elastic fleet: base memory = peak of this many past minutes …
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub fleet_mem_window: u32,
+    /// Elastic fleet: … × (1 + this) …
+    #[arg(long, default_value_t = 0.0, value_parser = non_negative, allow_negative_numbers = true)]
+    pub fleet_mem_headroom: f64,
+    /// Elastic fleet: … + this many GiB.
+    #[arg(long, default_value_t = 0.0, value_parser = non_negative, allow_negative_numbers = true)]
+    pub fleet_mem_floor_gib: f64,
+    /// Elastic fleet: base compute share = this quantile (0 < q ≤ 1; 1 = peak) …
+    #[arg(long, default_value_t = 0.5, value_parser = positive_fraction, allow_negative_numbers = true)]
+    pub fleet_compute_quantile: f64,
+    /// Elastic fleet: … of this many past minutes of duty.
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub fleet_compute_window: u32,
+    /// Elastic fleet: how a GPU's spare memory and compute go to its pods:
+    /// equal, base (in proportion to the base slice), volatility (to the
+    /// largest recent one-minute rise) or reach (first what brings each pod
+    /// back to its peak of the last --fleet-vol-window minutes, then equally).
+    #[arg(long, default_value = "reach", value_parser = ["equal", "base", "volatility", "reach"])]
+    pub fleet_share: String,
+    /// Elastic fleet: minutes of history for --fleet-share volatility.
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub fleet_vol_window: u32,
+    /// Elastic fleet: at most this many rebalancing moves per resize (from
+    /// the GPU with the least spare memory to the one with the most) …
+    #[arg(long, default_value_t = 0)]
+    pub fleet_rebalance: usize,
+    /// Elastic fleet: … while the least spare memory is below this, GiB.
+    #[arg(long, default_value_t = 0.0, value_parser = non_negative, allow_negative_numbers = true)]
+    pub fleet_min_spare_gib: f64,
+    /// Elastic fleet: compute-risk window, minutes (0 = off): a GPU's risk
+    /// is how many of these past minutes its pods' summed duty exceeded
+    /// 100%; placement prefers GPUs with little risk.
+    #[arg(long, default_value_t = 0)]
+    pub fleet_risk_window: usize,
+    /// Elastic fleet: weight of the risk (saturated fraction of the window)
+    /// against the room left (fraction of a GPU) when placing a pod.
+    #[arg(long, default_value_t = 1.0, value_parser = non_negative, allow_negative_numbers = true)]
+    pub fleet_risk_weight: f64,
+    /// Elastic fleet: at most this many moves per resize off the riskiest
+    /// GPU, each only if it lowers the summed risk.
+    #[arg(long, default_value_t = 0)]
+    pub fleet_risk_moves: usize,
+}
+
+fn number(s: &str) -> Result<f64, String> {
+    s.parse::<f64>().ok().filter(|v| v.is_finite()).ok_or_else(|| format!("'{s}' is not a finite number"))
+}
+
+fn non_negative(s: &str) -> Result<f64, String> {
+    number(s).and_then(|v| if v >= 0.0 { Ok(v) } else { Err(format!("{v} is negative")) })
+}
+
+fn fraction(s: &str) -> Result<f64, String> {
+    number(s).and_then(|v| if (0.0..=1.0).contains(&v) { Ok(v) } else { Err(format!("{v} is not between 0 and 1")) })
+}
+
+fn positive_fraction(s: &str) -> Result<f64, String> {
+    fraction(s).and_then(|v| if v > 0.0 { Ok(v) } else { Err("must be above 0".into()) })
 }
 
 /// Run `egpu simulate`.
@@ -238,10 +308,26 @@ fn run_elastic(args: &SimulateArgs) -> Result<()> {
         "repack" => elastic::Moves::Repack,
         m => bail!("unknown --moves '{m}': use none, evict or repack"),
     };
+    let fleet = (!args.no_fleet).then(|| elastic::FleetConfig {
+        mem_window: args.fleet_mem_window as usize,
+        mem_headroom: args.fleet_mem_headroom,
+        mem_floor_gib: args.fleet_mem_floor_gib,
+        compute_quantile: args.fleet_compute_quantile,
+        compute_window: args.fleet_compute_window as usize,
+        share: elastic::Share::parse(&args.fleet_share).unwrap_or(elastic::Share::Reach),
+        vol_window: args.fleet_vol_window as usize,
+        min_spare_gib: args.fleet_min_spare_gib,
+        rebalance: args.fleet_rebalance,
+        risk_window: args.fleet_risk_window,
+        risk_weight: args.fleet_risk_weight,
+        risk_moves: args.fleet_risk_moves,
+        budget: args.fleet_budget,
+        gpus: args.fleet_gpus.map(|n| n as usize),
+    });
     let evals: Vec<_> = args
         .gpu_mem_gib
         .iter()
-        .map(|&g| elastic::evaluate(&usage, ElasticConfig { gpu_mem_gib: g, resize_every: args.resize_every, window: args.window, headroom: args.headroom, compute_floor: args.compute_floor, mem_floor_gib: args.mem_floor_gib, moves, compute_quantile: (args.compute_quantile > 0.0).then_some(args.compute_quantile), compute_window: args.compute_window, gpu_risk: (args.gpu_risk_quantile > 0.0).then_some(elastic::GpuRisk { window: args.gpu_risk_window, quantile: args.gpu_risk_quantile }), repack_gain: args.repack_gain, mem_headroom: args.mem_headroom }))
+        .map(|&g| elastic::evaluate(&usage, ElasticConfig { gpu_mem_gib: g, resize_every: args.resize_every, window: args.window, headroom: args.headroom, compute_floor: args.compute_floor, mem_floor_gib: args.mem_floor_gib, moves, compute_quantile: (args.compute_quantile > 0.0).then_some(args.compute_quantile), compute_window: args.compute_window, gpu_risk: (args.gpu_risk_quantile > 0.0).then_some(elastic::GpuRisk { window: args.gpu_risk_window, quantile: args.gpu_risk_quantile }), repack_gain: args.repack_gain, mem_headroom: args.mem_headroom, fleet }))
         .collect();
     let md = elastic::write_report(&args.out, "genai-2026 (Alibaba clusterdata, CC BY 4.0)", &evals).context("writing the elastic report")?;
     println!("{md}\nreport in {}", args.out.display());

@@ -27,10 +27,11 @@
 //! violation minute is a pod-minute whose duty cycle or memory exceeded its
 //! slice; refused memory is what it used beyond its slice.
 
+use super::fleet::{self, FleetConfig, FleetSearch};
 use super::load::Usage;
 use serde::Serialize;
 
-const GIB: f64 = (1u64 << 30) as f64;
+pub(super) const GIB: f64 = (1u64 << 30) as f64;
 
 /// Elastic policy and GPU size.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -61,6 +62,10 @@ pub struct ElasticConfig {
     /// Adopt a first-fit-decreasing re-pack only when it needs at least
     /// this many fewer GPUs than the current placement (1: any saving).
     pub repack_gain: usize,
+    /// Also evaluate a fixed fleet with pooled headroom
+    /// ([`super::fleet`]), searching for the smallest fleet within its
+    /// violation budget between the lower bound and exclusive's GPUs.
+    pub fleet: Option<FleetConfig>,
 }
 
 /// The per-GPU compute check of [`ElasticConfig::gpu_risk`].
@@ -74,7 +79,7 @@ pub struct GpuRisk {
 
 impl Default for ElasticConfig {
     fn default() -> Self {
-        ElasticConfig { gpu_mem_gib: 80.0, resize_every: 1, window: 5, headroom: 0.0, compute_floor: 0.0, mem_floor_gib: 0.0, moves: Moves::Repack, compute_quantile: Some(0.8), compute_window: None, gpu_risk: None, repack_gain: 1, mem_headroom: None }
+        ElasticConfig { gpu_mem_gib: 80.0, resize_every: 1, window: 5, headroom: 0.0, compute_floor: 0.0, mem_floor_gib: 0.0, moves: Moves::Repack, compute_quantile: Some(0.8), compute_window: None, gpu_risk: None, repack_gain: 1, mem_headroom: None, fleet: None }
     }
 }
 
@@ -107,19 +112,21 @@ pub struct Evaluation {
     pub lower_bound: usize,
     pub lower_bound_exact: f64,
     pub outcomes: Vec<Outcome>,
+    /// The fleet sizes tried for `elastic-fleet`, if evaluated.
+    pub fleet: Option<FleetSearch>,
     #[serde(skip)]
     pub lower_bound_series: Vec<f64>,
 }
 
 /// Usage with gaps filled: within a pod's life a missing sample repeats the
 /// last one (0 before the first); outside its life the pod is absent.
-struct Filled {
-    duty: Vec<Vec<f64>>,
-    mem: Vec<Vec<f64>>,
-    life: Vec<Option<(usize, usize)>>,
+pub(super) struct Filled {
+    pub(super) duty: Vec<Vec<f64>>,
+    pub(super) mem: Vec<Vec<f64>>,
+    pub(super) life: Vec<Option<(usize, usize)>>,
 }
 
-fn fill(u: &Usage) -> Filled {
+pub(super) fn fill(u: &Usage) -> Filled {
     let n = u.pods.len();
     let mut f = Filled { duty: vec![vec![0.0; u.minutes]; n], mem: vec![vec![0.0; u.minutes]; n], life: vec![None; n] };
     for i in 0..n {
@@ -143,7 +150,7 @@ fn fill(u: &Usage) -> Filled {
     f
 }
 
-fn alive(f: &Filled, i: usize, t: usize) -> bool {
+pub(super) fn alive(f: &Filled, i: usize, t: usize) -> bool {
     f.life[i].is_some_and(|(a, b)| a <= t && t <= b)
 }
 
@@ -421,7 +428,7 @@ fn run_slices_with(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, moves
 }
 
 /// The `q` quantile (0..=1, nearest rank) of `xs`.
-fn quantile(xs: &[f64], q: f64) -> f64 {
+pub(super) fn quantile(xs: &[f64], q: f64) -> f64 {
     let mut v = xs.to_vec();
     v.sort_by(f64::total_cmp);
     let k = ((q.clamp(0.0, 1.0) * v.len() as f64).ceil() as usize).clamp(1, v.len().max(1));
@@ -492,10 +499,24 @@ pub fn evaluate(u: &Usage, cfg: ElasticConfig) -> Evaluation {
         },
         "oracle-next-period",
     );
-    let mut outcomes: Vec<Outcome> = [exclusive, static_peak, elastic, pinned, oracle].into_iter().map(|o| finish(o, &total_duty)).collect();
+    let lb = lb_exact.ceil() as usize;
+    let exclusive = finish(exclusive, &total_duty);
+    let fleet = cfg.fleet.map(|fc| match fc.gpus {
+        Some(n) => {
+            let r = fleet::run(&f, u.minutes, g, every, n, &fc);
+            let frac = r.outcome.violation_minutes as f64 / r.outcome.pod_minutes.max(1) as f64;
+            (r.outcome, FleetSearch { gpus: n, overflow_pod_minutes: r.overflow_minutes, saturated_gpu_minutes: r.saturated_gpu_minutes, met: frac <= fc.budget, tried: vec![(n, frac)] })
+        }
+        None => {
+            let (r, s) = fleet::search(&f, u.minutes, g, every, lb, exclusive.gpus.max(lb), &fc);
+            (r.outcome, s)
+        }
+    });
+    let (fleet_outcome, fleet_search) = fleet.unzip();
+    let mut outcomes: Vec<Outcome> = [exclusive, static_peak, elastic, pinned, oracle].into_iter().chain(fleet_outcome).map(|o| finish(o, &total_duty)).collect();
     let base = outcomes[0].gpus as f64;
     for o in &mut outcomes {
         o.saving_vs_exclusive = if o.gpus > 0 { base / o.gpus as f64 } else { 0.0 };
     }
-    Evaluation { config: cfg, pods: n, minutes: u.minutes, lower_bound: lb_exact.ceil() as usize, lower_bound_exact: lb_exact, outcomes, lower_bound_series: lb_series }
+    Evaluation { config: cfg, pods: n, minutes: u.minutes, lower_bound: lb, lower_bound_exact: lb_exact, outcomes, fleet: fleet_search, lower_bound_series: lb_series }
 }

@@ -7,9 +7,11 @@
 //! [`write_report`] writes the table, JSON and a chart.
 
 pub mod eval;
+pub mod fleet;
 pub mod load;
 
 pub use eval::{ElasticConfig, Evaluation, GpuRisk, Moves, Outcome, evaluate};
+pub use fleet::{FleetConfig, FleetRun, FleetSearch, Share, run_fleet, search_fleet};
 pub use load::{Usage, UsageError};
 
 use crate::report::{ReportError, line_chart};
@@ -28,6 +30,9 @@ pub fn table(evals: &[Evaluation]) -> String {
         let el = e.outcomes.iter().find(|o| o.strategy == "elastic").map_or(0, |o| o.gpus) as f64;
         let _ = writeln!(s, "| {} GiB | lower bound | {} ({:.2}) | | | | | | | {:.2}× |", e.config.gpu_mem_gib, e.lower_bound, e.lower_bound_exact, e.outcomes[0].gpus as f64 / lb.max(1.0));
         let _ = writeln!(s, "| {} GiB | elastic ÷ lower bound | {:.3} | | | | | | | |", e.config.gpu_mem_gib, el / lb.max(1.0));
+        if let Some(f) = &e.fleet {
+            let _ = writeln!(s, "| {} GiB | elastic-fleet ÷ lower bound | {:.3} | | | | | | | |", e.config.gpu_mem_gib, f.gpus as f64 / lb.max(1.0));
+        }
     }
     s
 }
@@ -41,6 +46,13 @@ pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<St
         let _ = write!(md, "{} pods, {} minutes. Elastic: resize every {} min; memory from the last {} min, headroom {:.0}%, floor {:.1} GiB; compute from the last {} min, headroom {:.0}%, floor {:.2} GPU. Slices decided at minute t see samples up to t − 1.\n\nConfig: `{:?}`\n\n", e.pods, e.minutes, c.resize_every, c.window, 100.0 * c.mem_headroom.unwrap_or(c.headroom), c.mem_floor_gib, c.compute_window.unwrap_or(c.window), 100.0 * c.headroom, c.compute_floor, c);
     }
     md.push_str(&table(evals));
+    for e in evals {
+        if let Some(f) = &e.fleet {
+            let tried: Vec<String> = f.tried.iter().map(|(n, v)| format!("{n}: {:.3}%", 100.0 * v)).collect();
+            let verdict = if f.met { format!("smallest within {:.2}%", 100.0 * e.config.fleet.map_or(0.0, |c| c.budget)) } else { "budget NOT met".to_string() };
+            let _ = write!(md, "\nelastic-fleet, {} GiB: {} GPUs ({verdict}; {} pod-minutes on a GPU whose base slices did not fit, {} GPU-minutes with summed duty above 100%); fleet sizes tried (GPUs: violation pod-minutes): {}\n", e.config.gpu_mem_gib, f.gpus, f.overflow_pod_minutes, f.saturated_gpu_minutes, tried.join(", "));
+        }
+    }
     let w = |p: &Path, t: &str| std::fs::write(p, t).map_err(|e| ReportError::Io { path: p.display().to_string(), source: e });
     w(&dir.join("elastic.md"), &md)?;
     w(&dir.join("elastic.json"), &serde_json::to_string_pretty(evals)?)?;

@@ -1,0 +1,448 @@
+//! **Elastic fleet**: a fixed number of GPUs, with the capacity the pods'
+//! base slices leave free handed out to them as headroom.
+//!
+//! The window-peak strategy of [`super::eval`] needs as many GPUs as its
+//! busiest minute, and every pod carries its own memory margin at all
+//! times. An operator's cluster instead has a fixed number N of GPUs, and
+//! whatever the base slices leave free on a GPU is idle anyway: here it
+//! becomes headroom, shared by the pods of that GPU.
+//!
+//! At every resize point (each `resize_every` minutes), decided only from
+//! samples up to t − 1 (a pod's first minute uses its first sample as its
+//! arrival request, as everywhere else):
+//!
+//! 1. each live pod gets a **base slice**: memory = peak of its last
+//!    [`FleetConfig::mem_window`] minutes × (1 + headroom) + floor (so never
+//!    below its last sample), compute = a quantile of its last
+//!    [`FleetConfig::compute_window`] minutes of duty;
+//! 2. base slices are **packed into the N GPUs**: a pod stays where it is
+//!    while its GPU holds the base slices; a GPU that no longer does sheds
+//!    the smallest pod whose departure makes it fit (else its largest, and
+//!    again), and shed pods and arrivals go to the GPU with the most room
+//!    left (balanced, so that every GPU keeps some spare). Optionally, up
+//!    to [`FleetConfig::rebalance`] pods a resize move from the GPU with the
+//!    least spare memory to the one with the most while its spare is below
+//!    [`FleetConfig::min_spare_gib`]. Every move of a placed pod is a
+//!    migration;
+//! 3. the memory and compute share each GPU has left after its base slices
+//!    are **handed out** to its pods ([`Share`]): equally, in proportion to
+//!    the base, or in proportion to the pod's recent volatility (largest
+//!    one-minute memory rise, largest duty above its base share). The
+//!    limits on a GPU sum to exactly its capacity, never more.
+//!
+//! A GPU whose base slices do not fit (no GPU had room) has its limits
+//! scaled down to its capacity; the pods stay and their misses count.
+//! Violations are counted against the final limits exactly as for the
+//! other strategies. [`search`] finds the smallest N whose violation
+//! pod-minutes are within a budget.
+
+use super::eval::{Filled, GIB, Outcome, alive, quantile};
+use serde::Serialize;
+
+/// How a GPU's spare capacity is handed out to its pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Share {
+    /// The same amount to every pod on the GPU.
+    Equal,
+    /// In proportion to the pod's base slice.
+    Base,
+    /// In proportion to the pod's recent volatility: its largest
+    /// one-minute memory rise (and, for compute, its largest duty above its
+    /// base share) over the last [`FleetConfig::vol_window`] minutes.
+    Volatility,
+    /// First, water-filled, what would bring each pod back to its peak of
+    /// the last [`FleetConfig::vol_window`] minutes (memory and duty);
+    /// what is left after that, equally.
+    Reach,
+}
+
+impl Share {
+    /// Parse `equal`, `base` or `volatility`.
+    pub fn parse(s: &str) -> Option<Share> {
+        match s {
+            "equal" => Some(Share::Equal),
+            "base" => Some(Share::Base),
+            "volatility" => Some(Share::Volatility),
+            "reach" => Some(Share::Reach),
+            _ => None,
+        }
+    }
+}
+
+/// The fixed-fleet policy.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct FleetConfig {
+    /// Base memory = peak of this many past minutes …
+    pub mem_window: usize,
+    /// … × (1 + this) …
+    pub mem_headroom: f64,
+    /// … + this many GiB.
+    pub mem_floor_gib: f64,
+    /// Base compute share = this quantile (1 = peak) …
+    pub compute_quantile: f64,
+    /// … of this many past minutes of duty.
+    pub compute_window: usize,
+    /// How spare capacity is handed out.
+    pub share: Share,
+    /// Minutes of history for [`Share::Volatility`].
+    pub vol_window: usize,
+    /// Rebalance while the least spare memory of a GPU is below this, GiB.
+    pub min_spare_gib: f64,
+    /// At most this many rebalancing moves per resize (0: none).
+    pub rebalance: usize,
+    /// Compute-risk window, minutes (0: off). A GPU's risk is the number
+    /// of these past minutes in which its pods' summed duty exceeded one
+    /// GPU. Pods are placed on the GPU with the best room − `risk_weight`
+    /// × risk ÷ window, and up to `risk_moves` pods a resize move off the
+    /// riskiest GPU when that lowers the summed risk.
+    pub risk_window: usize,
+    pub risk_weight: f64,
+    pub risk_moves: usize,
+    /// Violation budget for [`search`], as a fraction of pod-minutes.
+    pub budget: f64,
+    /// Evaluate this fleet size instead of searching.
+    pub gpus: Option<usize>,
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        FleetConfig { mem_window: 10, mem_headroom: 0.0, mem_floor_gib: 0.0, compute_quantile: 0.5, compute_window: 5, share: Share::Reach, vol_window: 60, min_spare_gib: 0.0, rebalance: 0, risk_window: 0, risk_weight: 1.0, risk_moves: 0, budget: 0.01, gpus: None }
+    }
+}
+
+/// One fleet run's outcome and a check of its limits.
+#[derive(Debug, Clone)]
+pub struct FleetRun {
+    pub outcome: Outcome,
+    /// Largest Σ memory limits on one GPU in any minute, GiB.
+    pub max_gpu_mem_limits_gib: f64,
+    /// Largest Σ compute shares on one GPU in any minute.
+    pub max_gpu_shares: f64,
+    /// Pod-minutes whose base slices found no GPU with room (their GPU's
+    /// limits were scaled down).
+    pub overflow_minutes: u64,
+    /// GPU-minutes whose summed duty exceeded the GPU (each forces at
+    /// least one compute violation, whatever the shares).
+    pub saturated_gpu_minutes: u64,
+}
+
+/// The fleet sizes tried by [`search`] and their violation fractions.
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetSearch {
+    pub gpus: usize,
+    /// At that size: pod-minutes on a GPU whose base slices did not fit,
+    /// and GPU-minutes whose summed duty exceeded the GPU.
+    pub overflow_pod_minutes: u64,
+    pub saturated_gpu_minutes: u64,
+    /// Whether `gpus` meets the budget (false: none up to the cap did).
+    pub met: bool,
+    pub tried: Vec<(usize, f64)>,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Slice {
+    c: f64,
+    m: f64,
+}
+
+/// Base slice and volatility weights of pod `i` for minute `t`, from
+/// samples up to t − 1 (its first sample at its first minute).
+fn size(f: &Filled, cfg: &FleetConfig, gpu_mem: f64, i: usize, t: usize) -> (Slice, Slice) {
+    let start = f.life[i].map_or(t, |(a, _)| a);
+    let now = t.saturating_sub(1).max(start);
+    let from = |w: usize| start.max((now + 1).saturating_sub(w.max(1)));
+    let m = f.mem[i][from(cfg.mem_window)..=now].iter().copied().fold(0.0, f64::max) / GIB;
+    let span = &f.duty[i][from(cfg.compute_window)..=now];
+    let c = quantile(span, cfg.compute_quantile).min(1.0);
+    let base = Slice { c, m: (m * (1.0 + cfg.mem_headroom) + cfg.mem_floor_gib).min(gpu_mem) };
+    let v0 = from(cfg.vol_window);
+    let rise = (v0 + 1..=now).map(|s| f.mem[i][s] - f.mem[i][s - 1]).fold(0.0, f64::max) / GIB;
+    let burst = f.duty[i][v0..=now].iter().map(|d| d - c).fold(0.0, f64::max);
+    let weight = match cfg.share {
+        Share::Equal => Slice { c: 1.0, m: 1.0 },
+        // A small constant so that empty slices still get something.
+        Share::Base => Slice { c: base.c + 0.01, m: base.m + 0.25 },
+        Share::Volatility => Slice { c: burst + 0.01, m: rise + 0.25 },
+        Share::Reach => {
+            let pm = f.mem[i][v0..=now].iter().copied().fold(0.0, f64::max) / GIB;
+            let pc = f.duty[i][v0..=now].iter().copied().fold(0.0, f64::max);
+            Slice { c: (pc - base.c).max(0.0), m: (pm - base.m).max(0.0) }
+        }
+    };
+    (base, weight)
+}
+
+struct Fleet {
+    gpu_mem: f64,
+    gpus: Vec<Vec<usize>>,
+    gpu_of: Vec<Option<usize>>,
+}
+
+impl Fleet {
+    fn load(&self, g: usize, base: &[Slice]) -> Slice {
+        self.gpus[g].iter().fold(Slice::default(), |s, &p| Slice { c: s.c + base[p].c, m: s.m + base[p].m })
+    }
+    fn holds(&self, l: Slice) -> bool {
+        l.m <= self.gpu_mem + 1e-9 && l.c <= 1.0 + 1e-9
+    }
+    /// Room left after adding `s` (normalised; negative if it does not fit).
+    fn room(&self, l: Slice, s: Slice) -> f64 {
+        ((self.gpu_mem - l.m - s.m) / self.gpu_mem).min(1.0 - l.c - s.c)
+    }
+    fn size(&self, s: Slice) -> f64 {
+        (s.m / self.gpu_mem).max(s.c)
+    }
+    fn remove(&mut self, p: usize) {
+        if let Some(g) = self.gpu_of[p].take() {
+            self.gpus[g].retain(|&q| q != p);
+        }
+    }
+    /// The GPU with the most room left after taking `p`, less the compute
+    /// risk it would then carry (`risk(g)`: saturated fraction of the risk
+    /// window with `p` added, times the risk weight). A GPU that holds `p`'s
+    /// base slice wins over one that does not.
+    fn best(&self, p: usize, base: &[Slice], risk: &dyn Fn(usize) -> f64) -> usize {
+        let mut best = (false, f64::NEG_INFINITY, 0);
+        for g in 0..self.gpus.len() {
+            let r = self.room(self.load(g, base), base[p]);
+            let key = (r >= -1e-9, r - risk(g));
+            if (key.0 && !best.0) || (key.0 == best.0 && key.1 > best.1 + 1e-12) {
+                best = (key.0, key.1, g);
+            }
+        }
+        best.2
+    }
+}
+
+/// Summed duty of `pods` (and `extra`) over minutes `t − w .. t`, and the
+/// number of those minutes above one GPU. Only past samples are used.
+fn saturated(f: &Filled, pods: &[usize], extra: Option<usize>, without: Option<usize>, t: usize, w: usize) -> u32 {
+    let from = t.saturating_sub(w);
+    (from..t).filter(|&s| pods.iter().copied().chain(extra).filter(|&p| Some(p) != without).map(|p| f.duty[p][s]).sum::<f64>() > 1.0 + 1e-9).count() as u32
+}
+
+/// Hand out `cap − Σ base` to the pods in proportion to `w`; scale the
+/// bases down to `cap` when they exceed it.
+fn hand_out(pods: &[usize], base: impl Fn(usize) -> f64, w: impl Fn(usize) -> f64, cap: f64, reach: bool, out: &mut dyn FnMut(usize, f64)) {
+    let sum: f64 = pods.iter().map(|&p| base(p)).sum();
+    if sum > cap {
+        for &p in pods {
+            out(p, base(p) * cap / sum);
+        }
+        return;
+    }
+    let spare = cap - sum;
+    if reach {
+        // Water-fill the needs `w` up to a common level λ, then the rest equally.
+        let need_sum: f64 = pods.iter().map(|&p| w(p)).sum();
+        let level = if need_sum <= spare {
+            f64::INFINITY
+        } else {
+            let mut needs: Vec<f64> = pods.iter().map(|&p| w(p)).collect();
+            needs.sort_by(f64::total_cmp);
+            let (mut left, mut level) = (spare, 0.0);
+            for (k, &d) in needs.iter().enumerate() {
+                let rest = (needs.len() - k) as f64;
+                if d * rest >= left {
+                    level = left / rest;
+                    break;
+                }
+                left -= d;
+            }
+            level
+        };
+        let given: f64 = pods.iter().map(|&p| w(p).min(level)).sum();
+        let extra = (spare - given).max(0.0) / pods.len().max(1) as f64;
+        for &p in pods {
+            out(p, base(p) + w(p).min(level) + extra);
+        }
+        return;
+    }
+    let wsum: f64 = pods.iter().map(|&p| w(p)).sum();
+    for &p in pods {
+        let extra = if wsum > 0.0 { spare * w(p) / wsum } else { spare / pods.len() as f64 };
+        out(p, base(p) + extra);
+    }
+}
+
+/// Run the fixed fleet of `n` GPUs over the whole trace.
+// `i` indexes the usage, the slices and the fleet together.
+#[allow(clippy::needless_range_loop)]
+pub(super) fn run(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, cfg: &FleetConfig) -> FleetRun {
+    let pods = f.life.len();
+    let n = n.max(1);
+    let every = every.max(1);
+    let mut fl = Fleet { gpu_mem, gpus: vec![Vec::new(); n], gpu_of: vec![None; pods] };
+    let (mut base, mut weight, mut limit) = (vec![Slice::default(); pods], vec![Slice::default(); pods], vec![Slice::default(); pods]);
+    let mut out = Outcome { strategy: "elastic-fleet".into(), gpus: n, utilization: 0.0, violation_minutes: 0, mem_violation_minutes: 0, pod_minutes: 0, refused_mem_gib_minutes: 0.0, max_refused_gib: 0.0, migrations: 0, saving_vs_exclusive: 0.0, in_use: Vec::with_capacity(minutes) };
+    let mut run = FleetRun { outcome: Outcome { in_use: Vec::new(), ..out.clone() }, max_gpu_mem_limits_gib: 0.0, max_gpu_shares: 0.0, overflow_minutes: 0, saturated_gpu_minutes: 0 };
+    for t in 0..minutes {
+        let resize = t % every == 0;
+        let mut to_place: Vec<(usize, Option<usize>)> = Vec::new();
+        for i in 0..pods {
+            match (fl.gpu_of[i], alive(f, i, t)) {
+                (Some(_), false) => fl.remove(i),
+                (None, true) => {
+                    (base[i], weight[i]) = size(f, cfg, gpu_mem, i, t);
+                    to_place.push((i, None));
+                }
+                (Some(_), true) if resize => (base[i], weight[i]) = size(f, cfg, gpu_mem, i, t),
+                _ => {}
+            }
+        }
+        // A GPU that no longer holds its base slices sheds pods: the
+        // smallest one whose departure is enough, else its largest.
+        for g in 0..n {
+            loop {
+                let l = fl.load(g, &base);
+                if fl.holds(l) || fl.gpus[g].len() <= 1 {
+                    break;
+                }
+                let mut by_size = fl.gpus[g].clone();
+                by_size.sort_by(|&a, &b| fl.size(base[a]).total_cmp(&fl.size(base[b])).then(a.cmp(&b)));
+                let enough = by_size.iter().copied().find(|&p| fl.holds(Slice { c: l.c - base[p].c, m: l.m - base[p].m }));
+                let Some(p) = enough.or(by_size.last().copied()) else { break };
+                fl.remove(p);
+                to_place.push((p, Some(g)));
+            }
+        }
+        to_place.sort_by(|a, b| fl.size(base[b.0]).total_cmp(&fl.size(base[a.0])).then(a.0.cmp(&b.0)));
+        for &(p, from) in &to_place {
+            // Shed pods that fit nowhere go back where they were (no move).
+            let rw = cfg.risk_window;
+            let risk = |g: usize| if rw == 0 { 0.0 } else { cfg.risk_weight * f64::from(saturated(f, &fl.gpus[g], Some(p), None, t, rw)) / rw as f64 };
+            let g = fl.best(p, &base, &risk);
+            let fits = fl.room(fl.load(g, &base), base[p]) >= -1e-9;
+            let g = match from {
+                Some(h) if !fits => h,
+                _ => g,
+            };
+            if from.is_some_and(|h| h != g) {
+                out.migrations += 1;
+            }
+            fl.gpus[g].push(p);
+            fl.gpu_of[p] = Some(g);
+        }
+        if resize && cfg.risk_window > 0 {
+            let rw = cfg.risk_window;
+            for _ in 0..cfg.risk_moves {
+                let risks: Vec<u32> = (0..n).map(|g| saturated(f, &fl.gpus[g], None, None, t, rw)).collect();
+                let Some(worst) = (0..n).max_by_key(|&g| (risks[g], std::cmp::Reverse(g))) else { break };
+                if risks[worst] == 0 {
+                    break;
+                }
+                // The move off the riskiest GPU that lowers the summed risk most.
+                let mut pick: Option<(i64, usize, usize)> = None;
+                for &p in &fl.gpus[worst] {
+                    let left = i64::from(saturated(f, &fl.gpus[worst], None, Some(p), t, rw));
+                    for h in (0..n).filter(|&h| h != worst) {
+                        // Never at the cost of memory balance: the target
+                        // keeps at least the room the source had.
+                        if fl.room(fl.load(h, &base), base[p]) < fl.room(fl.load(worst, &base), Slice::default()).max(0.0) {
+                            continue;
+                        }
+                        let delta = left + i64::from(saturated(f, &fl.gpus[h], Some(p), None, t, rw)) - i64::from(risks[worst]) - i64::from(risks[h]);
+                        if delta < 0 && pick.is_none_or(|(d, _, _)| delta < d) {
+                            pick = Some((delta, p, h));
+                        }
+                    }
+                }
+                let Some((_, p, h)) = pick else { break };
+                fl.remove(p);
+                fl.gpus[h].push(p);
+                fl.gpu_of[p] = Some(h);
+                out.migrations += 1;
+            }
+        }
+        if resize {
+            for _ in 0..cfg.rebalance {
+                let spare = |fl: &Fleet, g: usize| gpu_mem - fl.load(g, &base).m;
+                let lo = (0..n).min_by(|&a, &b| spare(&fl, a).total_cmp(&spare(&fl, b))).unwrap_or(0);
+                let hi = (0..n).max_by(|&a, &b| spare(&fl, a).total_cmp(&spare(&fl, b)).then(b.cmp(&a))).unwrap_or(0);
+                let (s_lo, s_hi) = (spare(&fl, lo), spare(&fl, hi));
+                if s_lo >= cfg.min_spare_gib || lo == hi {
+                    break;
+                }
+                // The pod whose move best raises the smaller of the two spares.
+                let hi_c = fl.load(hi, &base).c;
+                let cand = fl.gpus[lo].iter().copied().filter(|&p| hi_c + base[p].c <= 1.0 + 1e-9).map(|p| (p, (s_lo + base[p].m).min(s_hi - base[p].m))).max_by(|a, b| a.1.total_cmp(&b.1).then(b.0.cmp(&a.0)));
+                match cand {
+                    Some((p, after)) if after > s_lo + 1e-9 => {
+                        fl.remove(p);
+                        fl.gpus[hi].push(p);
+                        fl.gpu_of[p] = Some(hi);
+                        out.migrations += 1;
+                    }
+                    _ => break,
+                }
+            }
+        }
+        // Limits: base plus a share of what the GPU has left.
+        for g in 0..n {
+            let ps = &fl.gpus[g];
+            let l = fl.load(g, &base);
+            if !fl.holds(l) {
+                run.overflow_minutes += ps.len() as u64;
+            }
+            let reach = cfg.share == Share::Reach;
+            hand_out(ps, |p| base[p].m, |p| weight[p].m, gpu_mem, reach, &mut |p, v| limit[p].m = v);
+            hand_out(ps, |p| base[p].c, |p| weight[p].c, 1.0, reach, &mut |p, v| limit[p].c = v);
+            let (sm, sc) = ps.iter().fold((0.0, 0.0), |(m, c), &p| (m + limit[p].m, c + limit[p].c));
+            run.max_gpu_mem_limits_gib = run.max_gpu_mem_limits_gib.max(sm);
+            run.max_gpu_shares = run.max_gpu_shares.max(sc);
+        }
+        out.in_use.push(n as u32);
+        let demand: Vec<f64> = fl.gpus.iter().map(|g| g.iter().map(|&p| f.duty[p][t]).sum()).collect();
+        run.saturated_gpu_minutes += demand.iter().filter(|&&d| d > 1.0 + 1e-9).count() as u64;
+        for i in 0..pods {
+            if !alive(f, i, t) {
+                continue;
+            }
+            out.pod_minutes += 1;
+            let saturated = fl.gpu_of[i].is_some_and(|g| demand[g] > 1.0 + 1e-9);
+            let over_c = saturated && f.duty[i][t] > limit[i].c + 1e-9;
+            let over_m = f.mem[i][t] > limit[i].m * GIB + 1.0;
+            if over_c || over_m {
+                out.violation_minutes += 1;
+            }
+            if over_m {
+                out.mem_violation_minutes += 1;
+                let r = (f.mem[i][t] - limit[i].m * GIB) / GIB;
+                out.refused_mem_gib_minutes += r;
+                out.max_refused_gib = out.max_refused_gib.max(r);
+            }
+        }
+    }
+    run.outcome = out;
+    run
+}
+
+/// The smallest fleet in `from..=to` whose violation pod-minutes are at
+/// most `cfg.budget` of all pod-minutes (every size is tried in order, so
+/// the answer is the smallest even where violations are not monotone in
+/// N); `to` if none is. Returns that size's run and the sizes tried.
+pub(super) fn search(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, from: usize, to: usize, cfg: &FleetConfig) -> (FleetRun, FleetSearch) {
+    let mut tried = Vec::new();
+    let to = to.max(from.max(1));
+    for n in from.max(1)..=to {
+        let r = run(f, minutes, gpu_mem, every, n, cfg);
+        let frac = r.outcome.violation_minutes as f64 / r.outcome.pod_minutes.max(1) as f64;
+        tried.push((n, frac));
+        if frac <= cfg.budget || n == to {
+            let (overflow_pod_minutes, saturated_gpu_minutes) = (r.overflow_minutes, r.saturated_gpu_minutes);
+            return (r, FleetSearch { gpus: n, overflow_pod_minutes, saturated_gpu_minutes, met: frac <= cfg.budget, tried });
+        }
+    }
+    unreachable!("the loop returns at n == to")
+}
+
+/// [`run`] on a usage trace: a fleet of `n` GPUs of `gpu_mem_gib`, resized
+/// every `every` minutes.
+pub fn run_fleet(u: &super::Usage, gpu_mem_gib: f64, every: usize, n: usize, cfg: &FleetConfig) -> FleetRun {
+    run(&super::eval::fill(u), u.minutes, gpu_mem_gib, every, n, cfg)
+}
+
+/// [`search`] on a usage trace, over fleets of `from..=to` GPUs.
+pub fn search_fleet(u: &super::Usage, gpu_mem_gib: f64, every: usize, from: usize, to: usize, cfg: &FleetConfig) -> (FleetRun, FleetSearch) {
+    search(&super::eval::fill(u), u.minutes, gpu_mem_gib, every, from, to, cfg)
+}
