@@ -103,6 +103,31 @@ pub struct Outcome {
     pub in_use: Vec<u32>,
 }
 
+impl Outcome {
+    /// An empty outcome for `strategy` on `gpus` GPUs.
+    pub fn new(strategy: &str, gpus: usize, minutes: usize) -> Outcome {
+        Outcome { strategy: strategy.into(), gpus, utilization: 0.0, violation_minutes: 0, mem_violation_minutes: 0, pod_minutes: 0, refused_mem_gib_minutes: 0.0, max_refused_gib: 0.0, migrations: 0, saving_vs_exclusive: 0.0, in_use: Vec::with_capacity(minutes) }
+    }
+
+    /// Counts one live pod-minute: the one definition of a violation. Memory
+    /// `used` bytes over the slice's `limit_gib` is always one (with the
+    /// refused GiB); `compute_over` (duty above the guaranteed share while the
+    /// pod's GPU was saturated) is one too.
+    pub fn count(&mut self, used: f64, limit_gib: f64, compute_over: bool) {
+        self.pod_minutes += 1;
+        let over_m = used > limit_gib * GIB + 1.0;
+        if over_m || compute_over {
+            self.violation_minutes += 1;
+        }
+        if over_m {
+            self.mem_violation_minutes += 1;
+            let r = (used - limit_gib * GIB) / GIB;
+            self.refused_mem_gib_minutes += r;
+            self.max_refused_gib = self.max_refused_gib.max(r);
+        }
+    }
+}
+
 /// All strategies for one GPU size.
 #[derive(Debug, Clone, Serialize)]
 pub struct Evaluation {
@@ -329,7 +354,7 @@ fn run_slices_with(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, moves
     let mut sl = vec![Slice::default(); n];
     let w = risk.map_or(0, |r| r.window.max(1));
     let mut pk = Packer { gpu_mem, gpus: Vec::new(), gpu_of: vec![None; n], risk: risk.map(|r| r.quantile), trace: vec![vec![0.0; w]; n], repack_gain };
-    let mut out = Outcome { strategy: name.into(), gpus: 0, utilization: 0.0, violation_minutes: 0, mem_violation_minutes: 0, pod_minutes: 0, refused_mem_gib_minutes: 0.0, max_refused_gib: 0.0, migrations: 0, saving_vs_exclusive: 0.0, in_use: Vec::with_capacity(minutes) };
+    let mut out = Outcome::new(name, 0, minutes);
     for t in 0..minutes {
         let resize = t % every == 0;
         if w > 0 {
@@ -408,20 +433,9 @@ fn run_slices_with(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, moves
             if !alive(f, i, t) {
                 continue;
             }
-            out.pod_minutes += 1;
             let saturated = pk.gpu_of[i].is_some_and(|g| demand[g] > 1.0 + 1e-9);
             let share = sl[i].c * pk.gpu_of[i].map_or(1.0, |g| scale[g]);
-            let over_c = saturated && f.duty[i][t] > share + 1e-9;
-            let over_m = f.mem[i][t] > sl[i].m * GIB + 1.0;
-            if over_c || over_m {
-                out.violation_minutes += 1;
-            }
-            if over_m {
-                out.mem_violation_minutes += 1;
-                let r = (f.mem[i][t] - sl[i].m * GIB) / GIB;
-                out.refused_mem_gib_minutes += r;
-                out.max_refused_gib = out.max_refused_gib.max(r);
-            }
+            out.count(f.mem[i][t], sl[i].m, saturated && f.duty[i][t] > share + 1e-9);
         }
     }
     out

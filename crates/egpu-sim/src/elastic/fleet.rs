@@ -274,7 +274,7 @@ pub(super) fn run(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usi
     let every = every.max(1);
     let mut fl = Fleet { gpu_mem, gpus: vec![Vec::new(); n], gpu_of: vec![None; pods] };
     let (mut base, mut weight, mut limit) = (vec![Slice::default(); pods], vec![Slice::default(); pods], vec![Slice::default(); pods]);
-    let mut out = Outcome { strategy: "elastic-fleet".into(), gpus: n, utilization: 0.0, violation_minutes: 0, mem_violation_minutes: 0, pod_minutes: 0, refused_mem_gib_minutes: 0.0, max_refused_gib: 0.0, migrations: 0, saving_vs_exclusive: 0.0, in_use: Vec::with_capacity(minutes) };
+    let mut out = Outcome::new("elastic-fleet", n, minutes);
     let mut run = FleetRun { outcome: Outcome { in_use: Vec::new(), ..out.clone() }, max_gpu_mem_limits_gib: 0.0, max_gpu_shares: 0.0, overflow_minutes: 0, saturated_gpu_minutes: 0 };
     for t in 0..minutes {
         let resize = t % every == 0;
@@ -398,19 +398,8 @@ pub(super) fn run(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usi
             if !alive(f, i, t) {
                 continue;
             }
-            out.pod_minutes += 1;
             let saturated = fl.gpu_of[i].is_some_and(|g| demand[g] > 1.0 + 1e-9);
-            let over_c = saturated && f.duty[i][t] > limit[i].c + 1e-9;
-            let over_m = f.mem[i][t] > limit[i].m * GIB + 1.0;
-            if over_c || over_m {
-                out.violation_minutes += 1;
-            }
-            if over_m {
-                out.mem_violation_minutes += 1;
-                let r = (f.mem[i][t] - limit[i].m * GIB) / GIB;
-                out.refused_mem_gib_minutes += r;
-                out.max_refused_gib = out.max_refused_gib.max(r);
-            }
+            out.count(f.mem[i][t], limit[i].m, saturated && f.duty[i][t] > limit[i].c + 1e-9);
         }
     }
     run.outcome = out;
