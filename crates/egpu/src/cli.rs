@@ -111,6 +111,15 @@ pub enum Command {
     /// Benchmarks against a live egpud.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// (Internal, used by `egpu run`.) Waits for one byte on --fd, then
+    /// becomes PROG; exits without starting it if the fd reaches EOF.
+    #[command(name = "internal-exec-gate", hide = true)]
+    ExecGate {
+        #[arg(long)]
+        fd: i32,
+        #[arg(trailing_var_arg = true, required = true, value_name = "PROG [ARGS]...")]
+        cmd: Vec<String>,
+    },
 }
 
 #[derive(Debug, Subcommand)]

@@ -68,6 +68,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Top(args) => return crate::top::run(socket, args).await,
         Command::Demo(args) => return crate::demo::run(args).await,
         Command::Bench(BenchCommand::Resize(args)) => return crate::bench::resize(socket, args).await,
+        Command::ExecGate { fd, cmd } => return Ok(crate::process::exec_gate(fd, &cmd)),
     }
     Ok(0)
 }
@@ -151,15 +152,25 @@ async fn run_ephemeral(socket: &Path, name: Option<String>, limits: &LimitArgs, 
     let slice = create(&mut c, name.clone(), limits, true).await?;
     let result = async {
         let env = launch_env(&mut c, &slice.name).await?;
-        let running = crate::process::start(cmd, &env)?;
+        // The program is started held (`egpu internal-exec-gate`, same pid) and
+        // only becomes PROG once egpud knows its pid: were this command killed
+        // before, the held process sees EOF and never starts PROG, rather than
+        // running PROG in a slice egpud is about to collect.
+        let (running, release) = crate::process::start_gated(cmd, &env)?;
         // Tell egpud which process the slice runs, so that it keeps the slice while that
         // process lives even if we die first. An egpud without this call keeps the older rule.
         let report = proto::SetWorkloadRequest { name: slice.name.clone(), pid: running.pid() };
+        #[cfg(debug_assertions)]
+        if std::env::var_os("EGPU_TEST_EXIT_BEFORE_REGISTER").is_some() {
+            eprintln!("egpu: test: exiting before registering pid {}", running.pid());
+            std::process::exit(99);
+        }
         if let Err(s) = c.set_workload(report).await
             && s.code() != tonic::Code::Unimplemented
         {
             eprintln!("egpu: could not register the program with egpud: {} (if this command dies, the slice may be removed under it)", s.message());
         }
+        release.go();
         running.wait().await
     }
     .await;

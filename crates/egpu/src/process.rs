@@ -49,10 +49,12 @@ pub struct Running {
 /// start, and forwarded to the program by [`Running::wait`].
 pub fn start(cmd: &[String], env: &[EnvEntry]) -> anyhow::Result<Running> {
     // Handlers first: a signal that arrives while the child starts is forwarded, not fatal.
+    start_command(command(cmd, env), &cmd[0])
+}
+
+fn start_command(mut c: tokio::process::Command, prog: &str) -> anyhow::Result<Running> {
     let signals = [signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?, signal(SignalKind::hangup())?, signal(SignalKind::quit())?];
-    let child = command(cmd, env)
-        .spawn()
-        .map_err(|e| Failure::new(CANNOT_START, format!("cannot start {}: {e}", cmd[0])))?;
+    let child = c.spawn().map_err(|e| Failure::new(CANNOT_START, format!("cannot start {prog}: {e}")))?;
     let pid = child.id().unwrap_or(0);
     Ok(Running { child, pid, signals })
 }
@@ -75,6 +77,82 @@ impl Running {
             }
         }
     }
+}
+
+/// The write end of a held program's gate (see [`start_gated`]). Dropping
+/// it without [`Release::go`] makes the program exit without starting.
+pub struct Release(std::os::fd::OwnedFd);
+
+impl Release {
+    /// Lets the held program become PROG.
+    pub fn go(self) {
+        // SAFETY: writes one byte from a live buffer to our own pipe fd.
+        let _ = unsafe { libc::write(std::os::fd::AsRawFd::as_raw_fd(&self.0), b"1".as_ptr().cast(), 1) };
+    }
+}
+
+/// The fd number the held program reads its gate from.
+const GATE_FD: i32 = 3;
+
+/// Starts `cmd` held: this binary's `internal-exec-gate` waits for
+/// [`Release::go`] and then execs `cmd` in the same process (same pid and
+/// start time), so the pid can be registered before PROG runs. If the
+/// release is dropped (or this process dies) first, PROG never starts.
+pub fn start_gated(cmd: &[String], env: &[EnvEntry]) -> anyhow::Result<(Running, Release)> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let me = std::env::current_exe().map_err(|e| Failure::new(CANNOT_START, format!("cannot find the egpu binary to start {}: {e}", cmd[0])))?;
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two fds into a live array.
+    if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(Failure::new(CANNOT_START, format!("cannot start {}: pipe: {}", cmd[0], std::io::Error::last_os_error())).into());
+    }
+    // SAFETY: both fds were just created and are owned by nobody else.
+    let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    let mut argv = vec![me.to_string_lossy().into_owned(), "internal-exec-gate".into(), "--fd".into(), GATE_FD.to_string(), "--".into()];
+    argv.extend(cmd.iter().cloned());
+    let mut c = command(&argv, env);
+    let r = std::os::fd::AsRawFd::as_raw_fd(&read);
+    // SAFETY: between fork and exec only async-signal-safe calls (dup2,
+    // fcntl) on fds this process owns.
+    unsafe {
+        c.pre_exec(move || {
+            if r == GATE_FD {
+                if libc::fcntl(r, libc::F_SETFD, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            } else if libc::dup2(r, GATE_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let running = start_command(c, &cmd[0])?;
+    drop(read);
+    Ok((running, Release(write)))
+}
+
+/// `egpu internal-exec-gate --fd FD -- PROG...`: waits for one byte on FD,
+/// then becomes PROG (returns only if that fails). EOF first (the `egpu run`
+/// that started it is gone before egpud knew of it): PROG is not started.
+pub fn exec_gate(fd: i32, cmd: &[String]) -> i32 {
+    use std::os::unix::process::CommandExt;
+    let mut b = [0u8; 1];
+    let n = loop {
+        // SAFETY: reads at most one byte into a live buffer from an inherited fd.
+        let n = unsafe { libc::read(fd, b.as_mut_ptr().cast(), 1) };
+        if n >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            break n;
+        }
+    };
+    // SAFETY: closes the gate fd, which nothing else in this process uses.
+    unsafe { libc::close(fd) };
+    if n != 1 {
+        eprintln!("egpu run: the command that started {} exited before egpud registered it; not starting it (its slice is removed)", cmd[0]);
+        return CANNOT_START;
+    }
+    let e = std::process::Command::new(&cmd[0]).args(&cmd[1..]).exec();
+    eprintln!("egpu: cannot start {}: {e}", cmd[0]);
+    CANNOT_START
 }
 
 /// Starts `cmd` with `env`, forwards termination signals, waits, returns its exit code.

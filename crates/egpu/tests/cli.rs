@@ -115,6 +115,25 @@ fn ephemeral_slice_of_a_killed_cli_lives_until_its_program_exits() {
 }
 
 #[test]
+fn a_cli_killed_before_registering_its_program_never_starts_it() {
+    // The CLI (debug build) exits right after starting the held program and
+    // before telling egpud its pid: the slice is collected, so the program
+    // must not run (it would run in a slice that is gone).
+    let node = Node::start("1x8GiB");
+    let marker = node.dir.path().join("started");
+    let script = format!("touch {}; exec sleep 60", marker.display());
+    let out = node.cli().env("EGPU_TEST_EXIT_BEFORE_REGISTER", "1").args(["run", "--name", "early", "--gpu-memory", "1GiB", "--", "sh", "-c", &script]).output().unwrap();
+    assert_eq!(out.status.code(), Some(99), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let held: u32 = err.split("before registering pid ").nth(1).and_then(|r| r.split_whitespace().next()).and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("no pid in {err}"));
+    // The held process sees EOF and exits (a zombie until its new parent reaps it).
+    let gone = || std::fs::read_to_string(format!("/proc/{held}/stat")).map_or(true, |st| st.rsplit(')').next().is_some_and(|r| r.trim_start().starts_with('Z')));
+    assert!(wait_until(Duration::from_secs(10), gone), "held process {held} still running");
+    assert!(!marker.exists(), "the program ran although its pid was never registered");
+    assert!(wait_until(Duration::from_secs(10), || node.slices().is_empty()), "slice of a dead CLI not collected: {:?}", node.slices());
+}
+
+#[test]
 fn exec_and_env_use_the_named_slice() {
     let node = Node::start("2x8GiB");
     node.ok(&["create", "--name", "svc", "--gpu-memory", "2GiB", "--device", "1"]);

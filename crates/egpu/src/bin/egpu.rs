@@ -5,6 +5,9 @@ use egpu_cli::cli::Cli;
 
 fn main() {
     let cli = Cli::parse();
+    if let egpu_cli::cli::Command::ExecGate { fd, cmd } = &cli.command {
+        std::process::exit(egpu_cli::process::exec_gate(*fd, cmd));
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
