@@ -61,9 +61,12 @@ pub fn shuffled_node_names(names: &[&str], seed: u64) -> Vec<String> {
     let mut perm: Vec<usize> = (0..names.len()).collect();
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ NODE_ORDER_STREAM);
     perm.shuffle(&mut rng);
+    // Zero-padded to one width, so that the names sort as the numbers do
+    // (four digits, more past 9,999 nodes).
+    let width = names.len().saturating_sub(1).to_string().len().max(4);
     let mut out = vec![String::new(); names.len()];
     for (rank, &id) in by_name.iter().enumerate() {
-        out[id] = format!("{:04}-{}", perm[rank], names[id]);
+        out[id] = format!("{:0width$}-{}", perm[rank], names[id]);
     }
     out
 }
@@ -89,5 +92,13 @@ mod tests {
         assert_eq!(prefixes, (0..names.len()).collect::<Vec<_>>());
         // Another seed gives another order (8! orders; these two differ).
         assert_ne!(a, shuffled_node_names(&names, 8));
+        // Past 9,999 nodes the prefixes widen and still sort as numbers.
+        let many: Vec<String> = (0..10_001).map(|i| format!("n{i}")).collect();
+        let refs: Vec<&str> = many.iter().map(String::as_str).collect();
+        let big = shuffled_node_names(&refs, 3);
+        let mut by_name: Vec<&String> = big.iter().collect();
+        by_name.sort();
+        let order: Vec<usize> = by_name.iter().map(|x| x[..5].parse().unwrap()).collect();
+        assert_eq!(order, (0..10_001).collect::<Vec<_>>());
     }
 }
