@@ -46,21 +46,48 @@ const NO_SLOT: usize = usize::MAX;
 static SLOT: AtomicUsize = AtomicUsize::new(NO_SLOT);
 static CLAIM: SpinLock<()> = SpinLock::new(());
 
-/// Attaches to the slice. Racing first calls (or a child forked while its
-/// parent was attaching) may each run this; one result is kept, the others
-/// are dropped (their mappings and descriptors closed).
-fn init() -> Box<Init> {
-    // Debug builds only: hold the first attachment for a while, so that the
-    // fork test can fork while another thread is inside it.
-    #[cfg(debug_assertions)]
-    if let Some(ms) = std::env::var("EGPU_HOOK_TEST_INIT_DELAY_MS").ok().and_then(|v| v.parse::<u64>().ok()) {
-        std::thread::sleep(std::time::Duration::from_millis(ms));
+/// Debug builds only, for the tests of racing attachments: with
+/// `EGPU_HOOK_TEST_INIT_DELAY_MS=D` the k-th attachment of this process
+/// (counting from 1) first creates `$EGPU_HOOK_TEST_INIT_MARK.k` (if set),
+/// then sleeps k·D, so a test knows when a thread is inside its attachment
+/// and which of two racing attachments finishes first.
+#[cfg(debug_assertions)]
+fn test_delay() {
+    static ENTERED: AtomicUsize = AtomicUsize::new(0);
+    let Some(ms) = std::env::var("EGPU_HOOK_TEST_INIT_DELAY_MS").ok().and_then(|v| v.parse::<u64>().ok()) else { return };
+    let k = ENTERED.fetch_add(1, Ordering::SeqCst) + 1;
+    if let Some(mark) = std::env::var_os("EGPU_HOOK_TEST_INIT_MARK") {
+        let mut path = mark;
+        path.push(format!(".{k}"));
+        let _ = std::fs::write(path, b"");
     }
-    if !ATFORK.swap(true, Ordering::AcqRel) {
+    std::thread::sleep(std::time::Duration::from_millis(ms * k as u64));
+}
+
+/// Attaches to the slice. Racing first calls (or a child forked while its
+/// parent was attaching) may each run this; the first to finish is kept and
+/// the others are leaked, never dropped: dropping one would close its
+/// descriptor of the usage file, and closing any descriptor of a file
+/// releases all of the process's POSIX record locks on it, including the
+/// one through which the kept attachment owns this process's record.
+fn state() -> &'static Init {
+    if let Some(s) = STATE.get() {
+        return s;
+    }
+    #[cfg(debug_assertions)]
+    test_delay();
+    // Registered before the flag is set, so no thread can see the flag while
+    // the handler is still missing (racing threads may register it twice:
+    // the handler is idempotent).
+    if !ATFORK.load(Ordering::Acquire) {
         // SAFETY: registers a plain extern "C" handler; pthread_atfork has no other precondition.
         unsafe { libc::pthread_atfork(None, None, Some(after_fork_child)) };
+        ATFORK.store(true, Ordering::Release);
     }
-    Box::new(attach())
+    if let Err(lost) = STATE.set(Box::new(attach())) {
+        Box::leak(lost);
+    }
+    STATE.get().expect("set above, by this thread or another")
 }
 
 fn attach() -> Init {
@@ -87,10 +114,6 @@ fn attach() -> Init {
     let name = r.name();
     crate::util::debug!("attached to slice '{name}' at {} ({n} devices)", dir.display());
     Init::Ready(Slice { dir, limits, usage, name, uuids })
-}
-
-fn state() -> &'static Init {
-    STATE.get_or_init(init)
 }
 
 fn failed(msg: &str) {

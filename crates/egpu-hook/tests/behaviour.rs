@@ -171,22 +171,49 @@ fn a_fork_child_claims_its_own_record() {
     assert_eq!(s.used(0), 0);
 }
 
+// Racing attachments need the debug-only hold of libegpu.so
+// (EGPU_HOOK_TEST_INIT_DELAY_MS / _MARK); release builds have no such hook.
+#[cfg(debug_assertions)]
 #[test]
 fn a_child_forked_while_the_parent_attaches_does_not_block() {
     // Another thread of the parent is inside its first driver call (the
-    // debug libegpu.so holds its attachment for 1.5 s) when the process
-    // forks. The child has no such thread: with a blocking once-cell it
-    // would wait for it forever.
+    // debug libegpu.so holds its attachment for 1 s, and says when it has
+    // begun) when the process forks. The child has no such thread: with a
+    // blocking once-cell it would wait for it forever.
     let w = World::new("1x4GiB");
     let s = w.slice("forkinit", &[(0, GIB)]);
     let mut c = w.probe(&s, &["fork", "--size", "64MiB", "--during-init", "--child-timeout-s", "20"]);
-    c.env("EGPU_HOOK_TEST_INIT_DELAY_MS", "1500");
+    c.env("EGPU_HOOK_TEST_INIT_DELAY_MS", "1000").env("EGPU_HOOK_TEST_INIT_MARK", w.tmp.path().join("attach"));
     let d = run(c);
+    assert_eq!(d.event("init-entered")["inside"], true, "forked inside the attachment: {:?} {}", d.lines, d.stderr);
     let done = d.event("parent-done");
     assert_eq!(done["child_blocked"], false, "{:?} {}", d.lines, d.stderr);
     assert_eq!(d.code, 0, "{:?} {}", d.lines, d.stderr);
     assert_eq!(d.event("child")["ok"], true);
     assert_eq!(done["first_call_ok"], true);
+    assert_eq!(s.used(0), 0);
+}
+
+#[cfg(debug_assertions)]
+#[test]
+fn a_losing_racing_attachment_keeps_the_record_owned() {
+    // Two threads attach at once; the first finishes, claims this process's
+    // record and allocates; the second finishes later and loses. Dropping
+    // the loser closed its descriptor of the usage file, which released the
+    // process's record lock: a sweep by anyone else then took the live
+    // process's record and its charges.
+    let w = World::new("1x4GiB");
+    let s = w.slice("race", &[(0, GIB)]);
+    let mut c = w.probe(&s, &["alloc", "--size", "256MiB", "--racing-init", "--hold"]);
+    c.env("EGPU_HOOK_TEST_INIT_DELAY_MS", "300").env("EGPU_HOOK_TEST_INIT_MARK", w.tmp.path().join("attach"));
+    let mut p = Running::start(c);
+    assert_eq!(p.wait_for("racer-done")["ok"], true);
+    p.wait_for("holding");
+    assert!(s.used(0) >= 256 * MIB);
+    let reclaimed = s.usage.sweep(None);
+    assert!(reclaimed.is_empty(), "a live process's record was swept: {reclaimed:?}");
+    assert!(s.used(0) >= 256 * MIB, "charges of a live process lost");
+    assert_eq!(p.finish().0, 0);
     assert_eq!(s.used(0), 0);
 }
 

@@ -38,6 +38,12 @@ pub struct AllocArgs {
     /// is closed and exit without freeing (the driver freed them).
     #[arg(long, value_parser = ["destroy", "reset", "release"])]
     drop_ctx: Option<String>,
+    /// A second thread makes a first driver call while this one attaches to
+    /// the slice, and finishes attaching after this thread has allocated
+    /// (needs a debug libegpu.so with EGPU_HOOK_TEST_INIT_DELAY_MS and
+    /// EGPU_HOOK_TEST_INIT_MARK); joined before "holding".
+    #[arg(long)]
+    pub racing_init: bool,
 }
 
 /// `--drop-ctx`: ends the context that holds the allocations.
@@ -54,7 +60,20 @@ fn drop_ctx(cu: &crate::common::Cuda, how: &str, n: u64) -> i32 {
     if r.is_ok() { exit::OK } else { exit::FAILED }
 }
 
-pub fn run(api: Api, g: &Global, a: AllocArgs) -> i32 {
+/// `--racing-init`: started before the process's first driver call (see
+/// `main`), it makes the second attachment once the first has begun.
+pub fn spawn_racer(g: &Global) -> std::thread::JoinHandle<bool> {
+    let (via, ptds) = (g.via, g.ptds);
+    std::thread::spawn(move || {
+        if !crate::common::wait_init_mark(1) {
+            return false;
+        }
+        let api = egpu_workloads::via::load(via, ptds, &crate::direct::table());
+        egpu_workloads::call!(api, cuInit(0)).is_ok()
+    })
+}
+
+pub fn run(api: Api, g: &Global, a: AllocArgs, racer: Option<std::thread::JoinHandle<bool>>) -> i32 {
     let cu = setup(api, g.device, g.own_ctx);
     let mut st = family::Ctx::default();
     if a.wait_go {
@@ -83,6 +102,9 @@ pub fn run(api: Api, g: &Global, a: AllocArgs) -> i32 {
     let n = held.len() as u64;
     if let Some(how) = &a.drop_ctx {
         return drop_ctx(&cu, how, n);
+    }
+    if let Some(t) = racer {
+        emit(json!({"event": "racer-done", "ok": t.join().unwrap_or(false)}));
     }
     if a.hold {
         emit(json!({"event": "holding", "allocated": n, "pid": std::process::id(), "mem": cu.mem_info()}));

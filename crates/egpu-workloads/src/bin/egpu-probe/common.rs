@@ -86,3 +86,20 @@ pub fn wait_go_quiet() {
     let mut l = String::new();
     let _ = std::io::stdin().read_line(&mut l);
 }
+
+/// Waits (up to 20 s) until the debug libegpu.so has created
+/// `$EGPU_HOOK_TEST_INIT_MARK.k`, i.e. its k-th attachment has begun; false
+/// if the variable is unset or the mark never appears.
+pub fn wait_init_mark(k: usize) -> bool {
+    let Some(mark) = std::env::var_os("EGPU_HOOK_TEST_INIT_MARK") else { return false };
+    let mut path = mark;
+    path.push(format!(".{k}"));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !std::path::Path::new(&path).exists() {
+        if std::time::Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    true
+}

@@ -29,9 +29,10 @@ pub struct ForkArgs {
     /// allow the child to use CUDA then; the simulated GPU does).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     parent_cuda: bool,
-    /// Fork while another thread makes the process's first driver call
-    /// (with a debug libegpu.so and EGPU_HOOK_TEST_INIT_DELAY_MS, while it
-    /// is attaching to the slice); implies --parent-cuda false.
+    /// Fork while another thread makes the process's first driver call and
+    /// is attaching to the slice (needs a debug libegpu.so with
+    /// EGPU_HOOK_TEST_INIT_DELAY_MS and EGPU_HOOK_TEST_INIT_MARK, whose mark
+    /// says when the attachment has begun); implies --parent-cuda false.
     #[arg(long)]
     during_init: bool,
     /// Give up on the child after this many seconds (reported as blocked).
@@ -81,23 +82,17 @@ pub fn fork(load: &dyn Fn() -> Api, g: &Global, a: ForkArgs) -> i32 {
     let mut held = None;
     let mut first_call = None;
     if a.during_init {
-        let entered = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let e = entered.clone();
         let (via, ptds) = (g.via, g.ptds);
         first_call = Some(std::thread::spawn(move || {
-            // Loading the driver may already be the first call into the hook
-            // (its dlsym), so the flag goes up before it.
-            e.store(true, std::sync::atomic::Ordering::SeqCst);
             let api = egpu_workloads::via::load(via, ptds, &crate::direct::table());
             call!(api, cuInit(0)).is_ok()
         }));
-        while !entered.load(std::sync::atomic::Ordering::SeqCst) {
-            std::thread::yield_now();
+        // Fork only once that thread is inside the hook's attachment.
+        let inside = crate::common::wait_init_mark(1);
+        emit(json!({"event": "init-entered", "inside": inside}));
+        if !inside {
+            return exit::FAILED;
         }
-        // Margin for the thread to get from the flag into the hook's
-        // attachment (held there by EGPU_HOOK_TEST_INIT_DELAY_MS); were it
-        // too short the fork would merely happen before the first call.
-        std::thread::sleep(std::time::Duration::from_millis(100));
     }
     let cu = if a.parent_cuda && !a.during_init {
         let cu = setup(load(), g.device, g.own_ctx);
@@ -109,7 +104,10 @@ pub fn fork(load: &dyn Fn() -> Api, g: &Global, a: ForkArgs) -> i32 {
     } else {
         None
     };
-    // SAFETY: fork in a single-threaded program; the child only makes driver calls and exits.
+    // SAFETY: the child only makes driver calls through libegpu.so and the
+    // driver and exits; with --during-init another thread of ours is inside
+    // the hook at the fork, which is what this command tests (the hook takes
+    // no lock that such a thread could hold: it must not block the child).
     let pid = unsafe { libc::fork() };
     if pid == 0 {
         let api = egpu_workloads::via::load(g.via, g.ptds, &crate::direct::table());

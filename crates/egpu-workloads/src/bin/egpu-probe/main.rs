@@ -71,10 +71,14 @@ fn main() {
     if let Cmd::Fork(a) = cli.cmd {
         std::process::exit(ipc::fork(&load, &cli.g, a));
     }
+    let racer = match &cli.cmd {
+        Cmd::Alloc(a) if a.racing_init => Some(alloc::spawn_racer(&cli.g)),
+        _ => None,
+    };
     let api = load();
     let code = match cli.cmd {
         Cmd::Info => info::run(api, &cli.g),
-        Cmd::Alloc(a) => alloc::run(api, &cli.g, a),
+        Cmd::Alloc(a) => alloc::run(api, &cli.g, a, racer),
         Cmd::Grow(a) => loops::grow(api, &cli.g, a),
         Cmd::Churn(a) => loops::churn(api, &cli.g, a),
         Cmd::IpcExport(a) => ipc::export(api, &cli.g, a),
