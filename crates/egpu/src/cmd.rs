@@ -165,10 +165,13 @@ async fn run_ephemeral(socket: &Path, name: Option<String>, limits: &LimitArgs, 
             eprintln!("egpu: test: exiting before registering pid {}", running.pid());
             std::process::exit(99);
         }
-        if let Err(s) = c.set_workload(report).await
-            && s.code() != tonic::Code::Unimplemented
-        {
-            eprintln!("egpu: could not register the program with egpud: {} (if this command dies, the slice may be removed under it)", s.message());
+        // If registering fails or hangs, the program still starts (the slice
+        // lives while this command does), with a warning.
+        match tokio::time::timeout(std::time::Duration::from_secs(10), c.set_workload(report)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(s)) if s.code() == tonic::Code::Unimplemented => {}
+            Ok(Err(s)) => eprintln!("egpu: could not register the program with egpud: {} (if this command dies, the slice may be removed under it)", s.message()),
+            Err(_) => eprintln!("egpu: egpud did not answer the program's registration within 10 s; starting it anyway (if this command dies, the slice may be removed under it)"),
         }
         release.go();
         running.wait().await

@@ -11,11 +11,15 @@ use tokio::signal::unix::{SignalKind, signal};
 pub fn command(cmd: &[String], env: &[EnvEntry]) -> tokio::process::Command {
     let mut c = tokio::process::Command::new(&cmd[0]);
     c.args(&cmd[1..]);
+    apply_env(&mut c, env);
+    c
+}
+
+fn apply_env(c: &mut tokio::process::Command, env: &[EnvEntry]) {
     for e in env {
         let existing = std::env::var(&e.name).ok();
         c.env(&e.name, combine(e, existing.as_deref()));
     }
-    c
 }
 
 /// Exit code of a finished process, shell style.
@@ -100,7 +104,11 @@ const GATE_FD: i32 = 3;
 /// release is dropped (or this process dies) first, PROG never starts.
 pub fn start_gated(cmd: &[String], env: &[EnvEntry]) -> anyhow::Result<(Running, Release)> {
     use std::os::fd::{FromRawFd, OwnedFd};
-    let me = std::env::current_exe().map_err(|e| Failure::new(CANNOT_START, format!("cannot find the egpu binary to start {}: {e}", cmd[0])))?;
+    // /proc/self/exe still runs this binary after it was replaced on disk.
+    let me = match std::path::Path::new("/proc/self/exe") {
+        p if p.exists() => p.to_path_buf(),
+        _ => std::env::current_exe().map_err(|e| Failure::new(CANNOT_START, format!("cannot find the egpu binary to start {}: {e}", cmd[0])))?,
+    };
     let mut fds = [0; 2];
     // SAFETY: pipe2 writes two fds into a live array.
     if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
@@ -108,9 +116,9 @@ pub fn start_gated(cmd: &[String], env: &[EnvEntry]) -> anyhow::Result<(Running,
     }
     // SAFETY: both fds were just created and are owned by nobody else.
     let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-    let mut argv = vec![me.to_string_lossy().into_owned(), "internal-exec-gate".into(), "--fd".into(), GATE_FD.to_string(), "--".into()];
-    argv.extend(cmd.iter().cloned());
-    let mut c = command(&argv, env);
+    let mut c = tokio::process::Command::new(me);
+    c.args(["internal-exec-gate", "--fd", &GATE_FD.to_string(), "--"]).args(cmd);
+    apply_env(&mut c, env);
     let r = std::os::fd::AsRawFd::as_raw_fd(&read);
     // SAFETY: between fork and exec only async-signal-safe calls (dup2,
     // fcntl) on fds this process owns.
@@ -136,6 +144,10 @@ pub fn start_gated(cmd: &[String], env: &[EnvEntry]) -> anyhow::Result<(Running,
 /// that started it is gone before egpud knew of it): PROG is not started.
 pub fn exec_gate(fd: i32, cmd: &[String]) -> i32 {
     use std::os::unix::process::CommandExt;
+    if fd < 3 {
+        eprintln!("egpu internal-exec-gate: --fd {fd} is not a gate descriptor (it is started by `egpu run`)");
+        return CANNOT_START;
+    }
     let mut b = [0u8; 1];
     let n = loop {
         // SAFETY: reads at most one byte into a live buffer from an inherited fd.

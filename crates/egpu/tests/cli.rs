@@ -114,6 +114,8 @@ fn ephemeral_slice_of_a_killed_cli_lives_until_its_program_exits() {
     assert!(wait_until(Duration::from_secs(10), || node.slices().is_empty()), "orphaned slice not collected: {:?}", node.slices());
 }
 
+// EGPU_TEST_EXIT_BEFORE_REGISTER exists only in debug builds of the CLI.
+#[cfg(debug_assertions)]
 #[test]
 fn a_cli_killed_before_registering_its_program_never_starts_it() {
     // The CLI (debug build) exits right after starting the held program and
