@@ -249,15 +249,20 @@ pub fn process_utilization(h: nvmlDevice_t, out: *mut nvmlProcessUtilizationSamp
     // only reports 0% until the next sweep frees it.
     let (p, d) = dev(h)?;
     let now = now_ns();
-    let mut pending = std::collections::HashMap::<u64, u64>::new();
-    p.shm.pending_spans(d, now, |who, ns| *pending.entry(who).or_default() += ns);
-    let live: Vec<(usize, u32, u64)> = (0..crate::state::MAX_SLOTS)
+    // Queued time first, then the log (as `Shared::executed` does): a
+    // kernel queued in between is subtracted, never counted as run early.
+    let queued: Vec<(usize, u32, u64)> = (0..crate::state::MAX_SLOTS)
         .filter_map(|i| {
             let (pid, st) = p.shm.slot_owner(i);
-            let queued = p.shm.slots[i].busy[d].load(Ordering::SeqCst);
-            let busy = queued.saturating_sub(pending.get(&((i as u64) << 32 | u64::from(pid))).copied().unwrap_or(0));
-            (st == crate::state::SlotState::Live && busy > 0).then_some((i, pid, busy))
+            (st == crate::state::SlotState::Live).then(|| (i, pid, p.shm.slots[i].busy[d].load(Ordering::SeqCst)))
         })
+        .collect();
+    let mut pending = std::collections::HashMap::<u64, u64>::new();
+    p.shm.pending_spans(d, now, |who, ns| *pending.entry(who).or_default() += ns);
+    let live: Vec<(usize, u32, u64)> = queued
+        .into_iter()
+        .map(|(i, pid, q)| (i, pid, q.saturating_sub(pending.get(&((i as u64) << 32 | u64::from(pid))).copied().unwrap_or(0))))
+        .filter(|&(_, _, busy)| busy > 0)
         .collect();
     let cap = arg(crate::cptr::read(count as *const u32))?;
     w(count, live.len() as u32)?;

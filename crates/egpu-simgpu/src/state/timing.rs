@@ -13,9 +13,12 @@
 //! of its last [`NSPANS`] kernels (end, duration, owner);
 //! [`Shared::executed`] is a process's queued time minus the part of its
 //! logged kernels that lies after `now`. A kernel is logged before it is
-//! added to `busy`, so a reader that sees it in `busy` sees its span; a
-//! process with more than [`NSPANS`] kernels queued on a device at once
-//! has the oldest counted as run early.
+//! added to `busy`, and readers read `busy` first, so a reader that sees a
+//! kernel in `busy` sees its span (a kernel logged in between is subtracted
+//! without being in `busy`: executed time dips, never runs ahead). The log
+//! is per device, shared by all processes: when more than [`NSPANS`]
+//! kernels of all processes together are queued on a device, the oldest
+//! pending ones (of whichever process) are counted as run early.
 //!
 //! Utilisation: each device has a ring of [`NBUCKETS`] 100 ms buckets, each
 //! an atomic `(epoch << 28) | busy_ns`. A kernel adds its overlap with each
@@ -91,7 +94,8 @@ impl Shared {
     /// Kernel time of `slot` on `dev` that has run by `now` (CLOCK_MONOTONIC
     /// ns): its queued time less what of its logged kernels lies after `now`.
     /// Monotonic in `now` for one process except while a kernel is being
-    /// logged (it is briefly counted as run).
+    /// logged (its span may be subtracted before it is in `busy`: a brief
+    /// dip).
     pub fn executed(&self, slot: usize, dev: usize, now: u64) -> u64 {
         let queued = self.slots[slot].busy[dev].load(SeqCst);
         let owner = (slot as u64) << 32 | u64::from(self.slot_owner(slot).0);
