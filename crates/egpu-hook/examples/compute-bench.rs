@@ -112,6 +112,9 @@ fn priority(window: f64) {
 /// `t` is its queued time at the moment `busy_total` passed `E(t)`
 /// (interpolated between samples). Both are reported: `all` / `periods_*`
 /// from execution, `queued_*` from the queue-time counters (the old metric).
+/// `RESIZE_TRACE=1` prints every resize's per-period shares;
+/// `RESIZE_DUMP=PATH` writes the execution log as CSV (t, busy_total,
+/// busy_until, busy_a, busy_b; ns).
 fn resize(n: usize) {
     let m = Machine::new("1x80GiB");
     let a = m.slice("a", 0, 30, 30, Priority::Normal);
@@ -187,6 +190,10 @@ fn resize(n: usize) {
     stop.store(true, Ordering::Relaxed);
     sampler.join().unwrap();
     let log = log.lock().unwrap();
+    if let Some(path) = std::env::var_os("RESIZE_DUMP") {
+        let text: String = log.iter().map(|e| format!("{},{},{},{},{}\n", e[0], e[1], e[2], e[3], e[4])).collect();
+        std::fs::write(path, text).expect("RESIZE_DUMP");
+    }
     // Convergence: first period p such that periods p..p+5 average within 3 points.
     let converged = |per: &[(f64, f64)], ta: f64, tb: f64| {
         let ok = |i: usize| {
