@@ -59,7 +59,8 @@ cargo build -q --release -p egpu-hook -p egpu-simgpu -p egpu-burn -p egpu-worklo
 # arbiter thread, and the device idles for reasons that have nothing to do
 # with the arbiter. Where allowed (root, or CAP_SYS_NICE), the bench and
 # everything it starts run SCHED_FIFO at priority 10 (they sleep between
-# launches, so they cannot starve the host); EGPU_BENCH_RT=0 turns it off.
+# launches; the kernel's RT throttling, 95% by default, bounds what a
+# spinning lock could take from the host); EGPU_BENCH_RT=0 turns it off.
 RT=()
 if [ "${EGPU_BENCH_RT:-1}" != 0 ] && command -v chrt >/dev/null && chrt -f 10 true 2>/dev/null; then
   RT=(chrt -f 10)

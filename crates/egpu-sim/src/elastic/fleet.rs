@@ -57,7 +57,7 @@ pub enum Share {
 }
 
 impl Share {
-    /// Parse `equal`, `base` or `volatility`.
+    /// Parse `reach`, `equal`, `base` or `volatility`.
     pub fn parse(s: &str) -> Option<Share> {
         match s {
             "equal" => Some(Share::Equal),
