@@ -106,18 +106,7 @@ fn every() -> u32 {
 /// The gate's words for slice device `dev`.
 pub fn view(s: &'static Slice, dev: usize) -> GateView<'static> {
     let l = s.limits.region();
-    let u = s.usage.region();
-    let d = &l.devices[dev];
-    GateView {
-        period_ns: &l.arbiter_period_ns,
-        allowance_ns: &d.allowance_ns,
-        epoch_start_ns: &d.epoch_start_ns,
-        queue_launches: &d.queue_launches,
-        queue_ns: &d.queue_ns,
-        consumed_ns: &u.consumed_ns[dev],
-        throttle_waits: &u.throttle_waits[dev],
-        limit_bps: d.compute_limit_bps.load(Relaxed),
-    }
+    GateView::from_tables(l, s.usage.region(), dev, l.devices[dev].compute_limit_bps.load(Relaxed))
 }
 
 fn record_of(s: &'static Slice) -> Option<&'static ProcRecord> {
