@@ -173,6 +173,15 @@ fn a_fork_child_claims_its_own_record() {
 
 // Racing attachments need the debug-only hold of libegpu.so
 // (EGPU_HOOK_TEST_INIT_DELAY_MS / _MARK); release builds have no such hook.
+/// `egpu-probe ARGS` in `s` with the k-th attachment held k × `delay_ms`
+/// and marked under the world's temp dir.
+#[cfg(debug_assertions)]
+fn held_attach_probe(w: &World, s: &Slice, args: &[&str], delay_ms: u64) -> std::process::Command {
+    let mut c = w.probe(s, args);
+    c.env("EGPU_HOOK_TEST_INIT_DELAY_MS", delay_ms.to_string()).env("EGPU_HOOK_TEST_INIT_MARK", w.tmp.path().join("attach"));
+    c
+}
+
 #[cfg(debug_assertions)]
 #[test]
 fn a_child_forked_while_the_parent_attaches_does_not_block() {
@@ -182,9 +191,7 @@ fn a_child_forked_while_the_parent_attaches_does_not_block() {
     // blocking once-cell it would wait for it forever.
     let w = World::new("1x4GiB");
     let s = w.slice("forkinit", &[(0, GIB)]);
-    let mut c = w.probe(&s, &["fork", "--size", "64MiB", "--during-init", "--child-timeout-s", "20"]);
-    c.env("EGPU_HOOK_TEST_INIT_DELAY_MS", "1000").env("EGPU_HOOK_TEST_INIT_MARK", w.tmp.path().join("attach"));
-    let d = run(c);
+    let d = run(held_attach_probe(&w, &s, &["fork", "--size", "64MiB", "--during-init", "--child-timeout-s", "20"], 1000));
     assert_eq!(d.event("init-entered")["inside"], true, "forked inside the attachment: {:?} {}", d.lines, d.stderr);
     let done = d.event("parent-done");
     assert_eq!(done["child_blocked"], false, "{:?} {}", d.lines, d.stderr);
@@ -204,9 +211,7 @@ fn a_losing_racing_attachment_keeps_the_record_owned() {
     // process's record and its charges.
     let w = World::new("1x4GiB");
     let s = w.slice("race", &[(0, GIB)]);
-    let mut c = w.probe(&s, &["alloc", "--size", "256MiB", "--racing-init", "--hold"]);
-    c.env("EGPU_HOOK_TEST_INIT_DELAY_MS", "300").env("EGPU_HOOK_TEST_INIT_MARK", w.tmp.path().join("attach"));
-    let mut p = Running::start(c);
+    let mut p = Running::start(held_attach_probe(&w, &s, &["alloc", "--size", "256MiB", "--racing-init", "--hold"], 300));
     assert_eq!(p.wait_for("racer-done")["ok"], true);
     p.wait_for("holding");
     assert!(s.used(0) >= 256 * MIB);

@@ -26,7 +26,9 @@ pub const NS_PER_THREAD: &str = "50";
 
 #[path = "../common/mod.rs"]
 mod base;
-/// The one-time build of the binaries, shared with the memory tests.
+/// The one-time build of the binaries, shared with the memory tests (used
+/// by `compute-bench`; `Machine::new` builds through `World::new`).
+#[allow(unused_imports)]
 pub use base::build;
 
 /// A simulated machine with its own state file.
@@ -63,15 +65,11 @@ impl TestSlice {
 
 impl Machine {
     pub fn new(gpus: &str) -> Machine {
-        let bin = build().clone();
-        let tmp = tempfile::tempdir().expect("tempdir");
-        let lib = tmp.path().join("lib");
-        egpu_simgpu::link_dir(&bin.join("libegpu_simgpu.so"), &lib).expect("simulated driver links");
-        let state = tmp.path().join("sim.state");
+        let base::World { tmp, gpus, lib, state, bin } = base::World::new(gpus);
         let spec: egpu_core::SimSpec = gpus.parse().expect("sim spec");
         let totals: Vec<u64> = spec.devices.iter().map(|d| d.memory.0).collect();
-        let sim = Shared::attach(&state, &egpu_simgpu::config::canonical(&spec), gpus, &totals).expect("attach simulated GPU state");
-        Machine { gpus: gpus.into(), lib, state, bin, tmp, sim }
+        let sim = Shared::attach(&state, &egpu_simgpu::config::canonical(&spec), &gpus, &totals).expect("attach simulated GPU state");
+        Machine { gpus, lib, state, bin, tmp, sim }
     }
 
     /// A one-device slice on host device `host`: share and limit in %.
