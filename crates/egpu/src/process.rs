@@ -52,11 +52,11 @@ pub struct Running {
 /// Starts `cmd` with `env`. Termination signals are caught from before the
 /// start, and forwarded to the program by [`Running::wait`].
 pub fn start(cmd: &[String], env: &[EnvEntry]) -> anyhow::Result<Running> {
-    // Handlers first: a signal that arrives while the child starts is forwarded, not fatal.
     start_command(command(cmd, env), &cmd[0])
 }
 
 fn start_command(mut c: tokio::process::Command, prog: &str) -> anyhow::Result<Running> {
+    // Handlers first: a signal that arrives while the child starts is forwarded, not fatal.
     let signals = [signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?, signal(SignalKind::hangup())?, signal(SignalKind::quit())?];
     let child = c.spawn().map_err(|e| Failure::new(CANNOT_START, format!("cannot start {prog}: {e}")))?;
     let pid = child.id().unwrap_or(0);
