@@ -261,7 +261,7 @@ pub fn process_utilization(h: nvmlDevice_t, out: *mut nvmlProcessUtilizationSamp
     p.shm.pending_spans(d, now, |who, ns| *pending.entry(who).or_default() += ns);
     let live: Vec<(usize, u32, u64)> = queued
         .into_iter()
-        .map(|(i, pid, q)| (i, pid, q.saturating_sub(pending.get(&((i as u64) << 32 | u64::from(pid))).copied().unwrap_or(0))))
+        .map(|(i, pid, q)| (i, pid, q.saturating_sub(pending.get(&crate::state::timing::span_owner(i, pid)).copied().unwrap_or(0))))
         .filter(|&(_, _, busy)| busy > 0)
         .collect();
     let cap = arg(crate::cptr::read(count as *const u32))?;

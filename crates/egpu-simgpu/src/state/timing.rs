@@ -30,6 +30,12 @@ use super::{NBUCKETS, NSPANS, Shared};
 use std::sync::atomic::Ordering::SeqCst;
 
 pub const BUCKET_NS: u64 = 100_000_000;
+/// The `owner` word of a logged kernel: its process's slot and pid (a slot
+/// reused by another process does not inherit the spans).
+pub fn span_owner(slot: usize, pid: u32) -> u64 {
+    (slot as u64) << 32 | u64::from(pid)
+}
+
 /// Ended log entries in a row after which [`Shared::pending_spans`] stops.
 const SETTLED_RUN: u32 = 64;
 const BUSY_BITS: u32 = 28;
@@ -83,11 +89,11 @@ impl Shared {
         let d = &self.devs[dev];
         let n = d.span_cursor.fetch_add(1, SeqCst);
         let e = &d.spans[(n % NSPANS as u64) as usize];
-        let pid = u64::from(self.slot_owner(slot).0);
+        let who = span_owner(slot, self.slot_owner(slot).0);
         e.seq.store(2 * n + 1, SeqCst);
         e.end.store(end, SeqCst);
         e.dur.store(dur, SeqCst);
-        e.owner.store((slot as u64) << 32 | pid, SeqCst);
+        e.owner.store(who, SeqCst);
         e.seq.store(2 * n + 2, SeqCst);
     }
 
@@ -98,7 +104,7 @@ impl Shared {
     /// dip).
     pub fn executed(&self, slot: usize, dev: usize, now: u64) -> u64 {
         let queued = self.slots[slot].busy[dev].load(SeqCst);
-        let owner = (slot as u64) << 32 | u64::from(self.slot_owner(slot).0);
+        let owner = span_owner(slot, self.slot_owner(slot).0);
         let mut pending = 0;
         self.pending_spans(dev, now, |who, ns| {
             if who == owner {
