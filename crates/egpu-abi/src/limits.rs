@@ -58,8 +58,14 @@ pub struct DeviceLimits {
     /// Arbiter: measured-to-true GPU time ratio it applied, parts per million
     /// (informational: `egpu top`, metrics).
     pub scale_ppm: AtomicU64,
+    /// Burst cap in bytes: the most the memory limit may be raised to by
+    /// borrowing from the device's burst pool (0: the slice does not burst).
+    /// Written by `egpud` before the limits it goes with; the hook only uses
+    /// it to decide whether asking for a grant can help (`egpud` checks every
+    /// grant itself). Carved out of reserved space: zero in older tables.
+    pub mem_burst: AtomicU64,
     /// Reserved; zero in ABI v1.
-    pub reserved: [AtomicU64; 3],
+    pub reserved: [AtomicU64; 2],
 }
 
 /// The whole limits file.
@@ -387,6 +393,12 @@ impl LimitsWriter {
     /// Records that `egpud` is alive.
     pub fn heartbeat(&self) {
         self.region().agent_heartbeat_ns.store(crate::monotonic_ns(), Ordering::Release);
+    }
+
+    /// Publishes the burst cap of slice device `dev` (see
+    /// [`DeviceLimits::mem_burst`]).
+    pub fn set_mem_burst(&self, dev: usize, bytes: u64) {
+        self.region().devices[dev].mem_burst.store(bytes, Ordering::Release);
     }
 
     /// Publishes the arbiter's budget for slice device `dev` in period `epoch`.

@@ -99,8 +99,12 @@ pub struct UsageRegion {
     /// Per device: cumulative number of times a launch of this slice found
     /// its allowance exhausted and had to wait (compute arbiter demand signal).
     pub throttle_waits: [AtomicU64; MAX_DEVICES],
-    /// Reserved; zero in ABI v1.
-    pub reserved: [AtomicU64; 16],
+    /// Per device: memory the slice asks `egpud` to raise its limit to
+    /// (bytes; 0: no request). A process refused over its limit raises it
+    /// with `fetch_max`; `egpud` answers at its next tick by publishing a
+    /// higher limit (a grant from the device's burst pool) or not, and then
+    /// clears the word. Carved out of reserved space: zero in older tables.
+    pub mem_want: [AtomicU64; MAX_DEVICES],
     pub procs: [ProcRecord; MAX_PROCS],
 }
 
@@ -387,10 +391,20 @@ impl UsageFile {
     /// Charges `bytes` on slice device `dev` to `slot` if the slice's total
     /// stays within `limit`. Returns the new total.
     pub fn try_charge(&self, slot: &ProcSlot, dev: usize, bytes: u64, limit: u64) -> Result<u64, ChargeError> {
+        self.try_charge_with(slot, dev, bytes, &|| limit)
+    }
+
+    /// [`UsageFile::try_charge`] with the limit read by `limit()` *inside*
+    /// the charge lock. `egpud` relies on this when it lowers a limit to take
+    /// back burst memory: once it has seen the device's charge lock free
+    /// after publishing the lower limit, every later charge checks against
+    /// it, and every earlier one is in the records.
+    pub fn try_charge_with(&self, slot: &ProcSlot, dev: usize, bytes: u64, limit: &dyn Fn() -> u64) -> Result<u64, ChargeError> {
         if dev >= self.n_devices() {
             return Err(ChargeError::BadDevice(dev));
         }
         self.lock_charge(slot.index, dev);
+        let limit = limit();
         let used = self.used(dev);
         let res = match used.checked_add(bytes) {
             Some(total) if total <= limit => {
@@ -404,6 +418,38 @@ impl UsageFile {
         };
         self.unlock_charge(slot.index, dev);
         res
+    }
+
+    /// Asks `egpud` to raise the limit of device `dev` to at least `bytes`
+    /// (see [`UsageRegion::mem_want`]).
+    pub fn want_memory(&self, dev: usize, bytes: u64) {
+        if dev < self.n_devices() {
+            self.region().mem_want[dev].fetch_max(bytes, Ordering::AcqRel);
+        }
+    }
+
+    /// The pending request of device `dev` (0: none).
+    pub fn wanted_memory(&self, dev: usize) -> u64 {
+        if dev < self.n_devices() { self.region().mem_want[dev].load(Ordering::Acquire) } else { 0 }
+    }
+
+    /// `egpud`: takes the request of device `dev`, leaving none (0: none).
+    pub fn take_memory_want(&self, dev: usize) -> u64 {
+        if dev < self.n_devices() { self.region().mem_want[dev].swap(0, Ordering::AcqRel) } else { 0 }
+    }
+
+    /// Whether no live process holds the charge lock of device `dev` now (a
+    /// lock word left by a dead owner counts as free).
+    pub fn charge_lock_free(&self, dev: usize) -> bool {
+        if dev >= self.n_devices() {
+            return true;
+        }
+        match self.region().charge_locks[dev].load(Ordering::Acquire) {
+            0 => true,
+            // A word no record can hold (the file is the workload's to write): not free.
+            owner if owner as usize > MAX_PROCS => false,
+            owner => !self.owned_by_other(owner as usize - 1),
+        }
     }
 
     /// Returns `bytes` on `dev` from `slot`'s record (saturating at zero).
@@ -551,7 +597,9 @@ mod tests {
         assert_eq!(offset_of!(UsageRegion, procs), (offset_of!(UsageRegion, throttle_waits) + 8 * 32).next_multiple_of(64));
         use crate::limits::DeviceLimits;
         assert_eq!(offset_of!(DeviceLimits, allowance_ns), offset_of!(DeviceLimits, budget_ns) + 8);
-        assert_eq!(offset_of!(DeviceLimits, reserved) + 3 * 8, offset_of!(DeviceLimits, budget_ns) + 8 + 8 * 8);
+        assert_eq!(offset_of!(DeviceLimits, reserved) + 2 * 8, offset_of!(DeviceLimits, budget_ns) + 8 + 8 * 8);
+        assert_eq!(offset_of!(DeviceLimits, mem_burst) + 8, offset_of!(DeviceLimits, reserved));
+        assert_eq!(offset_of!(UsageRegion, mem_want), offset_of!(UsageRegion, throttle_waits) + 8 * MAX_DEVICES);
         assert_eq!(size_of::<DeviceLimits>() % 64, 0);
     }
 

@@ -70,7 +70,14 @@ impl std::str::FromStr for Priority {
 pub struct DeviceShare {
     /// Node-local device index (NVML order).
     pub device: u32,
+    /// Guaranteed memory: reserved for the slice, and its hard limit unless
+    /// it bursts.
     pub memory: Bytes,
+    /// Burst cap: the slice's memory limit may be raised up to this, on
+    /// demand, by borrowing device memory that no slice has reserved (the
+    /// device's burst pool); 0 = no burst. At least `memory` when set.
+    #[serde(default)]
+    pub memory_burst: Bytes,
     /// Guaranteed share of the device's time whenever the slice has work.
     pub compute_share: Percent,
     /// Cap on the device's time; at least `compute_share`.
@@ -99,6 +106,8 @@ pub enum SliceError {
     ZeroMemory { device: u32 },
     #[error("device {device}: compute limit {limit} is below the guaranteed share {share}; the limit must be at least the share")]
     LimitBelowShare { device: u32, share: Percent, limit: Percent },
+    #[error("device {device}: memory burst cap {burst} is below the guaranteed memory {memory}; the burst cap must be at least the memory (or 0 for no burst)")]
+    BurstBelowMemory { device: u32, memory: Bytes, burst: Bytes },
     #[error("device {device}: compute limit must be greater than 0%")]
     ZeroLimit { device: u32 },
 }
@@ -115,9 +124,18 @@ pub fn validate_name(name: &str) -> Result<(), SliceError> {
 }
 
 impl DeviceShare {
+    /// The most memory the slice may hold on this device: the burst cap, or
+    /// the guarantee when it does not burst.
+    pub fn memory_cap(&self) -> Bytes {
+        self.memory.max(self.memory_burst)
+    }
+
     pub fn validate(&self) -> Result<(), SliceError> {
         if self.memory.0 == 0 {
             return Err(SliceError::ZeroMemory { device: self.device });
+        }
+        if self.memory_burst.0 != 0 && self.memory_burst < self.memory {
+            return Err(SliceError::BurstBelowMemory { device: self.device, memory: self.memory, burst: self.memory_burst });
         }
         if self.compute_limit.0 == 0 {
             return Err(SliceError::ZeroLimit { device: self.device });
@@ -160,6 +178,7 @@ mod tests {
         DeviceShare {
             device,
             memory: Bytes::gib(gib),
+            memory_burst: Bytes(0),
             compute_share: Percent::from_pct(s),
             compute_limit: Percent::from_pct(l),
         }
@@ -182,6 +201,10 @@ mod tests {
         assert_eq!(s.validate(), Err(SliceError::DuplicateDevice(0)));
         s.devices = vec![share(1, 8, 50, 40)];
         assert!(matches!(s.validate(), Err(SliceError::LimitBelowShare { .. })));
+        s.devices = vec![DeviceShare { memory_burst: Bytes::gib(4), ..share(1, 8, 0, 100) }];
+        assert!(matches!(s.validate(), Err(SliceError::BurstBelowMemory { device: 1, .. })), "a burst cap below the guarantee");
+        s.devices = vec![DeviceShare { memory_burst: Bytes::gib(8), ..share(1, 8, 0, 100) }];
+        assert!(s.validate().is_ok(), "a burst cap equal to the guarantee");
         s.devices = vec![share(1, 0, 0, 100)];
         assert_eq!(s.validate(), Err(SliceError::ZeroMemory { device: 1 }));
         s.devices.clear();

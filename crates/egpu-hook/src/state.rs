@@ -177,12 +177,39 @@ impl Slice {
         self.usage.used(dev)
     }
 
+    /// The burst cap of device `dev` (0: the slice does not burst).
+    pub fn mem_burst(&self, dev: usize) -> u64 {
+        self.limits.region().devices.get(dev).map_or(0, |d| d.mem_burst.load(Ordering::Acquire))
+    }
+
+    /// Asks `egpud` to raise the limit of device `dev` to `want` bytes from
+    /// the device's burst pool and waits, at most [`BURST_WAIT`], for its
+    /// answer (it clears the request at its next tick, after publishing any
+    /// grant). Returns whether it answered; the caller's retry tells whether
+    /// the limit was raised. Never holds a lock while waiting.
+    pub fn ask_for_burst(&self, dev: usize, want: u64) -> bool {
+        self.usage.want_memory(dev, want);
+        let deadline = std::time::Instant::now() + BURST_WAIT;
+        while self.usage.wanted_memory(dev) != 0 {
+            if std::time::Instant::now() >= deadline {
+                crate::util::debug!("no burst answer for dev {dev} within {BURST_WAIT:?} (is egpud running?)");
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        true
+    }
+
     /// The current memory limit of device `dev`.
     pub fn limit(&self, dev: usize) -> u64 {
         let s = self.limits.snapshot();
         s.devices().get(dev).map_or(0, |d| d.mem_limit)
     }
 }
+
+/// How long an allocation over the limit waits for `egpud` to answer a
+/// burst request (its arbiter loop answers every 10 ms) before it is refused.
+pub const BURST_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 static SAID_DELETED: AtomicBool = AtomicBool::new(false);
 
@@ -196,29 +223,40 @@ pub fn charge(dev: usize, bytes: u64) -> Result<(), CUresult> {
         say_once(&SAID_DELETED, || format!("slice '{}' was deleted: new GPU allocations are refused (the process keeps running)", s.name));
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
-    let Some(d) = snap.devices().get(dev) else {
+    if dev >= snap.devices().len() {
         return Err(CUDA_ERROR_INVALID_DEVICE);
-    };
+    }
     let slot = s.slot()?;
-    let mut first = true;
+    // The limit is read inside the charge lock (see `try_charge_with`), so a
+    // limit `egpud` lowers to take back burst memory is never overrun.
+    let limit = || s.limit(dev);
+    let (mut swept, mut asked) = (false, false);
     loop {
-        match s.usage.try_charge(&slot, dev, bytes, d.mem_limit) {
+        match s.usage.try_charge_with(&slot, dev, bytes, &limit) {
             Ok(total) => {
-                crate::util::debug!("charge dev {dev} +{bytes} -> {total} / {}", d.mem_limit);
+                crate::util::debug!("charge dev {dev} +{bytes} -> {total}");
                 return Ok(());
             }
             Err(ChargeError::BadDevice(_)) => return Err(CUDA_ERROR_INVALID_DEVICE),
             Err(ChargeError::OverLimit { used, requested, limit }) => {
-                if !first {
-                    crate::util::debug!("refuse dev {dev} +{requested}: used {used} limit {limit}");
-                    return Err(CUDA_ERROR_OUT_OF_MEMORY);
+                if !swept {
+                    swept = true;
+                    let reclaimed = s.usage.sweep(Some(slot.index));
+                    if !reclaimed.is_empty() {
+                        crate::util::debug!("swept {} dead records", reclaimed.len());
+                    }
+                    crate::cuda::pool::release_unused();
+                    continue;
                 }
-                first = false;
-                let reclaimed = s.usage.sweep(Some(slot.index));
-                if !reclaimed.is_empty() {
-                    crate::util::debug!("swept {} dead records", reclaimed.len());
+                let want = used.saturating_add(requested);
+                if !asked && want <= s.mem_burst(dev) {
+                    asked = true;
+                    if s.ask_for_burst(dev, want) {
+                        continue;
+                    }
                 }
-                crate::cuda::pool::release_unused();
+                crate::util::debug!("refuse dev {dev} +{requested}: used {used} limit {limit}");
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
             }
         }
     }

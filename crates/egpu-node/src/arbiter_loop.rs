@@ -160,7 +160,9 @@ impl ComputeLoop {
                 Err(e) => tracing::debug!(device = d, error = %e, "per-process utilisation"),
             }
         }
-        let m = node.slices();
+        let mut m = node.slices();
+        // Burst memory: answer the slices' requests for more.
+        crate::burst::tick(&mut m, Instant::now());
         self.refresh_pids(&m, &samples);
         for (d, v) in &samples {
             self.truth.add(*d, v);

@@ -3,7 +3,11 @@
 //! Pure functions over the inventory and the other slices' specs, so they are
 //! property-tested on their own. Rules, per device:
 //! - the sum of the slices' memory limits is at most the device's memory;
-//! - the sum of the guaranteed compute shares is at most 100%.
+//! - the sum of the guaranteed compute shares is at most 100%;
+//! - a burst cap is at most the device's memory.
+//!
+//! Next to slices that burst, what is lent out now must fit too
+//! ([`crate::burst::check_lent`]).
 
 use crate::devices::DeviceInfo;
 use egpu_core::{Bytes, Percent, SliceError, SliceSpec};
@@ -20,6 +24,10 @@ pub enum CapacityError {
     AboveDevice { device: u32, requested: Bytes, total: Bytes },
     #[error("device {device}: {requested} of memory requested but only {free} of {total} is free (other slices hold the rest; see `egpu devices`)")]
     Memory { device: u32, requested: Bytes, free: Bytes, total: Bytes },
+    #[error("device {device}: {requested} of memory requested but only {free} is free now: {lent} of the device is lent out to bursting slices; it comes back as they free it (retry later, or lower the request)")]
+    Lent { device: u32, requested: Bytes, free: Bytes, lent: Bytes },
+    #[error("device {device}: a burst cap of {requested} requested but the device has only {total} of memory")]
+    BurstAboveDevice { device: u32, requested: Bytes, total: Bytes },
     #[error("device {device}: a compute share of {requested} requested but only {free} is unreserved (shares on a device add up to at most 100%)")]
     Compute { device: u32, requested: Percent, free: Percent },
 }
@@ -27,7 +35,7 @@ pub enum CapacityError {
 impl CapacityError {
     /// Whether the request was well-formed but does not fit (overcommit).
     pub fn is_overcommit(&self) -> bool {
-        matches!(self, CapacityError::AboveDevice { .. } | CapacityError::Memory { .. } | CapacityError::Compute { .. })
+        matches!(self, CapacityError::AboveDevice { .. } | CapacityError::BurstAboveDevice { .. } | CapacityError::Memory { .. } | CapacityError::Lent { .. } | CapacityError::Compute { .. })
     }
 }
 
@@ -71,6 +79,9 @@ pub fn check<'a>(devices: &[DeviceInfo], others: impl IntoIterator<Item = &'a Sl
         if d.memory.0 > total {
             return Err(CapacityError::AboveDevice { device: d.device, requested: d.memory, total: Bytes(total) });
         }
+        if d.memory_burst.0 > total {
+            return Err(CapacityError::BurstAboveDevice { device: d.device, requested: d.memory_burst, total: Bytes(total) });
+        }
         let a = alloc[d.device as usize];
         let free = total.saturating_sub(a.memory);
         if d.memory.0 > free {
@@ -104,6 +115,7 @@ mod tests {
                 .map(|&(device, mib, share)| DeviceShare {
                     device,
                     memory: Bytes::mib(mib),
+                    memory_burst: Bytes(0),
                     compute_share: Percent(share),
                     compute_limit: Percent::FULL,
                 })

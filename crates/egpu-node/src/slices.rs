@@ -47,6 +47,10 @@ pub struct Slice {
     pub usage: UsageFile,
     /// Resizes since this egpud started (for metrics).
     pub resizes: u64,
+    /// Per slice device: memory lent above the guarantee from the device's
+    /// burst pool (see [`crate::burst`]); the published limit is the
+    /// guarantee plus this.
+    pub granted: Vec<u64>,
 }
 
 /// Usage of one slice device, for listings.
@@ -56,6 +60,8 @@ pub struct DeviceUsage {
     pub uuid: String,
     pub used: u64,
     pub refused: u64,
+    /// Burst memory lent now, above the guarantee.
+    pub granted: u64,
 }
 
 /// One attached process, for listings.
@@ -83,6 +89,7 @@ impl Slice {
                 uuid: self.record.device_uuids.get(i).cloned().unwrap_or_default(),
                 used: self.usage.used(i),
                 refused: r.refused[i].load(Ordering::Relaxed),
+                granted: self.granted.get(i).copied().unwrap_or(0),
             })
             .collect()
     }
@@ -99,18 +106,29 @@ impl Slice {
         self.limits.snapshot().seq
     }
 
-    fn publish(&self) -> Result<u64, SliceOpError> {
+    /// The memory limit of each slice device: the guarantee plus any burst grant.
+    pub fn mem_limits(&self) -> Vec<u64> {
+        limits_of(&self.record.spec, &self.granted).iter().map(|l| l.mem_limit).collect()
+    }
+
+    /// Publishes the spec, with any burst grants, to the limits file. The
+    /// burst caps go first, so a hook that sees the new limits sees them too.
+    pub(crate) fn publish(&self) -> Result<u64, SliceOpError> {
         let spec = &self.record.spec;
-        self.limits.publish(spec.priority.code(), &limits_of(spec)).map_err(SliceOpError::Abi)
+        for (i, d) in spec.devices.iter().enumerate() {
+            self.limits.set_mem_burst(i, d.memory_burst.0);
+        }
+        self.limits.publish(spec.priority.code(), &limits_of(spec, &self.granted)).map_err(SliceOpError::Abi)
     }
 }
 
-fn limits_of(spec: &SliceSpec) -> Vec<DeviceLimitsSnapshot> {
+fn limits_of(spec: &SliceSpec, granted: &[u64]) -> Vec<DeviceLimitsSnapshot> {
     spec.devices
         .iter()
-        .map(|d| DeviceLimitsSnapshot {
+        .enumerate()
+        .map(|(i, d)| DeviceLimitsSnapshot {
             host_index: d.device,
-            mem_limit: d.memory.0,
+            mem_limit: d.memory.0.saturating_add(granted.get(i).copied().unwrap_or(0)).min(d.memory_cap().0),
             compute_share_bps: d.compute_share.0,
             compute_limit_bps: d.compute_limit.0,
         })
@@ -131,6 +149,8 @@ pub struct ResizeRequest {
     /// Node device indices to change; empty means every device of the slice.
     pub devices: Vec<u32>,
     pub memory: Option<Bytes>,
+    /// Burst cap; `Some(Bytes(0))` turns bursting off.
+    pub memory_burst: Option<Bytes>,
     pub compute_share: Option<Percent>,
     pub compute_limit: Option<Percent>,
     pub priority: Option<Priority>,
@@ -155,6 +175,8 @@ pub struct SliceManager {
     slices: BTreeMap<String, Slice>,
     /// Slice directories of no slice, still attached to live processes; removed by [`SliceManager::sweep`].
     orphan_dirs: Vec<PathBuf>,
+    /// Burst-memory state ([`crate::burst`]).
+    pub(crate) burst: crate::burst::Burst,
 }
 
 fn now_unix() -> u64 {
@@ -185,7 +207,7 @@ impl SliceManager {
     pub fn adopt(run_dir: &Path, devices: Vec<DeviceInfo>, store: Store) -> Result<(SliceManager, AdoptReport), SliceOpError> {
         let slices_dir = paths::slices_dir(run_dir);
         std::fs::create_dir_all(&slices_dir).map_err(|source| SliceOpError::Io { path: slices_dir.clone(), source })?;
-        let mut mgr = SliceManager { run_dir: run_dir.into(), devices, store, slices: BTreeMap::new(), orphan_dirs: Vec::new() };
+        let mut mgr = SliceManager { run_dir: run_dir.into(), devices, store, slices: BTreeMap::new(), orphan_dirs: Vec::new(), burst: crate::burst::Burst::default() };
         let mut report = AdoptReport::default();
         for record in mgr.store.load_all()? {
             for (i, d) in record.spec.devices.iter().enumerate() {
@@ -285,7 +307,16 @@ impl SliceManager {
                 UsageFile::create(&upath, n).map_err(SliceOpError::Abi)?
             }
         };
-        Ok(Slice { record, dir, limits, usage, resizes: 0 })
+        // A restarted egpud takes the grants back from the limits file.
+        let file = limits.snapshot();
+        let granted = record
+            .spec
+            .devices
+            .iter()
+            .zip(file.devices())
+            .map(|(d, l)| l.mem_limit.min(d.memory_cap().0).saturating_sub(d.memory.0))
+            .collect();
+        Ok(Slice { record, dir, limits, usage, resizes: 0, granted })
     }
 
     fn recreate_limits(&self, record: &SliceRecord, path: &Path, why: String, report: &mut AdoptReport) -> Result<LimitsWriter, SliceOpError> {
@@ -298,11 +329,16 @@ impl SliceManager {
             .spec
             .devices
             .iter()
-            .zip(limits_of(&record.spec))
+            .zip(limits_of(&record.spec, &[]))
             .enumerate()
             .map(|(i, (d, limits))| DeviceInit { uuid: record.device_uuids.get(i).cloned().unwrap_or_default(), host_index: d.device, limits })
             .collect();
-        LimitsWriter::create(path, &record.spec.name, record.spec.priority.code(), &inits).map_err(SliceOpError::Abi)
+        let w = LimitsWriter::create(path, &record.spec.name, record.spec.priority.code(), &inits).map_err(SliceOpError::Abi)?;
+        // Before any workload can know the slice: its burst caps.
+        for (i, d) in record.spec.devices.iter().enumerate() {
+            w.set_mem_burst(i, d.memory_burst.0);
+        }
+        Ok(w)
     }
 
     pub fn devices(&self) -> &[DeviceInfo] {
@@ -322,6 +358,11 @@ impl SliceManager {
     }
 
     /// Finds a slice by name, or by id.
+    /// A slice by name, to change its burst grants ([`crate::burst`]).
+    pub(crate) fn slice_mut(&mut self, name: &str) -> Option<&mut Slice> {
+        self.slices.get_mut(name)
+    }
+
     pub fn get(&self, name_or_id: &str) -> Result<&Slice, SliceOpError> {
         self.slices
             .get(name_or_id)
@@ -340,6 +381,7 @@ impl SliceManager {
             return Err(SliceOpError::Exists(name));
         }
         capacity::check(&self.devices, self.slices.values().map(|s| &s.record.spec), &req.spec)?;
+        crate::burst::check_lent(self, None, &req.spec)?;
         let owner: Option<Owner> = match req.owner_pid {
             Some(pid) => Some(crate::owner::owner_of(pid).ok_or_else(|| SliceOpError::BadRequest(format!("owner process {pid} does not exist")))?),
             None => None,
@@ -372,7 +414,8 @@ impl SliceManager {
         };
         limits.heartbeat();
         tracing::info!(slice = %name, id = %record.id, spec = ?record.spec, "created slice");
-        self.slices.insert(name.clone(), Slice { record, dir, limits, usage, resizes: 0 });
+        let granted = vec![0; record.spec.devices.len()];
+        self.slices.insert(name.clone(), Slice { record, dir, limits, usage, resizes: 0, granted });
         Ok(&self.slices[&name])
     }
 
@@ -392,6 +435,9 @@ impl SliceManager {
             if let Some(m) = req.memory {
                 d.memory = m;
             }
+            if let Some(b) = req.memory_burst {
+                d.memory_burst = b;
+            }
             if let Some(s) = req.compute_share {
                 d.compute_share = s;
             }
@@ -403,13 +449,24 @@ impl SliceManager {
             spec.priority = p;
         }
         capacity::check(&self.devices, self.slices.values().filter(|s| s.name() != name).map(|s| &s.record.spec), &spec)?;
+        crate::burst::check_lent(self, Some(&name), &spec)?;
         let slice = self.slices.get_mut(&name).expect("looked up above");
+        let old_limits = slice.mem_limits();
         let mut record = slice.record.clone();
         record.spec = spec;
         self.store.put(&record)?;
         slice.record = record;
         slice.resizes += 1;
+        // A grant stays as far as the new burst cap allows.
+        for (i, d) in slice.record.spec.devices.iter().enumerate() {
+            slice.granted[i] = old_limits[i].min(d.memory_cap().0).saturating_sub(d.memory.0);
+        }
         let seq = slice.publish()?;
+        for (i, (old, new)) in old_limits.iter().zip(slice.mem_limits()).enumerate() {
+            if new < *old {
+                self.burst.hold(&name, i, *old);
+            }
+        }
         tracing::info!(slice = %name, generation = seq, spec = ?slice.record.spec, "resized slice");
         Ok(slice)
     }

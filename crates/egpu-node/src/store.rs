@@ -171,7 +171,7 @@ mod tests {
             spec: SliceSpec {
                 name: name.into(),
                 priority: Priority::High,
-                devices: vec![DeviceShare { device: 0, memory: Bytes::gib(1), compute_share: Percent(2500), compute_limit: Percent::FULL }],
+                devices: vec![DeviceShare { device: 0, memory: Bytes::gib(1), memory_burst: Bytes(0), compute_share: Percent(2500), compute_limit: Percent::FULL }],
             },
             device_uuids: vec!["GPU-x".into()],
             ephemeral: true,
@@ -191,6 +191,11 @@ mod tests {
         r.workload = Some(Owner { pid: 5, start_ticks: 6 });
         let back: SliceRecord = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
         assert_eq!(back.workload, Some(Owner { pid: 5, start_ticks: 6 }));
+        // A record stored before burst caps existed has none.
+        let before_burst = old.replace(",\"memory_burst\":0", "");
+        assert!(!before_burst.contains("memory_burst"), "{before_burst}");
+        let r: SliceRecord = serde_json::from_str(&before_burst).unwrap();
+        assert_eq!(r.spec.devices[0].memory_burst, Bytes(0));
     }
 
     #[test]

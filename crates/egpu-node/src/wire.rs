@@ -57,6 +57,7 @@ pub fn decode_create(r: &proto::CreateSliceRequest) -> Result<CreateRequest, Dec
             Ok(DeviceShare {
                 device: d.device,
                 memory: Bytes(d.memory_bytes),
+                memory_burst: Bytes(d.memory_burst_bytes),
                 compute_share: percent(d.device, "compute share", d.compute_share_bps)?,
                 compute_limit: if d.compute_limit_bps == 0 { Percent::FULL } else { percent(d.device, "compute limit", d.compute_limit_bps)? },
             })
@@ -77,11 +78,12 @@ pub fn decode_resize(r: &proto::ResizeSliceRequest) -> Result<ResizeRequest, Dec
     let req = ResizeRequest {
         devices: r.devices.clone(),
         memory: r.memory_bytes.map(Bytes),
+        memory_burst: r.memory_burst_bytes.map(Bytes),
         compute_share: pct("compute share", r.compute_share_bps)?,
         compute_limit: pct("compute limit", r.compute_limit_bps.map(|l| if l == 0 { Percent::FULL.0 } else { l }))?,
         priority: priority_from_wire(r.priority)?,
     };
-    if req.memory.is_none() && req.compute_share.is_none() && req.compute_limit.is_none() && req.priority.is_none() {
+    if req.memory.is_none() && req.memory_burst.is_none() && req.compute_share.is_none() && req.compute_limit.is_none() && req.priority.is_none() {
         return Err(DecodeError::EmptyResize);
     }
     Ok(req)
@@ -104,6 +106,8 @@ pub fn slice_to_wire(s: &Slice) -> proto::Slice {
                 compute_limit_bps: u.share.compute_limit.0,
                 used_bytes: u.used,
                 refused: u.refused,
+                memory_burst_bytes: u.share.memory_burst.0,
+                memory_granted_bytes: u.granted,
                 ..Default::default()
             })
             .collect(),
@@ -187,8 +191,9 @@ mod tests {
     use proptest::prelude::*;
 
     fn arb_share() -> impl Strategy<Value = proto::DeviceShareSpec> {
-        (0u32..5, prop_oneof![Just(0u64), 1u64..(1 << 36), Just(u64::MAX)], 0u32..12_000, 0u32..12_000).prop_map(|(device, memory_bytes, s, l)| {
-            proto::DeviceShareSpec { device, memory_bytes, compute_share_bps: s, compute_limit_bps: l }
+        let bytes = || prop_oneof![Just(0u64), 1u64..(1 << 36), Just(u64::MAX)];
+        (0u32..5, bytes(), 0u32..12_000, 0u32..12_000, bytes()).prop_map(|(device, memory_bytes, s, l, memory_burst_bytes)| {
+            proto::DeviceShareSpec { device, memory_bytes, compute_share_bps: s, compute_limit_bps: l, memory_burst_bytes }
         })
     }
 
@@ -225,12 +230,12 @@ mod tests {
         }
 
         #[test]
-        fn resize_requests_are_validated(mem in proptest::option::of(any::<u64>()), share in proptest::option::of(0u32..20_000), prio in -1i32..5) {
-            let req = proto::ResizeSliceRequest { name: "a".into(), devices: vec![], memory_bytes: mem, compute_share_bps: share, compute_limit_bps: None, priority: prio };
+        fn resize_requests_are_validated(mem in proptest::option::of(any::<u64>()), burst in proptest::option::of(any::<u64>()), share in proptest::option::of(0u32..20_000), prio in -1i32..5) {
+            let req = proto::ResizeSliceRequest { name: "a".into(), devices: vec![], memory_bytes: mem, compute_share_bps: share, compute_limit_bps: None, priority: prio, memory_burst_bytes: burst };
             match decode_resize(&req) {
                 Ok(r) => {
                     prop_assert!(r.compute_share.is_none_or(|s| s <= Percent::FULL));
-                    prop_assert!(r.memory.is_some() || r.compute_share.is_some() || r.priority.is_some());
+                    prop_assert!(r.memory.is_some() || r.memory_burst.is_some() || r.compute_share.is_some() || r.priority.is_some());
                 }
                 Err(e) => prop_assert!(!e.to_string().is_empty()),
             }

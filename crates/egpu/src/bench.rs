@@ -81,7 +81,7 @@ async fn run(c: &mut egpu_node::client::Client, args: &ResizeBenchArgs) -> anyho
     let start_limit = 64u64 << 20;
     let req = proto::CreateSliceRequest {
         name: "bench".into(),
-        devices: vec![proto::DeviceShareSpec { device: 0, memory_bytes: start_limit, compute_share_bps: 0, compute_limit_bps: 0 }],
+        devices: vec![proto::DeviceShareSpec { device: 0, memory_bytes: start_limit, compute_share_bps: 0, compute_limit_bps: 0, memory_burst_bytes: 0 }],
         ..Default::default()
     };
     c.create_slice(req).await.map_err(crate::exit::status)?;

@@ -36,6 +36,11 @@ pub struct LimitArgs {
     /// Hard GPU-memory limit per device, e.g. 8GiB, 512MiB, 1.5GB.
     #[arg(long = "gpu-memory", value_name = "SIZE")]
     pub memory: Option<Bytes>,
+    /// Burst cap per device: above --gpu-memory (which stays reserved), the
+    /// limit grows on demand up to SIZE while the device has memory no slice
+    /// reserved, and shrinks back when unused. 0 turns bursting off.
+    #[arg(long = "gpu-memory-burst", value_name = "SIZE")]
+    pub memory_burst: Option<Bytes>,
     /// Guaranteed share of each device's time, e.g. 30%.
     #[arg(long = "gpu-compute", value_name = "PERCENT")]
     pub compute_share: Option<Percent>,

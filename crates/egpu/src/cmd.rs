@@ -123,6 +123,7 @@ pub async fn create(c: &mut Client, name: String, limits: &LimitArgs, ephemeral:
                 memory_bytes: memory,
                 compute_share_bps: limits.compute_share.map(|p| p.0).unwrap_or(0),
                 compute_limit_bps: limits.compute_limit.map(|p| p.0).unwrap_or(0),
+                memory_burst_bytes: limits.memory_burst.map(|b| b.0).unwrap_or(0),
             })
             .collect(),
         ephemeral,
@@ -132,13 +133,14 @@ pub async fn create(c: &mut Client, name: String, limits: &LimitArgs, ephemeral:
 }
 
 pub fn resize_request(name: String, l: &LimitArgs) -> anyhow::Result<proto::ResizeSliceRequest> {
-    if l.memory.is_none() && l.compute_share.is_none() && l.compute_limit.is_none() && l.priority.is_none() {
-        return Err(Failure::new(exit::USAGE, "nothing to change: give --gpu-memory, --gpu-compute, --gpu-compute-limit or --priority").into());
+    if l.memory.is_none() && l.memory_burst.is_none() && l.compute_share.is_none() && l.compute_limit.is_none() && l.priority.is_none() {
+        return Err(Failure::new(exit::USAGE, "nothing to change: give --gpu-memory, --gpu-memory-burst, --gpu-compute, --gpu-compute-limit or --priority").into());
     }
     Ok(proto::ResizeSliceRequest {
         name,
         devices: l.devices.clone(),
         memory_bytes: l.memory.map(|b| b.0),
+        memory_burst_bytes: l.memory_burst.map(|b| b.0),
         compute_share_bps: l.compute_share.map(|p| p.0),
         compute_limit_bps: l.compute_limit.map(|p| p.0),
         priority: l.priority.map(|p| priority_to_wire(p) as i32).unwrap_or(0),

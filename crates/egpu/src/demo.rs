@@ -68,7 +68,7 @@ async fn tour(node: &LocalNode, c: &mut Client) -> anyhow::Result<()> {
     step(2, "Creating two slices: `steady` (2GiB) and `small` (1GiB).");
     let mk = |name: &str, mem: u64, dev: u32| proto::CreateSliceRequest {
         name: name.into(),
-        devices: vec![proto::DeviceShareSpec { device: dev, memory_bytes: mem, compute_share_bps: 0, compute_limit_bps: 0 }],
+        devices: vec![proto::DeviceShareSpec { device: dev, memory_bytes: mem, compute_share_bps: 0, compute_limit_bps: 0, memory_burst_bytes: 0 }],
         ..Default::default()
     };
     c.create_slice(mk("steady", 2 << 30, second)).await.map_err(crate::exit::status)?;
@@ -238,7 +238,7 @@ async fn compute_tour(c: &mut Client) -> anyhow::Result<(Rates, Rates)> {
     for (name, pct) in [("compute-a", 30u32), ("compute-b", 70)] {
         let req = proto::CreateSliceRequest {
             name: name.into(),
-            devices: vec![proto::DeviceShareSpec { device: 0, memory_bytes: 512 << 20, compute_share_bps: pct * 100, compute_limit_bps: pct * 100 }],
+            devices: vec![proto::DeviceShareSpec { device: 0, memory_bytes: 512 << 20, compute_share_bps: pct * 100, compute_limit_bps: pct * 100, memory_burst_bytes: 0 }],
             ..Default::default()
         };
         c.create_slice(req).await.map_err(crate::exit::status)?;

@@ -35,7 +35,12 @@ pub struct NodeOut {
 pub struct SliceDeviceOut {
     pub device: u32,
     pub uuid: String,
+    /// Guaranteed memory (reserved; the hard limit unless the slice bursts).
     pub memory_limit_bytes: u64,
+    /// Burst cap (0: no burst).
+    pub memory_burst_bytes: u64,
+    /// Memory lent to the slice now above its guarantee (its limit is the sum).
+    pub memory_granted_bytes: u64,
     pub used_bytes: u64,
     pub compute_share_percent: f64,
     pub compute_limit_percent: f64,
@@ -120,6 +125,8 @@ pub fn slice_out(s: proto::Slice) -> SliceOut {
                 device: d.device,
                 uuid: d.uuid,
                 memory_limit_bytes: d.memory_limit_bytes,
+                memory_burst_bytes: d.memory_burst_bytes,
+                memory_granted_bytes: d.memory_granted_bytes,
                 used_bytes: d.used_bytes,
                 compute_share_percent: pct(d.compute_share_bps),
                 compute_limit_percent: pct(d.compute_limit_bps),
@@ -198,7 +205,7 @@ pub fn slices_table(slices: &[SliceOut]) -> String {
             rows.push(vec![
                 if first { s.name.clone() } else { String::new() },
                 d.device.to_string(),
-                Bytes(d.memory_limit_bytes).to_string(),
+                memory_cell(d),
                 Bytes(d.used_bytes).to_string(),
                 format!("{}/{}", Percent((d.compute_share_percent * 100.0) as u32), Percent((d.compute_limit_percent * 100.0) as u32)),
                 if first { s.priority.clone() } else { String::new() },
@@ -208,6 +215,15 @@ pub fn slices_table(slices: &[SliceOut]) -> String {
         }
     }
     table(&["NAME", "DEVICE", "LIMIT", "USED", "COMPUTE", "PRIORITY", "PROCS", "ID"], &rows)
+}
+
+/// The LIMIT cell: the guarantee, and for a bursting slice what it has
+/// been lent of its burst cap, e.g. `1GiB (+512MiB, burst 4GiB)`.
+fn memory_cell(d: &SliceDeviceOut) -> String {
+    if d.memory_burst_bytes == 0 {
+        return Bytes(d.memory_limit_bytes).to_string();
+    }
+    format!("{} (+{}, burst {})", Bytes(d.memory_limit_bytes), Bytes(d.memory_granted_bytes), Bytes(d.memory_burst_bytes))
 }
 
 pub fn json<T: Serialize>(v: &T) -> String {

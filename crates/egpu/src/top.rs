@@ -120,7 +120,11 @@ pub fn render(f: &mut Frame, s: &Snapshot) {
             rows.push(Row::new(vec![
                 if first { sl.name.clone() } else { String::new() },
                 d.device.to_string(),
-                format!("{} {}/{}", bar(d.used_bytes as f64 / d.memory_limit_bytes.max(1) as f64, 10), Bytes(d.used_bytes), Bytes(d.memory_limit_bytes)),
+                {
+                    // A bursting slice's limit now: its guarantee plus what it was lent.
+                    let limit = d.memory_limit_bytes + d.memory_granted_bytes;
+                    format!("{} {}/{}", bar(d.used_bytes as f64 / limit.max(1) as f64, 10), Bytes(d.used_bytes), Bytes(limit))
+                },
                 format!("{} {}", bar(d.compute_usage_percent / 100.0, 10), pct(d.compute_usage_percent)),
                 format!("{}/{}", pct(d.compute_share_percent), pct(d.compute_limit_percent)),
                 format!("{:.1}s", d.compute_throttled_seconds),
@@ -288,6 +292,8 @@ mod tests {
                 device: 0,
                 uuid: "GPU-0".into(),
                 memory_limit_bytes: limit,
+                memory_burst_bytes: 0,
+                memory_granted_bytes: 0,
                 used_bytes: used,
                 compute_share_percent: share,
                 compute_limit_percent: cap,

@@ -20,7 +20,7 @@ fn agent(dir: &std::path::Path) -> Agent {
 }
 
 fn create(node: &Node, name: &str, share: u32, limit: u32) {
-    let d = DeviceShare { device: 0, memory: Bytes::gib(1), compute_share: Percent(share), compute_limit: Percent(limit) };
+    let d = DeviceShare { device: 0, memory: Bytes::gib(1), memory_burst: Bytes(0), compute_share: Percent(share), compute_limit: Percent(limit) };
     let spec = SliceSpec { name: name.into(), priority: Priority::Normal, devices: vec![d] };
     node.slices().create(CreateRequest { spec, ephemeral: false, owner_pid: None }).unwrap();
 }
@@ -69,7 +69,7 @@ fn share_sums_above_100_percent_are_refused_on_create_and_resize() {
     let node = a.node();
     create(node, "a", 3000, 10_000);
     create(node, "b", 7000, 10_000);
-    let d = DeviceShare { device: 0, memory: Bytes::gib(1), compute_share: Percent(1), compute_limit: Percent(10_000) };
+    let d = DeviceShare { device: 0, memory: Bytes::gib(1), memory_burst: Bytes(0), compute_share: Percent(1), compute_limit: Percent(10_000) };
     let spec = SliceSpec { name: "c".into(), priority: Priority::Normal, devices: vec![d] };
     assert!(node.slices().create(CreateRequest { spec, ephemeral: false, owner_pid: None }).is_err());
     let e = node.slices().resize("a", ResizeRequest { compute_share: Some(Percent(3001)), ..Default::default() }).err().unwrap();

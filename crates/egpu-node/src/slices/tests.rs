@@ -3,7 +3,7 @@ use crate::devices::FakeGpus;
 use egpu_abi::LimitsReader;
 
 fn share(device: u32, gib: u64) -> DeviceShare {
-    DeviceShare { device, memory: Bytes::gib(gib), compute_share: Percent::ZERO, compute_limit: Percent::FULL }
+    DeviceShare { device, memory: Bytes::gib(gib), memory_burst: Bytes(0), compute_share: Percent::ZERO, compute_limit: Percent::FULL }
 }
 
 fn req(name: &str, shares: Vec<DeviceShare>) -> CreateRequest {
