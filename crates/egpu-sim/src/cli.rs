@@ -128,7 +128,7 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 0.01, value_parser = fraction, allow_negative_numbers = true)]
     pub fleet_budget: f64,
     /// Elastic fleet: base memory = peak of this many past minutes …
-    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub fleet_mem_window: u32,
     /// Elastic fleet: … × (1 + this) …
     #[arg(long, default_value_t = 0.0, value_parser = non_negative, allow_negative_numbers = true)]
@@ -148,6 +148,12 @@ pub struct SimulateArgs {
     /// back to its peak of the last --fleet-vol-window minutes, then equally).
     #[arg(long, default_value = "reach", value_parser = ["equal", "base", "volatility", "reach"])]
     pub fleet_share: String,
+    /// Elastic fleet: memory above the base slices is a burst pool per GPU
+    /// (burst: a pod borrows on demand what no base slice reserved, as
+    /// `egpu create --gpu-memory-burst` does) or is split into fixed per-pod
+    /// limits by --fleet-share (split).
+    #[arg(long, default_value = "burst", value_parser = ["burst", "split"])]
+    pub fleet_memory: String,
     /// Elastic fleet: minutes of history for --fleet-share volatility.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub fleet_vol_window: u32,
@@ -315,6 +321,7 @@ fn run_elastic(args: &SimulateArgs) -> Result<()> {
         compute_quantile: args.fleet_compute_quantile,
         compute_window: args.fleet_compute_window as usize,
         share: elastic::Share::parse(&args.fleet_share).unwrap_or(elastic::Share::Reach),
+        burst: args.fleet_memory == "burst",
         vol_window: args.fleet_vol_window as usize,
         min_spare_gib: args.fleet_min_spare_gib,
         rebalance: args.fleet_rebalance,

@@ -36,7 +36,7 @@ fn a_jump_at_minute_t_is_a_violation_at_t() {
     let mut a = flat(12, 10.0, 25.0);
     a[6].1 = 29.0;
     let u = usage(&[("a", 0, a), ("b", 0, flat(12, 10.0, 25.0)), ("c", 0, flat(12, 10.0, 25.0))]);
-    let cfg = FleetConfig { mem_window: 1, share: Share::Equal, ..Default::default() };
+    let cfg = FleetConfig { mem_window: 1, share: Share::Equal, burst: false, ..Default::default() };
     let r = elastic::run_fleet(&u, 80.0, 1, 1, &cfg);
     let o = &r.outcome;
     assert_eq!((o.violation_minutes, o.mem_violation_minutes), (1, 1), "{o:?}");
@@ -46,6 +46,48 @@ fn a_jump_at_minute_t_is_a_violation_at_t() {
     // only seen at minute 8, by then it is back to 25.
     let r = elastic::run_fleet(&u, 80.0, 4, 1, &cfg);
     assert_eq!(r.outcome.violation_minutes, 1, "{:?}", r.outcome);
+}
+
+#[test]
+fn a_burst_pool_serves_one_jump_and_refuses_coinciding_ones() {
+    // Three pods of 25 GiB on one 80 GiB GPU: the base slices leave a
+    // 5 GiB burst pool. a's jump to 29 GiB at minute 6 borrows 4 of it: no
+    // violation (the split model above refuses 2.33 GiB of it).
+    let mut a = flat(12, 10.0, 25.0);
+    a[6].1 = 29.0;
+    let cfg = FleetConfig { mem_window: 1, share: Share::Equal, burst: true, ..Default::default() };
+    // (Resized every 4 minutes, so that the bases stay at 25 GiB: minute 6
+    // alone is tested.)
+    let u = usage(&[("a", 0, a.clone()), ("b", 0, flat(12, 10.0, 25.0)), ("c", 0, flat(12, 10.0, 25.0))]);
+    let o = elastic::run_fleet(&u, 80.0, 4, 1, &cfg).outcome;
+    assert_eq!(o.violation_minutes, 0, "{o:?}");
+    // b jumps to 28 GiB in the same minute: 4 + 3 GiB borrowed from a
+    // 5 GiB pool. Both borrowers count as refused, the 2 GiB excess split
+    // between them by what they borrowed; c, at its base, does not.
+    let mut b = flat(12, 10.0, 25.0);
+    b[6].1 = 28.0;
+    let u = usage(&[("a", 0, a), ("b", 0, b), ("c", 0, flat(12, 10.0, 25.0))]);
+    let o = elastic::run_fleet(&u, 80.0, 4, 1, &cfg).outcome;
+    assert_eq!((o.violation_minutes, o.mem_violation_minutes), (2, 2), "{o:?}");
+    assert!((o.refused_mem_gib_minutes - 2.0).abs() < 1e-6, "{o:?}");
+    assert!((o.max_refused_gib - 2.0 * 4.0 / 7.0).abs() < 1e-6, "{o:?}");
+}
+
+#[test]
+fn compute_is_cut_only_beyond_the_fair_split() {
+    // Three pods at 30% duty share one GPU: shares 30% each (their median),
+    // plus a third each of the spare 10%. At minute 7 c idles, a wants 45%
+    // and b 60%: 105% in all. Both are above their shares, but the arbiter
+    // is work-conserving and weighted fair: c's unused share is split
+    // between a and b, a's 45% fits its half, and only b is cut.
+    let mut a = flat(12, 30.0, 1.0);
+    let mut b = flat(12, 30.0, 1.0);
+    let mut c = flat(12, 30.0, 1.0);
+    (a[7].0, b[7].0, c[7].0) = (45.0, 60.0, 0.0);
+    let u = usage(&[("a", 0, a), ("b", 0, b), ("c", 0, c)]);
+    let cfg = FleetConfig { share: Share::Equal, ..Default::default() };
+    let o = elastic::run_fleet(&u, 80.0, 1, 1, &cfg).outcome;
+    assert_eq!((o.violation_minutes, o.mem_violation_minutes), (1, 0), "{o:?}");
 }
 
 /// A deterministic noisy trace: `pods` pods with staggered lives.
@@ -73,9 +115,9 @@ fn noisy(pods: usize, minutes: usize) -> elastic::Usage {
 fn limits_on_a_gpu_never_exceed_it_and_no_pod_is_dropped() {
     let u = noisy(12, 80);
     let live: u64 = (0..u.pods.len()).map(|i| (0..u.minutes).filter(|&t| !u.mem[i][t].is_nan()).count() as u64).sum();
-    for share in [Share::Equal, Share::Base, Share::Volatility, Share::Reach] {
+    for (share, burst) in [Share::Equal, Share::Base, Share::Volatility, Share::Reach].into_iter().flat_map(|s| [(s, false), (s, true)]) {
         for n in [1, 2, 3, 4, 6, 12] {
-            let cfg = FleetConfig { share, risk_window: 10, risk_moves: 1, rebalance: 1, min_spare_gib: 30.0, ..Default::default() };
+            let cfg = FleetConfig { share, burst, risk_window: 10, risk_moves: 1, rebalance: 1, min_spare_gib: 30.0, ..Default::default() };
             let r = elastic::run_fleet(&u, 80.0, 1, n, &cfg);
             assert!(r.max_gpu_mem_limits_gib <= 80.0 + 1e-6, "{share:?} n={n}: Σ memory limits {}", r.max_gpu_mem_limits_gib);
             assert!(r.max_gpu_shares <= 1.0 + 1e-9, "{share:?} n={n}: Σ shares {}", r.max_gpu_shares);
@@ -86,8 +128,9 @@ fn limits_on_a_gpu_never_exceed_it_and_no_pod_is_dropped() {
                 // down, the pods stay, and their misses are counted.
                 assert!(r.overflow_minutes > 0 && r.outcome.mem_violation_minutes > 0, "{r:?}");
             }
-            if n == 12 {
-                // Spare capacity is handed out in full.
+            if n == 12 && !burst {
+                // Spare capacity is handed out in full (a burst pool lends
+                // only what is used).
                 assert!(r.max_gpu_mem_limits_gib > 80.0 - 1e-6, "{share:?}: {}", r.max_gpu_mem_limits_gib);
             }
         }

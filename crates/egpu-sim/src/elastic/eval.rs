@@ -114,16 +114,22 @@ impl Outcome {
     /// refused GiB); `compute_over` (duty above the guaranteed share while the
     /// pod's GPU was saturated) is one too.
     pub fn count(&mut self, used: f64, limit_gib: f64, compute_over: bool) {
+        let refused = if used > limit_gib * GIB + 1.0 { (used - limit_gib * GIB) / GIB } else { 0.0 };
+        self.count_refused(refused, compute_over);
+    }
+
+    /// [`Outcome::count`] where the caller worked out the refused memory
+    /// (GiB; 0: none), as a burst pool does.
+    pub fn count_refused(&mut self, refused_gib: f64, compute_over: bool) {
         self.pod_minutes += 1;
-        let over_m = used > limit_gib * GIB + 1.0;
+        let over_m = refused_gib > 0.0;
         if over_m || compute_over {
             self.violation_minutes += 1;
         }
         if over_m {
             self.mem_violation_minutes += 1;
-            let r = (used - limit_gib * GIB) / GIB;
-            self.refused_mem_gib_minutes += r;
-            self.max_refused_gib = self.max_refused_gib.max(r);
+            self.refused_mem_gib_minutes += refused_gib;
+            self.max_refused_gib = self.max_refused_gib.max(refused_gib);
         }
     }
 }
@@ -423,22 +429,58 @@ fn run_slices_with(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, moves
             out.migrations += pk.repack(&sl).iter().filter(|p| !to_place.contains(p)).count() as u64;
         }
         out.in_use.push(pk.in_use() as u32);
-        // Compute is work-conserving: a pod above its share only loses out
-        // when its GPU's total demand exceeds the whole GPU.
+        // Compute is work-conserving: a pod only loses out when its GPU's
+        // total demand exceeds the whole GPU, and then only if it wants
+        // more than its weighted fair part (`fair_cut`).
         let demand: Vec<f64> = pk.gpus.iter().map(|g| g.iter().map(|&p| f.duty[p][t]).sum()).collect();
         // Guaranteed shares never over-commit a GPU: scaled down where
         // they sum above one (only possible with a per-GPU risk check).
         let scale: Vec<f64> = (0..pk.gpus.len()).map(|g| 1.0 / pk.load(g, &sl).0.max(1.0)).collect();
+        let mut cut = vec![false; n];
+        for (g, ps) in pk.gpus.iter().enumerate() {
+            if demand[g] > 1.0 + 1e-9 {
+                fair_cut(ps, |p| f.duty[p][t], |p| sl[p].c * scale[g], &mut cut);
+            }
+        }
         for i in 0..n {
             if !alive(f, i, t) {
                 continue;
             }
-            let saturated = pk.gpu_of[i].is_some_and(|g| demand[g] > 1.0 + 1e-9);
-            let share = sl[i].c * pk.gpu_of[i].map_or(1.0, |g| scale[g]);
-            out.count(f.mem[i][t], sl[i].m, saturated && f.duty[i][t] > share + 1e-9);
+            out.count(f.mem[i][t], sl[i].m, cut[i]);
         }
     }
     out
+}
+
+/// Which of `pods`, sharing one GPU, get less GPU time than they demand
+/// (`cut[p]` set true) under the arbiter's weighted max-min fair split:
+/// weights are the guaranteed shares, and a pod that demands no more than
+/// its part of what the others leave gets all of it (work-conserving, up to
+/// the whole GPU). Nobody is cut when the demands fit.
+pub(super) fn fair_cut(pods: &[usize], demand: impl Fn(usize) -> f64, weight: impl Fn(usize) -> f64, cut: &mut [bool]) {
+    if pods.iter().map(|&p| demand(p)).sum::<f64>() <= 1.0 + 1e-9 {
+        return;
+    }
+    // A pod with no guarantee still gets what is left over.
+    let w = |p: usize| weight(p).max(1e-6);
+    let mut fed = vec![false; pods.len()];
+    loop {
+        let left = 1.0 - pods.iter().zip(&fed).filter(|x| *x.1).map(|(&p, _)| demand(p)).sum::<f64>();
+        let wsum: f64 = pods.iter().zip(&fed).filter(|x| !*x.1).map(|(&p, _)| w(p)).sum();
+        let mut more = false;
+        for (k, &p) in pods.iter().enumerate() {
+            if !fed[k] && demand(p) <= left * w(p) / wsum + 1e-9 {
+                fed[k] = true;
+                more = true;
+            }
+        }
+        if !more {
+            break;
+        }
+    }
+    for (k, &p) in pods.iter().enumerate() {
+        cut[p] = !fed[k];
+    }
 }
 
 /// The `q` quantile (0..=1, nearest rank) of `xs`.

@@ -36,7 +36,7 @@
 //! other strategies. [`search`] finds the smallest N whose violation
 //! pod-minutes are within a budget.
 
-use super::eval::{Filled, GIB, Outcome, alive, quantile};
+use super::eval::{Filled, GIB, Outcome, alive, fair_cut, quantile};
 use serde::Serialize;
 
 /// How a GPU's spare capacity is handed out to its pods.
@@ -82,8 +82,15 @@ pub struct FleetConfig {
     pub compute_quantile: f64,
     /// … of this many past minutes of duty.
     pub compute_window: usize,
-    /// How spare capacity is handed out.
+    /// How spare capacity is handed out (compute always; memory unless
+    /// [`FleetConfig::burst`]).
     pub share: Share,
+    /// Memory beyond the base slices is a **burst pool** per GPU, as
+    /// `--gpu-memory-burst` gives in `egpud`: the base slice is the pod's
+    /// guarantee, and a pod grows past it on demand while the GPU has memory
+    /// no base slice reserved and no other pod borrowed. False: the spare is
+    /// split into fixed per-pod limits by [`FleetConfig::share`].
+    pub burst: bool,
     /// Minutes of history for [`Share::Volatility`].
     pub vol_window: usize,
     /// Rebalance while the least spare memory of a GPU is below this, GiB.
@@ -106,7 +113,7 @@ pub struct FleetConfig {
 
 impl Default for FleetConfig {
     fn default() -> Self {
-        FleetConfig { mem_window: 10, mem_headroom: 0.0, mem_floor_gib: 0.0, compute_quantile: 0.5, compute_window: 5, share: Share::Reach, vol_window: 60, min_spare_gib: 0.0, rebalance: 0, risk_window: 0, risk_weight: 1.0, risk_moves: 0, budget: 0.01, gpus: None }
+        FleetConfig { mem_window: 2, mem_headroom: 0.0, mem_floor_gib: 0.0, compute_quantile: 0.5, compute_window: 5, share: Share::Reach, burst: true, vol_window: 60, min_spare_gib: 0.0, rebalance: 0, risk_window: 0, risk_weight: 1.0, risk_moves: 0, budget: 0.01, gpus: None }
     }
 }
 
@@ -388,18 +395,57 @@ pub(super) fn run(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usi
             hand_out(ps, |p| base[p].m, |p| weight[p].m, gpu_mem, reach, &mut |p, v| limit[p].m = v);
             hand_out(ps, |p| base[p].c, |p| weight[p].c, 1.0, reach, &mut |p, v| limit[p].c = v);
             let (sm, sc) = ps.iter().fold((0.0, 0.0), |(m, c), &p| (m + limit[p].m, c + limit[p].c));
-            run.max_gpu_mem_limits_gib = run.max_gpu_mem_limits_gib.max(sm);
+            if !cfg.burst {
+                run.max_gpu_mem_limits_gib = run.max_gpu_mem_limits_gib.max(sm);
+            }
             run.max_gpu_shares = run.max_gpu_shares.max(sc);
         }
         out.in_use.push(n as u32);
         let demand: Vec<f64> = fl.gpus.iter().map(|g| g.iter().map(|&p| f.duty[p][t]).sum()).collect();
         run.saturated_gpu_minutes += demand.iter().filter(|&&d| d > 1.0 + 1e-9).count() as u64;
+        let mut cut = vec![false; pods];
+        for (g, ps) in fl.gpus.iter().enumerate() {
+            if demand[g] > 1.0 + 1e-9 {
+                fair_cut(ps, |p| f.duty[p][t], |p| limit[p].c, &mut cut);
+            }
+        }
+        // Burst pool: a GPU's pods borrow above their base from what the
+        // base slices leave; when the borrows exceed it, every borrower of
+        // that minute counts as refused (which of them asked last is not in
+        // a one-minute sample), its share of the excess as refused memory.
+        let mut refused = vec![0.0f64; pods];
+        if cfg.burst {
+            for g in 0..n {
+                let ps = &fl.gpus[g];
+                // Base slices that do not fit are scaled down to the GPU, as above.
+                let sum: f64 = ps.iter().map(|&p| base[p].m).sum();
+                let guar = |p: usize| if sum > gpu_mem { base[p].m * gpu_mem / sum } else { base[p].m };
+                let pool = (gpu_mem - sum).max(0.0);
+                let borrow = |p: usize| (f.mem[p][t] / GIB - guar(p)).max(0.0);
+                let borrowed: f64 = ps.iter().map(|&p| borrow(p)).sum();
+                let over = borrowed - pool;
+                let mut sm = 0.0;
+                for &p in ps {
+                    let b = borrow(p);
+                    limit[p].m = guar(p) + if over > 1e-9 { b * pool / borrowed } else { b };
+                    sm += limit[p].m;
+                    if over > 1e-9 && b > 0.0 {
+                        refused[p] = over * b / borrowed;
+                    }
+                }
+                run.max_gpu_mem_limits_gib = run.max_gpu_mem_limits_gib.max(sm);
+            }
+        }
         for i in 0..pods {
             if !alive(f, i, t) {
                 continue;
             }
-            let saturated = fl.gpu_of[i].is_some_and(|g| demand[g] > 1.0 + 1e-9);
-            out.count(f.mem[i][t], limit[i].m, saturated && f.duty[i][t] > limit[i].c + 1e-9);
+            let compute_over = cut[i];
+            if cfg.burst {
+                out.count_refused(refused[i], compute_over);
+            } else {
+                out.count(f.mem[i][t], limit[i].m, compute_over);
+            }
         }
     }
     run.outcome = out;
