@@ -75,6 +75,10 @@ impl Burst {
         self.held.get(&(slice.to_string(), dev)).copied().unwrap_or(0)
     }
 
+    /// What `v`'s slice borrows: its limit, usage or still-held old limit
+    /// above its guarantee. Usage is not capped at the burst cap: a slice
+    /// resized below what it holds really does occupy unreserved memory,
+    /// and over-counting only makes `egpud` lend less.
     fn borrowed(&self, v: &View) -> u64 {
         let held = self.held_limit(&v.slice, v.dev);
         v.limit.max(v.used).max(held).saturating_sub(v.guarantee)
@@ -153,7 +157,8 @@ pub fn check_lent(m: &SliceManager, except: Option<&str>, spec: &egpu_core::Slic
         for v in views(m).iter().filter(|v| v.device == dev) {
             if Some(v.slice.as_str()) == except {
                 // Its current limit may still be charged against after the resize.
-                held = held.saturating_add(v.used.max(v.limit).max(m.burst.held_limit(&v.slice, v.dev)).saturating_sub(d.memory.0));
+                let old = v.used.max(v.limit).max(m.burst.held_limit(&v.slice, v.dev));
+                held = held.saturating_add(old.saturating_sub(d.memory.0));
             } else {
                 others = others.saturating_add(v.guarantee);
                 held = held.saturating_add(m.burst.borrowed(v));
