@@ -73,7 +73,9 @@ fn families(node: &Node) -> Vec<Family<'static>> {
     let mut info = Family::new("egpu_slice_info", "A slice (value 1) with its id and priority class.", Gauge);
     let mut procs = Family::new("egpu_slice_processes", "Live processes attached to the slice.", Gauge);
     let mut resizes = Family::new("egpu_slice_resizes", "Resizes of the slice since egpud started.", Counter);
-    let mut mem_limit = Family::new("egpu_slice_memory_limit_bytes", "Hard memory limit of the slice on the device, bytes.", Gauge);
+    let mut mem_limit = Family::new("egpu_slice_memory_limit_bytes", "Guaranteed memory of the slice on the device (its hard limit unless it bursts), bytes.", Gauge);
+    let mut mem_burst = Family::new("egpu_slice_memory_burst_bytes", "Burst cap of the slice on the device, bytes (0: the slice does not burst).", Gauge);
+    let mut mem_granted = Family::new("egpu_slice_memory_granted_bytes", "Memory lent to the slice now from the device's burst pool, above its guarantee, bytes.", Gauge);
     let mut mem_used = Family::new("egpu_slice_memory_used_bytes", "Memory the slice's processes hold on the device, bytes.", Gauge);
     let mut refused = Family::new("egpu_slice_refused_allocations", "Allocations refused on the device because of the slice's limit.", Counter);
     let mut share = Family::new("egpu_slice_compute_share_ratio", "Guaranteed compute share of the slice on the device (0-1).", Gauge);
@@ -107,6 +109,8 @@ fn families(node: &Node) -> Vec<Family<'static>> {
         for (i, u) in s.device_usage().iter().enumerate() {
             let l = vec![("slice", name.clone()), ("device", u.share.device.to_string())];
             mem_limit.push(l.clone(), u.share.memory.0 as f64);
+            mem_burst.push(l.clone(), u.share.memory_burst.0 as f64);
+            mem_granted.push(l.clone(), u.granted as f64);
             mem_used.push(l.clone(), u.used as f64);
             refused.push(l.clone(), u.refused as f64);
             share.push(l.clone(), f64::from(u.share.compute_share.0) / 1e4);
@@ -136,7 +140,7 @@ fn families(node: &Node) -> Vec<Family<'static>> {
     let mut cpu = Family::new("egpu_arbiter_cpu_seconds", "CPU time of the arbiter thread.", Counter);
     cpu.push(Vec::new(), compute.cpu_s);
     vec![
-        dev_mem, dev_alloc, dev_share, info, procs, resizes, mem_limit, mem_used, refused, share, limit, usage, used, measured, throttled, waits,
+        dev_mem, dev_alloc, dev_share, info, procs, resizes, mem_limit, mem_burst, mem_granted, mem_used, refused, share, limit, usage, used, measured, throttled, waits,
         budget, allowance, hungry, scale, period, achieved, ticks, missed, cpu,
     ]
 }

@@ -36,6 +36,8 @@ fn bursting_slices_share_the_unreserved_memory() {
     let d = dev(&node, "a");
     let granted = d["memory_granted_bytes"].as_u64().unwrap();
     assert!(granted >= GIB && d["used_bytes"].as_u64().unwrap() <= GIB + granted, "{d}");
+    let table = node.ok(&["ls"]);
+    assert!(table.contains("1GiB (+") && table.contains("burst 3GiB)"), "{table}");
 
     // b can borrow only what a left of the pool: it blocks below 2 GiB.
     let mut b = grow(&node, "b", "2GiB");

@@ -48,11 +48,13 @@ fn value(body: &str, series: &str) -> Option<f64> {
 #[test]
 fn metrics_are_served_over_http_and_follow_slices_resizes_and_workloads() {
     let (n, addr) = start_with_metrics();
-    n.ok(&["create", "--name", "a", "--gpu-memory", "1GiB", "--gpu-compute", "30%", "--gpu-compute-limit", "50%"]);
+    n.ok(&["create", "--name", "a", "--gpu-memory", "1GiB", "--gpu-memory-burst", "2GiB", "--gpu-compute", "30%", "--gpu-compute-limit", "50%"]);
     let (status, ctype, body) = scrape(&addr);
     assert!(status.contains("200"), "{status}");
     assert!(ctype.starts_with("application/openmetrics-text"), "{ctype}");
     assert_eq!(value(&body, r#"egpu_slice_memory_limit_bytes{slice="a",device="0"}"#), Some(1073741824.0), "{body}");
+    assert_eq!(value(&body, r#"egpu_slice_memory_burst_bytes{slice="a",device="0"}"#), Some(2147483648.0), "{body}");
+    assert_eq!(value(&body, r#"egpu_slice_memory_granted_bytes{slice="a",device="0"}"#), Some(0.0), "{body}");
     assert_eq!(value(&body, r#"egpu_slice_compute_share_ratio{slice="a",device="0"}"#), Some(0.3));
     assert_eq!(value(&body, r#"egpu_slice_compute_limit_ratio{slice="a",device="0"}"#), Some(0.5));
     assert_eq!(value(&body, r#"egpu_slice_resizes_total{slice="a"}"#), Some(0.0));
