@@ -50,7 +50,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<i32> {
     });
     let (node, mut c) = LocalNode::start(simulate).await?;
     let result = tour(&node, &mut c).await;
-    step(11, "Cleaning up: stopping egpud and removing the temporary directory.");
+    step(12, "Cleaning up: stopping egpud and removing the temporary directory.");
     node.stop().await;
     result?;
     println!("\nDone. Try it yourself: see `egpu --help` and docs/cli.md.");
@@ -116,7 +116,22 @@ async fn tour(node: &LocalNode, c: &mut Client) -> anyhow::Result<()> {
         println!("    GPU {}: driver reports {} used, slices reserve {}.", d.index, Bytes(d.driver_used_bytes), Bytes(d.allocated_memory_bytes));
     }
 
-    step(7, "Stopping the workloads and removing the slices.");
+    step(7, "Burst memory: slice `bursty` guarantees 1GiB and may burst to 4GiB (`--gpu-memory 1GiB --gpu-memory-burst 4GiB`).");
+    let burst = proto::CreateSliceRequest {
+        name: "bursty".into(),
+        devices: vec![proto::DeviceShareSpec { device: 0, memory_bytes: 1 << 30, compute_share_bps: 0, compute_limit_bps: 0, memory_burst_bytes: 4 << 30 }],
+        ..Default::default()
+    };
+    c.create_slice(burst).await.map_err(crate::exit::status)?;
+    let mut w = Workload::probe(c, "bursty", &["grow", "--step", "256MiB", "--until", "3GiB", "--hold"]).await?;
+    w.wait_event(&["holding"], T).await?;
+    println!("    Workload C grew to 3GiB with no resize: past its 1GiB guarantee, egpud lent it memory no slice reserves.");
+    show_slices(c).await?;
+    let cw = w.finish().await?;
+    c.delete_slice(proto::DeleteSliceRequest { name: "bursty".into(), force: false }).await.map_err(crate::exit::status)?;
+    println!("    C exited {cw}; what it borrowed is back in GPU 0's pool for any bursting slice.");
+
+    step(8, "Stopping the workloads and removing the slices.");
     let (ca, cb) = (a.finish().await?, b.finish().await?);
     println!("    workload A exited {ca}, workload B exited {cb}.");
     for name in ["steady", "small"] {
@@ -234,7 +249,7 @@ async fn set_compute(c: &mut Client, name: &str, pct: u32) -> anyhow::Result<()>
 
 /// Steps 8-10: two saturating workloads at compute 30/70, resized live to 60/40.
 async fn compute_tour(c: &mut Client) -> anyhow::Result<(Rates, Rates)> {
-    step(8, "Compute: slices `compute-a` (share 30%) and `compute-b` (share 70%) on GPU 0, each capped at its share.");
+    step(9, "Compute: slices `compute-a` (share 30%) and `compute-b` (share 70%) on GPU 0, each capped at its share.");
     for (name, pct) in [("compute-a", 30u32), ("compute-b", 70)] {
         let req = proto::CreateSliceRequest {
             name: name.into(),
@@ -256,13 +271,13 @@ async fn compute_tour(c: &mut Client) -> anyhow::Result<(Rates, Rates)> {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let before = measure(&mut a, &mut b, 3).await?;
-        step(9, "Resizing live: `compute-b` to 40% first, then `compute-a` to 60% (the shares never add up to more than 100%).");
+        step(10, "Resizing live: `compute-b` to 40% first, then `compute-a` to 60% (the shares never add up to more than 100%).");
         set_compute(c, "compute-b", 40).await?;
         set_compute(c, "compute-a", 60).await?;
         show_slices(c).await?;
         // One second for the arbiter's usage average to follow the new budgets.
         tokio::time::sleep(Duration::from_secs(1)).await;
-        step(10, "The same workloads, no restart, after the resize:");
+        step(11, "The same workloads, no restart, after the resize:");
         let after = measure(&mut a, &mut b, 3).await?;
         Ok((before, after))
     }

@@ -9,7 +9,7 @@ fn demo_runs_and_cleans_up() {
     let o = std::process::Command::new(EGPU).args(["demo", "--force-simulated"]).output().unwrap();
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{out}\n{}", String::from_utf8_lossy(&o.stderr));
-    for needle in ["B reached its limit", "CUDA_ERROR_OUT_OF_MEMORY", "B now holds its 2GiB", "workload A exited 0, workload B exited 0", "compute-b` to 40% first", "Cleaning up"] {
+    for needle in ["B reached its limit", "CUDA_ERROR_OUT_OF_MEMORY", "B now holds its 2GiB", "C grew to 3GiB with no resize", "burst 4GiB)", "workload A exited 0, workload B exited 0", "compute-b` to 40% first", "Cleaning up"] {
         assert!(out.contains(needle), "demo output lacks {needle:?}:\n{out}");
     }
     // Compute: A's share of the kernels follows the live resize from 30/70 to 60/40.
