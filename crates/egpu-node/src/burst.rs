@@ -372,4 +372,73 @@ mod tests {
         assert_eq!(limit(&m, "a"), 5 * G);
         assert_eq!(m.get("a").unwrap().granted, vec![3 * G]);
     }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Charge(usize, u64),
+        Free(usize, u64),
+        Want(usize, u64),
+        Tick(u64),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            (0..3usize, 1..1500u64).prop_map(|(s, m)| Op::Charge(s, m)),
+            (0..3usize, 1..1500u64).prop_map(|(s, m)| Op::Free(s, m)),
+            (0..3usize, 1..6000u64).prop_map(|(s, m)| Op::Want(s, m)),
+            (0..3000u64).prop_map(Op::Tick),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Whatever the slices charge, free and ask for, and however the
+        /// ticks fall: what the slices hold never exceeds the device, and
+        /// guarantees plus what is lent never exceed it either, so every
+        /// guarantee can always be allocated in full.
+        #[test]
+        fn the_pool_is_never_overlent(guar in proptest::collection::vec(1..3000u64, 3), caps in proptest::collection::vec(0..6000u64, 3), ops in proptest::collection::vec(op(), 1..80)) {
+            const MIB: u64 = 1 << 20;
+            let total = 8 * G;
+            let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+            let (mut m, _) = SliceManager::adopt(run.path(), FakeGpus::new(1, total).devices, Store::open(state.path()).unwrap()).unwrap();
+            let names = ["a", "b", "c"];
+            let mut slots = Vec::new();
+            for (k, n) in names.iter().enumerate() {
+                let memory = Bytes(guar[k] * MIB);
+                let burst = if caps[k] * MIB > memory.0 { Bytes(caps[k] * MIB) } else { Bytes(0) };
+                let d = DeviceShare { device: 0, memory, memory_burst: burst, compute_share: Percent::ZERO, compute_limit: Percent::FULL };
+                let ok = m.create(CreateRequest { spec: SliceSpec { name: (*n).into(), priority: Priority::Normal, devices: vec![d] }, ephemeral: false, owner_pid: None }).is_ok();
+                slots.push(ok.then(|| m.get(n).unwrap().usage.claim(100 + k as u32).unwrap()));
+            }
+            let mut held = [0u64; 3];
+            let mut now = Instant::now();
+            for o in ops {
+                match o {
+                    Op::Charge(k, mib) => if let Some(slot) = &slots[k] {
+                        if charge(&m, names[k], slot, mib * MIB) { held[k] += mib * MIB; }
+                    },
+                    Op::Free(k, mib) => if let Some(slot) = &slots[k] {
+                        let b = (mib * MIB).min(held[k]);
+                        m.get(names[k]).unwrap().usage.uncharge(slot, 0, b);
+                        held[k] -= b;
+                    },
+                    Op::Want(k, mib) => if slots[k].is_some() { m.get(names[k]).unwrap().usage.want_memory(0, mib * MIB) },
+                    Op::Tick(ms) => { now += Duration::from_millis(ms); tick(&mut m, now); }
+                }
+                let used: u64 = held.iter().sum();
+                proptest::prop_assert!(used <= total, "slices hold {used} of {total}");
+                let guar: u64 = m.slices().map(|s| s.record.spec.devices[0].memory.0).sum();
+                let lent = lent(&m, &m.burst)[0];
+                proptest::prop_assert!(guar + lent <= total, "guarantees {guar} + lent {lent} > {total}");
+                for (k, n) in names.iter().enumerate() {
+                    if slots[k].is_some() {
+                        let s = m.get(n).unwrap();
+                        let d = s.record.spec.devices[0];
+                        proptest::prop_assert!(s.mem_limits()[0] <= d.memory_cap().0, "a limit above its burst cap");
+                    }
+                }
+            }
+        }
+    }
 }
