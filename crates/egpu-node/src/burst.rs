@@ -415,8 +415,10 @@ mod tests {
             let mut now = Instant::now();
             for o in ops {
                 match o {
-                    Op::Charge(k, mib) => if let Some(slot) = &slots[k] {
-                        if charge(&m, names[k], slot, mib * MIB) { held[k] += mib * MIB; }
+                    Op::Charge(k, mib) => if let Some(slot) = &slots[k]
+                        && charge(&m, names[k], slot, mib * MIB)
+                    {
+                        held[k] += mib * MIB;
                     },
                     Op::Free(k, mib) => if let Some(slot) = &slots[k] {
                         let b = (mib * MIB).min(held[k]);
