@@ -198,6 +198,17 @@ else: print('fail')")
   finish grow
   E rm --force gr >/dev/null 2>&1
 
+  # --- burst: a slice grows past its guarantee with no resize -----------------
+  # 1 GiB guaranteed, burst cap 3 GiB: egpu-probe grows to 2 GiB, each
+  # allocation past the guarantee granted by egpud from unreserved memory.
+  E create --name bu --gpu-memory 1GiB --gpu-memory-burst 3GiB --device 0 >/dev/null
+  out=$(X bu "$DIST/egpu-probe" grow --step 128MiB --until 2GiB --timeout 30 2>"$W/burst.err")
+  rc=$?
+  v=$(printf '%s\n' "$out" | pyj "json.dumps({'rc': $rc, 'done': ev('done'), 'blocked': ev('blocked'), 'rule': 'rc 0 and done.total >= 2 GiB, past the 1 GiB guarantee'})")
+  ok=$(printf '%s' "$v" | python3 -c "import json,sys; d=json.load(sys.stdin); print(d['rc']==0 and d['done'].get('total',0) >= 2*2**30)")
+  [ "$ok" = True ] && record burst-probe pass "$v" || record burst-probe fail "$v"
+  E rm --force bu >/dev/null 2>&1
+
   # --- PyTorch ------------------------------------------------------------------
   if [ $SIM = 1 ]; then
     record pytorch skip '{"reason": "--simulate: the simulated GPU does not run PyTorch"}'

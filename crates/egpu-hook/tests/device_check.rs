@@ -24,7 +24,7 @@ fn device_check_passes_on_the_simulated_gpu() {
     assert_eq!(doc["ok"], true);
     assert_eq!(doc["simulate"], true);
     let checks = doc["checks"].as_array().unwrap();
-    for name in ["egpud-up", "view-direct", "view-dlopen", "view-procaddr", "alloc-vmm-procaddr", "alloc-graph-direct", "witness-holding", "fail-closed", "resize-probe", "hook-overhead"] {
+    for name in ["egpud-up", "view-direct", "view-dlopen", "view-procaddr", "alloc-vmm-procaddr", "alloc-graph-direct", "witness-holding", "fail-closed", "resize-probe", "burst-probe", "hook-overhead"] {
         let c = checks.iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("check {name} missing"));
         assert_eq!(c["status"], "pass", "{c}");
     }
