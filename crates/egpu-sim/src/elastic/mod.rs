@@ -50,7 +50,11 @@ pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<St
         if let Some(f) = &e.fleet {
             let tried: Vec<String> = f.tried.iter().map(|(n, v)| format!("{n}: {:.3}%", 100.0 * v)).collect();
             let verdict = if f.met { format!("smallest within {:.2}%", 100.0 * e.config.fleet.map_or(0.0, |c| c.budget)) } else { "budget NOT met".to_string() };
-            let _ = write!(md, "\nelastic-fleet, {} GiB: {} GPUs ({verdict}; {} pod-minutes on a GPU whose base slices did not fit, {} GPU-minutes with summed duty above 100%); fleet sizes tried (GPUs: violation pod-minutes): {}\n", e.config.gpu_mem_gib, f.gpus, f.overflow_pod_minutes, f.saturated_gpu_minutes, tried.join(", "));
+            let memory = match e.config.fleet {
+                Some(c) if c.burst => "memory above the base slices lent from a per-GPU burst pool",
+                _ => "memory above the base slices split into fixed per-pod limits",
+            };
+            let _ = write!(md, "\nelastic-fleet, {} GiB ({memory}): {} GPUs ({verdict}; {} pod-minutes on a GPU whose base slices did not fit, {} GPU-minutes with summed duty above 100%); fleet sizes tried (GPUs: violation pod-minutes): {}\n", e.config.gpu_mem_gib, f.gpus, f.overflow_pod_minutes, f.saturated_gpu_minutes, tried.join(", "));
         }
     }
     let w = |p: &Path, t: &str| std::fs::write(p, t).map_err(|e| ReportError::Io { path: p.display().to_string(), source: e });
