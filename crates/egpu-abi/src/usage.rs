@@ -20,7 +20,7 @@ use crate::map::{self, Mapping};
 use crate::{AbiError, ABI_VERSION, MAX_DEVICES, MAX_PROCS, USAGE_MAGIC};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering, fence};
 
 /// Serialises, within this process, every section that takes the record lock
 /// of a record this process does not own (sweep, charge-lock takeover).
@@ -76,9 +76,18 @@ pub struct ProcRecord {
     pub launches: [AtomicU64; MAX_DEVICES],
     /// Time spent held back by the compute gate per slice device, ns.
     pub throttled_ns: [AtomicU64; MAX_DEVICES],
-    /// Reserved for the compute arbiter; zero in ABI v1.
-    pub reserved: [AtomicU64; 8],
+    /// What this process's hook does ([`CAP_LIMIT_IN_LOCK`]); set at claim.
+    /// Carved out of reserved space: zero for hooks older than the field.
+    pub caps: AtomicU64,
+    /// Reserved; zero in ABI v1.
+    pub reserved: [AtomicU64; 7],
 }
+
+/// [`ProcRecord::caps`]: the process reads the memory limit inside the
+/// charge lock ([`UsageFile::try_charge_with`]). `egpud` takes a lowered
+/// limit as final only when every live record has it: an older hook reads
+/// the limit before the lock and may still charge against the old one.
+pub const CAP_LIMIT_IN_LOCK: u64 = 1;
 
 /// The whole usage file.
 #[repr(C, align(64))]
@@ -261,6 +270,7 @@ impl UsageFile {
                     rec.pid.store(pid, Ordering::Relaxed);
                     rec.attached_ns.store(now, Ordering::Relaxed);
                     rec.heartbeat_ns.store(now, Ordering::Relaxed);
+                    rec.caps.store(CAP_LIMIT_IN_LOCK, Ordering::Relaxed);
                     rec.state.store(1, Ordering::Release);
                     r.high_water.fetch_max(i as u32 + 1, Ordering::AcqRel);
                     return Ok(ProcSlot { index: i });
@@ -294,6 +304,7 @@ impl UsageFile {
             rec.throttled_ns[d].store(0, Ordering::Relaxed);
             let _ = r.charge_locks[d].compare_exchange(i as u32 + 1, 0, Ordering::AcqRel, Ordering::Relaxed);
         }
+        rec.caps.store(0, Ordering::Relaxed);
         for w in &rec.reserved {
             w.store(0, Ordering::Relaxed);
         }
@@ -328,7 +339,8 @@ impl UsageFile {
     pub fn used(&self, dev: usize) -> u64 {
         let r = self.region();
         let hw = (r.high_water.load(Ordering::Acquire) as usize).min(MAX_PROCS);
-        r.procs[..hw].iter().map(|p| p.charged[dev].load(Ordering::Acquire)).sum()
+        // Saturating: the words are the workload's to write.
+        r.procs[..hw].iter().fold(0u64, |a, p| a.saturating_add(p.charged[dev].load(Ordering::Acquire)))
     }
 
     fn lock_charge(&self, me: usize, dev: usize) {
@@ -391,33 +403,52 @@ impl UsageFile {
     /// Charges `bytes` on slice device `dev` to `slot` if the slice's total
     /// stays within `limit`. Returns the new total.
     pub fn try_charge(&self, slot: &ProcSlot, dev: usize, bytes: u64, limit: u64) -> Result<u64, ChargeError> {
-        self.try_charge_with(slot, dev, bytes, &|| limit)
+        let r = self.try_charge_with(slot, dev, bytes, &|| limit);
+        if matches!(r, Err(ChargeError::OverLimit { .. })) {
+            self.count_refusal(dev);
+        }
+        r
+    }
+
+    /// Counts one allocation refused on device `dev` (`refused`).
+    pub fn count_refusal(&self, dev: usize) {
+        if dev < self.n_devices() {
+            self.region().refused[dev].fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// [`UsageFile::try_charge`] with the limit read by `limit()` *inside*
     /// the charge lock. `egpud` relies on this when it lowers a limit to take
     /// back burst memory: once it has seen the device's charge lock free
     /// after publishing the lower limit, every later charge checks against
-    /// it, and every earlier one is in the records.
+    /// it, and every earlier one is in the records. Refusals are not
+    /// counted here (the caller counts an allocation it finally refuses,
+    /// [`UsageFile::count_refusal`]).
     pub fn try_charge_with(&self, slot: &ProcSlot, dev: usize, bytes: u64, limit: &dyn Fn() -> u64) -> Result<u64, ChargeError> {
         if dev >= self.n_devices() {
             return Err(ChargeError::BadDevice(dev));
         }
         self.lock_charge(slot.index, dev);
+        // Unlocks however this returns (a panicking `limit` included).
+        struct Unlock<'a>(&'a UsageFile, usize, usize);
+        impl Drop for Unlock<'_> {
+            fn drop(&mut self) {
+                self.0.unlock_charge(self.1, self.2);
+            }
+        }
+        let _unlock = Unlock(self, slot.index, dev);
+        // Pairs with the fence in `charge_lock_free`: either `egpud` sees this
+        // lock taken, or this read sees the limit it published before looking.
+        fence(Ordering::SeqCst);
         let limit = limit();
         let used = self.used(dev);
-        let res = match used.checked_add(bytes) {
+        match used.checked_add(bytes) {
             Some(total) if total <= limit => {
                 self.region().procs[slot.index].charged[dev].fetch_add(bytes, Ordering::AcqRel);
                 Ok(total)
             }
-            _ => {
-                self.region().refused[dev].fetch_add(1, Ordering::Relaxed);
-                Err(ChargeError::OverLimit { used, requested: bytes, limit })
-            }
-        };
-        self.unlock_charge(slot.index, dev);
-        res
+            _ => Err(ChargeError::OverLimit { used, requested: bytes, limit }),
+        }
     }
 
     /// Asks `egpud` to raise the limit of device `dev` to at least `bytes`
@@ -433,9 +464,21 @@ impl UsageFile {
         if dev < self.n_devices() { self.region().mem_want[dev].load(Ordering::Acquire) } else { 0 }
     }
 
-    /// `egpud`: takes the request of device `dev`, leaving none (0: none).
-    pub fn take_memory_want(&self, dev: usize) -> u64 {
-        if dev < self.n_devices() { self.region().mem_want[dev].swap(0, Ordering::AcqRel) } else { 0 }
+    /// `egpud`: clears the request of device `dev` once answered, if it is
+    /// still `seen` (a larger request posted meanwhile stays for the next
+    /// answer). Call it only after publishing any new limit.
+    pub fn clear_memory_want(&self, dev: usize, seen: u64) {
+        if dev < self.n_devices() {
+            let _ = self.region().mem_want[dev].compare_exchange(seen, 0, Ordering::AcqRel, Ordering::Acquire);
+        }
+    }
+
+    /// Whether some live process other than the caller has a record without
+    /// capability `cap` ([`ProcRecord::caps`]).
+    pub fn live_record_lacks(&self, cap: u64) -> bool {
+        let r = self.region();
+        let hw = (r.high_water.load(Ordering::Acquire) as usize).min(MAX_PROCS);
+        (0..hw).any(|i| r.procs[i].state.load(Ordering::Acquire) != 0 && r.procs[i].caps.load(Ordering::Acquire) & cap != cap && self.owned_by_other(i))
     }
 
     /// Whether no live process holds the charge lock of device `dev` now (a
@@ -444,6 +487,9 @@ impl UsageFile {
         if dev >= self.n_devices() {
             return true;
         }
+        // Pairs with the fence in `try_charge_with` (store-buffer pattern:
+        // the caller published a limit, a hook took the lock).
+        fence(Ordering::SeqCst);
         match self.region().charge_locks[dev].load(Ordering::Acquire) {
             0 => true,
             // A word no record can hold (the file is the workload's to write): not free.
@@ -600,6 +646,8 @@ mod tests {
         assert_eq!(offset_of!(DeviceLimits, reserved) + 2 * 8, offset_of!(DeviceLimits, budget_ns) + 8 + 8 * 8);
         assert_eq!(offset_of!(DeviceLimits, mem_burst) + 8, offset_of!(DeviceLimits, reserved));
         assert_eq!(offset_of!(UsageRegion, mem_want), offset_of!(UsageRegion, throttle_waits) + 8 * MAX_DEVICES);
+        assert_eq!(offset_of!(ProcRecord, caps) + 8, offset_of!(ProcRecord, reserved));
+        assert_eq!(offset_of!(ProcRecord, reserved) + 7 * 8, offset_of!(ProcRecord, throttled_ns) + 8 * MAX_DEVICES + 8 * 8);
         assert_eq!(size_of::<DeviceLimits>() % 64, 0);
     }
 

@@ -256,6 +256,7 @@ pub fn charge(dev: usize, bytes: u64) -> Result<(), CUresult> {
                     }
                 }
                 crate::util::debug!("refuse dev {dev} +{requested}: used {used} limit {limit}");
+                s.usage.count_refusal(dev);
                 return Err(CUDA_ERROR_OUT_OF_MEMORY);
             }
         }

@@ -219,6 +219,9 @@ impl SliceManager {
             }
             let name = record.spec.name.clone();
             let slice = mgr.open_files(record, &mut report)?;
+            if slice.granted.iter().any(|&g| g > 0) {
+                tracing::info!(slice = %name, granted = ?slice.granted, "adopted burst grants from the limits file");
+            }
             slice.publish()?;
             slice.limits.heartbeat();
             report.reclaimed_processes += slice.usage.sweep(None).len();
@@ -227,6 +230,9 @@ impl SliceManager {
             mgr.slices.insert(name, slice);
         }
         mgr.adopt_orphan_dirs(&slices_dir, &mut report);
+        for (device, over) in crate::burst::overlent(&mgr) {
+            tracing::warn!(device, over_bytes = over, "adopted guarantees and burst grants exceed the device's memory; no new grant there until enough is freed");
+        }
         Ok((mgr, report))
     }
 

@@ -247,7 +247,7 @@ async fn set_compute(c: &mut Client, name: &str, pct: u32) -> anyhow::Result<()>
     Ok(())
 }
 
-/// Steps 8-10: two saturating workloads at compute 30/70, resized live to 60/40.
+/// Steps 9-11: two saturating workloads at compute 30/70, resized live to 60/40.
 async fn compute_tour(c: &mut Client) -> anyhow::Result<(Rates, Rates)> {
     step(9, "Compute: slices `compute-a` (share 30%) and `compute-b` (share 70%) on GPU 0, each capped at its share.");
     for (name, pct) in [("compute-a", 30u32), ("compute-b", 70)] {

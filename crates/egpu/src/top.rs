@@ -122,7 +122,7 @@ pub fn render(f: &mut Frame, s: &Snapshot) {
                 d.device.to_string(),
                 {
                     // A bursting slice's limit now: its guarantee plus what it was lent.
-                    let limit = d.memory_limit_bytes + d.memory_granted_bytes;
+                    let limit = d.memory_limit_bytes.saturating_add(d.memory_granted_bytes);
                     format!("{} {}/{}", bar(d.used_bytes as f64 / limit.max(1) as f64, 10), Bytes(d.used_bytes), Bytes(limit))
                 },
                 format!("{} {}", bar(d.compute_usage_percent / 100.0, 10), pct(d.compute_usage_percent)),
