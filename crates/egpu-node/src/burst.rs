@@ -135,8 +135,7 @@ fn views(m: &SliceManager) -> Vec<View> {
 
 /// Memory lent out per device: borrows above the guarantees, counting
 /// limits that were lowered but may still be charged against.
-#[cfg(test)]
-fn lent(m: &SliceManager) -> Vec<u64> {
+pub fn lent(m: &SliceManager) -> Vec<u64> {
     let mut out = vec![0u64; m.devices().len()];
     for v in views(m) {
         if let Some(x) = out.get_mut(v.device) {

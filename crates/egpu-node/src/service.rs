@@ -33,9 +33,9 @@ fn hostname() -> String {
 impl node_server::Node for NodeService {
     async fn get_node(&self, _: Request<proto::GetNodeRequest>) -> Result<Response<proto::GetNodeResponse>, Status> {
         self.blocking(|node| {
-            let (alloc, count) = {
+            let (alloc, count, lent) = {
                 let m = node.slices();
-                (m.allocated(), m.slices().count())
+                (m.allocated(), m.slices().count(), crate::burst::lent(&m))
             };
             let devices = node
                 .inventory
@@ -52,6 +52,7 @@ impl node_server::Node for NodeService {
                         allocated_memory_bytes: a.memory,
                         allocated_compute_bps: a.compute_share_bps,
                         driver_used_bytes: node.gpus.used_bytes(d.index).unwrap_or(0),
+                        lent_memory_bytes: lent.get(d.index as usize).copied().unwrap_or(0),
                     }
                 })
                 .collect();

@@ -100,7 +100,7 @@ async fn pick_devices(c: &mut Client, limits: &LimitArgs, memory: u64) -> anyhow
     }
     let node = get_node(c).await?;
     let share = limits.compute_share.unwrap_or(Percent::ZERO).0;
-    let free = |d: &proto::Device| d.memory_bytes.saturating_sub(d.allocated_memory_bytes);
+    let free = |d: &proto::Device| d.memory_bytes.saturating_sub(d.allocated_memory_bytes).saturating_sub(d.lent_memory_bytes);
     let fits = node.devices.iter().find(|d| free(d) >= memory && 10_000 - d.allocated_compute_bps.min(10_000) >= share);
     // Nothing fits: ask for the roomiest device so egpud's refusal names what is free.
     let pick = fits.or_else(|| node.devices.iter().max_by_key(|d| free(d)));

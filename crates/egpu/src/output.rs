@@ -12,7 +12,11 @@ pub struct DeviceOut {
     pub name: String,
     pub memory_bytes: u64,
     pub sm_count: u32,
+    /// Sum of the slices' memory guarantees.
     pub allocated_memory_bytes: u64,
+    /// Lent now to bursting slices above their guarantees.
+    pub lent_memory_bytes: u64,
+    /// What a new guarantee can have now: memory − allocated − lent.
     pub free_memory_bytes: u64,
     pub allocated_compute_percent: f64,
     pub driver_used_bytes: u64,
@@ -94,7 +98,8 @@ pub fn node_out(n: proto::GetNodeResponse) -> NodeOut {
             .into_iter()
             .map(|d| DeviceOut {
                 index: d.index,
-                free_memory_bytes: d.memory_bytes.saturating_sub(d.allocated_memory_bytes),
+                free_memory_bytes: d.memory_bytes.saturating_sub(d.allocated_memory_bytes).saturating_sub(d.lent_memory_bytes),
+                lent_memory_bytes: d.lent_memory_bytes,
                 allocated_compute_percent: pct(d.allocated_compute_bps),
                 uuid: d.uuid,
                 name: d.name,
@@ -176,6 +181,7 @@ pub fn devices_table(n: &NodeOut) -> String {
                 d.name.clone(),
                 Bytes(d.memory_bytes).to_string(),
                 Bytes(d.allocated_memory_bytes).to_string(),
+                Bytes(d.lent_memory_bytes).to_string(),
                 Bytes(d.free_memory_bytes).to_string(),
                 format!("{}%", d.allocated_compute_percent),
                 Bytes(d.driver_used_bytes).to_string(),
@@ -189,7 +195,7 @@ pub fn devices_table(n: &NodeOut) -> String {
         n.devices.len(),
         n.hostname,
         n.slice_count,
-        table(&["INDEX", "NAME", "MEMORY", "ALLOCATED", "FREE", "COMPUTE", "DRIVER-USED", "UUID"], &rows)
+        table(&["INDEX", "NAME", "MEMORY", "ALLOCATED", "LENT", "FREE", "COMPUTE", "DRIVER-USED", "UUID"], &rows)
     )
 }
 

@@ -323,6 +323,7 @@ mod tests {
                 memory_bytes: 16 << 30,
                 sm_count: 80,
                 allocated_memory_bytes: 3 << 30,
+                lent_memory_bytes: 0,
                 free_memory_bytes: 13 << 30,
                 allocated_compute_percent: 100.0,
                 driver_used_bytes: 1 << 30,

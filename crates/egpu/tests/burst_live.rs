@@ -48,6 +48,11 @@ fn bursting_slices_share_the_unreserved_memory() {
     let lent = da["memory_granted_bytes"].as_u64().unwrap() + db["memory_granted_bytes"].as_u64().unwrap();
     assert!(lent <= 2 * GIB, "more lent than the pool: {da} {db}");
     assert!(db["refused_allocations"].as_u64().unwrap() >= 1, "{db}");
+    // `egpu devices` shows what is lent; FREE is what a new guarantee can get now.
+    let devs = node.json(&["devices", "-o", "json"]);
+    let d0 = &devs["devices"][0];
+    assert_eq!(d0["lent_memory_bytes"].as_u64().unwrap(), lent, "{d0}");
+    assert_eq!(d0["free_memory_bytes"].as_u64().unwrap(), 4 * GIB - 2 * GIB - lent, "{d0}");
     // Guarantees stay reserved: a third slice may only take what no one reserved or borrowed.
     assert_fails(&node.egpu(&["create", "--name", "c", "--gpu-memory", "1GiB"]), 4, &["lent out"]);
 
