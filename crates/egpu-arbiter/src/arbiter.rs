@@ -20,6 +20,9 @@
 //! overshot (launches in flight when its allowance ran out) pays it back (in
 //! full, down to a zero budget for a period). A satisfied
 //! slice's demand is its peak use over the last four periods plus 25%.
+//! The largest hungry slice of a device with two or more hungry slices gets
+//! a slack of 10% of the period on top (`ArbiterConfig::last_slack_ppm`), so
+//! that the device does not idle at a period's end with everyone parked.
 //!
 //! Queue bounds: every process may keep at most `queue_launches` (4) launches
 //! unfinished, and at most its slice's budget for the period (never more
@@ -66,6 +69,18 @@ pub struct ArbiterConfig {
     pub queue_budget_ppm: u64,
     /// Queue bound of best-effort processes while a high slice is active.
     pub best_effort_queue_under_high: u64,
+    /// Extra allowance, ppm of the period (measured ns), of the *last-standing*
+    /// slice of a device: the hungry slice with the largest budget, when at
+    /// least two slices on the device are hungry and no high-priority slice
+    /// is active there (0: off). On a FIFO device the slices with smaller
+    /// shares reach their allowances first and park; the largest then runs
+    /// alone to the tick. Its allowance, converted at a ratio measured over
+    /// past periods, ran out before the tick in 1.5–2.9% of periods end to
+    /// end, and the device idled with everyone parked. The slack only lets
+    /// it use what the parked slices left; its own deficit pays back any
+    /// excess over the following periods. Default 10% (see
+    /// `docs/compute-arbiter.md`, "Resize convergence").
+    pub last_slack_ppm: u64,
 }
 
 impl Default for ArbiterConfig {
@@ -77,6 +92,7 @@ impl Default for ArbiterConfig {
             queue_period_ppm: 200_000,
             queue_budget_ppm: 1_000_000,
             best_effort_queue_under_high: 1,
+            last_slack_ppm: 100_000,
         }
     }
 }
@@ -150,6 +166,7 @@ pub struct Arbiter {
     order: Vec<usize>,
     claims: Vec<Claim>,
     budgets: Vec<u64>,
+    last: Vec<bool>,
 }
 
 impl Arbiter {
@@ -218,6 +235,31 @@ impl Arbiter {
             .filter(|(inp, u)| inp.priority == Priority::High && (u.0 > 0 || u.2))
             .map(|(inp, _)| inp.device)
             .collect();
+        // The last-standing slice of each device (see `last_slack_ppm`).
+        self.last.clear();
+        self.last.resize(inputs.len(), false);
+        if self.cfg.last_slack_ppm > 0 {
+            let mut start = 0;
+            while start < self.order.len() {
+                let dev = inputs[self.order[start]].device;
+                let end = start + self.order[start..].iter().take_while(|&&i| inputs[i].device == dev).count();
+                let hungry = || self.order[start..end].iter().copied().filter(|&i| used[i].2);
+                // Not while a high slice is active there: its kernels would
+                // queue behind the slack's (its latency bound is the
+                // best-effort queue bound, not an allowance).
+                if hungry().count() >= 2 && !high_active.contains(&dev) {
+                    // The largest budget; the first such input on a tie.
+                    let best = hungry().fold(None, |b: Option<usize>, i| match b {
+                        Some(j) if self.budgets[j] >= self.budgets[i] => Some(j),
+                        _ => Some(i),
+                    });
+                    if let Some(i) = best {
+                        self.last[i] = true;
+                    }
+                }
+                start = end;
+            }
+        }
         for (i, inp) in inputs.iter().enumerate() {
             let st = self.state.get_mut(&inp.key).expect("inserted above");
             let fair = self.budgets[i];
@@ -269,6 +311,12 @@ impl Arbiter {
             st.fair = fair;
             st.budget = budget;
             st.allowance = inp.consumed_ns.saturating_add(st.scale.to_measured(budget));
+            if self.last[i] {
+                // Slack in measured ns: it is spent while the others are
+                // parked, when the slice runs alone and measured = true.
+                let slack = (u128::from(p) * u128::from(self.cfg.last_slack_ppm) / 1_000_000) as u64;
+                st.allowance = st.allowance.saturating_add(slack);
+            }
             st.consumed = inp.consumed_ns;
             st.waits = inp.throttle_waits;
             st.true_ns = inp.true_ns;
@@ -346,6 +394,39 @@ mod tests {
         assert_eq!(off.tick(&[input(1, 10, 0)])[0].queue_ns, 0);
         let mut zero = Arbiter::new(ArbiterConfig::default());
         assert_eq!(zero.tick(&[input(1, 0, 0)])[0].queue_ns, 1, "a zero budget: one launch at a time, not unbounded");
+    }
+
+    #[test]
+    fn the_last_standing_slice_gets_slack_only_while_others_are_hungry() {
+        let mut a = Arbiter::new(ArbiterConfig::default());
+        let p = a.config().period_ns;
+        let slack = p * a.config().last_slack_ppm / 1_000_000;
+        assert!(slack > 0);
+        // No device truth: the ratio is 1, so the allowance is consumed + budget (+ slack).
+        let extra = |b: &Budget, consumed: u64| {
+            assert_eq!(b.scale_ppm, Scale::ONE);
+            b.allowance_ns - consumed - b.budget_ns
+        };
+        a.tick(&[input(1, 30, 0), input(2, 70, 0)]);
+        // Both throttled: the 70% slice (largest budget) gets the slack, the 30% one none.
+        let hungry = |slice, share: u32, waits| SliceInput { throttle_waits: waits, ..input(slice, share, p * u64::from(share) / 100 * waits) };
+        let b = a.tick(&[hungry(1, 30, 1), hungry(2, 70, 1)]);
+        assert_eq!(extra(&b[0], 3 * p / 10), 0);
+        assert_eq!(extra(&b[1], 7 * p / 10), slack);
+        // The 30% slice satisfied: the 70% one is alone, no slack (its limit holds).
+        let b = a.tick(&[input(1, 30, 3 * p / 10), hungry(2, 70, 2)]);
+        assert_eq!(extra(&b[1], 14 * p / 10), 0);
+        // A high slice active on the device: no slack either.
+        let mut h = Arbiter::new(ArbiterConfig::default());
+        let high = |c| SliceInput { priority: Priority::High, ..input(3, 10, c) };
+        h.tick(&[input(1, 30, 0), input(2, 60, 0), high(0)]);
+        let b = h.tick(&[hungry(1, 30, 1), hungry(2, 60, 1), high(p / 20)]);
+        assert!(b.iter().zip([3 * p / 10, 6 * p / 10, p / 20]).all(|(b, c)| extra(b, c) == 0), "{b:?}");
+        // Off by configuration.
+        let mut off = Arbiter::new(ArbiterConfig { last_slack_ppm: 0, ..ArbiterConfig::default() });
+        off.tick(&[input(1, 30, 0), input(2, 70, 0)]);
+        let b = off.tick(&[hungry(1, 30, 1), hungry(2, 70, 1)]);
+        assert_eq!(extra(&b[1], 7 * p / 10), 0);
     }
 
     #[test]
