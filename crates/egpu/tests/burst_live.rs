@@ -65,3 +65,33 @@ fn bursting_slices_share_the_unreserved_memory() {
     let st = b.finish(T).expect("b exits");
     assert!(st.success(), "{st}");
 }
+
+#[test]
+fn a_killed_egpud_leaves_grants_in_place_and_a_restarted_one_adopts_them() {
+    let mut node = Node::start("1x4GiB");
+    node.ok(&["create", "--name", "a", "--gpu-memory", "1GiB", "--gpu-memory-burst", "3GiB"]);
+    let mut a = grow(&node, "a", "2GiB");
+    a.wait_event("holding", T).unwrap_or_else(|| panic!("a never got past its guarantee: {:?}", a.seen));
+    let granted = dev(&node, "a")["memory_granted_bytes"].as_u64().unwrap();
+    assert!(granted >= GIB, "{granted}");
+
+    // egpud dies: the workload keeps running with its limit (guarantee + grant).
+    node.kill9();
+    assert!(a.child.try_wait().unwrap().is_none(), "the workload must survive egpud");
+    node.restart();
+    let d = dev(&node, "a");
+    assert_eq!(d["memory_granted_bytes"].as_u64().unwrap(), granted, "the restarted egpud adopts the grant: {d}");
+    assert!(d["used_bytes"].as_u64().unwrap() >= 2 * GIB, "{d}");
+    // What is lent still counts against new guarantees: 4 GiB − 1 GiB − the grant.
+    let devs = node.json(&["devices", "-o", "json"]);
+    assert_eq!(devs["devices"][0]["lent_memory_bytes"].as_u64().unwrap(), granted, "{devs}");
+    let free = 4 * GIB - GIB - granted;
+    let too_big = format!("{}MiB", free / (1 << 20) + 1);
+    assert_fails(&node.egpu(&["create", "--name", "c", "--gpu-memory", &too_big]), 4, &["lent out"]);
+
+    // The workload exits; its memory comes back, then (after the linger) the grant.
+    let st = a.finish(T).expect("a exits when stdin closes");
+    assert!(st.success(), "{st}");
+    assert!(wait_until(T, || dev(&node, "a")["memory_granted_bytes"] == 0), "the grant is taken back");
+    node.ok(&["create", "--name", "c", "--gpu-memory", &too_big]);
+}
