@@ -23,6 +23,8 @@
 //! The largest hungry slice of a device with two or more hungry slices gets
 //! a slack of 10% of the period on top (`ArbiterConfig::last_slack_ppm`), so
 //! that the device does not idle at a period's end with everyone parked.
+//! A resize between ticks is applied at once by [`Arbiter::replan`], which
+//! re-plans the period in progress without measuring anything.
 //!
 //! Queue bounds: every process may keep at most `queue_launches` (4) launches
 //! unfinished, and at most its slice's budget for the period (never more
@@ -155,6 +157,11 @@ struct State {
     history: [u64; HISTORY],
     scale: Scale,
     seen: bool,
+    /// The last tick's view of the period it closed: peak recent use,
+    /// hungry, and active (used or wanted time), kept for [`Arbiter::replan`].
+    recent: u64,
+    hungry: bool,
+    active: bool,
 }
 
 /// The arbiter's memory between ticks.
@@ -211,55 +218,12 @@ impl Arbiter {
             used[i] = (m, t, hungry);
             st.history[(self.epoch as usize) % HISTORY] = t;
             let recent = st.history.iter().copied().max().unwrap_or(0);
+            (st.recent, st.hungry, st.active) = (recent, hungry, m > 0 || hungry);
             self.claims.push(Claim { share_bps: inp.share_bps, limit_bps: inp.limit_bps, priority: inp.priority, used_ns: recent, hungry });
         }
-        self.budgets.clear();
-        self.budgets.resize(inputs.len(), 0);
-        // Allocate per physical device over the slices on it.
-        let mut start = 0;
-        while start < self.order.len() {
-            let dev = inputs[self.order[start]].device;
-            let end = start + self.order[start..].iter().take_while(|&&i| inputs[i].device == dev).count();
-            let idx = &self.order[start..end];
-            let claims: Vec<Claim> = idx.iter().map(|&i| self.claims[i]).collect();
-            let mut b = vec![0; claims.len()];
-            allocate(p, &claims, &mut b);
-            for (&i, v) in idx.iter().zip(b) {
-                self.budgets[i] = v;
-            }
-            start = end;
-        }
-        let high_active: Vec<u32> = inputs
-            .iter()
-            .zip(&used)
-            .filter(|(inp, u)| inp.priority == Priority::High && (u.0 > 0 || u.2))
-            .map(|(inp, _)| inp.device)
-            .collect();
-        // The last-standing slice of each device (see `last_slack_ppm`).
-        self.last.clear();
-        self.last.resize(inputs.len(), false);
-        if self.cfg.last_slack_ppm > 0 {
-            let mut start = 0;
-            while start < self.order.len() {
-                let dev = inputs[self.order[start]].device;
-                let end = start + self.order[start..].iter().take_while(|&&i| inputs[i].device == dev).count();
-                let hungry = || self.order[start..end].iter().copied().filter(|&i| used[i].2);
-                // Not while a high slice is active there: its kernels would
-                // queue behind the slack's (its latency bound is the
-                // best-effort queue bound, not an allowance).
-                if hungry().count() >= 2 && !high_active.contains(&dev) {
-                    // The largest budget; the first such input on a tie.
-                    let best = hungry().fold(None, |b: Option<usize>, i| match b {
-                        Some(j) if self.budgets[j] >= self.budgets[i] => Some(j),
-                        _ => Some(i),
-                    });
-                    if let Some(i) = best {
-                        self.last[i] = true;
-                    }
-                }
-                start = end;
-            }
-        }
+        let active: Vec<bool> = used.iter().map(|u| u.0 > 0 || u.2).collect();
+        let hungry: Vec<bool> = used.iter().map(|u| u.2).collect();
+        let high_active = self.plan(inputs, &hungry, &active);
         for (i, inp) in inputs.iter().enumerate() {
             let st = self.state.get_mut(&inp.key).expect("inserted above");
             let fair = self.budgets[i];
@@ -341,6 +305,130 @@ impl Arbiter {
         }
         self.state.retain(|k, _| inputs.iter().any(|i| i.key == *k));
         out
+    }
+
+    /// A resize between ticks: re-plans the period in progress under the
+    /// specs in `inputs` (shares, limits, priorities), as if they had been
+    /// published just before the period's tick. Nothing is measured: the
+    /// claims (recent use, hungry) are the last tick's, the period's
+    /// measurements go on to the next [`Arbiter::tick`], which still closes
+    /// a whole period, and the scale is not updated. Each budget is the
+    /// re-planned fair budget plus the slice's deficit (a resized slice's
+    /// deficit restarts, as at a tick), and the allowance is re-based on the
+    /// consumption at the last tick, so the period in progress as a whole is
+    /// granted the new budget: a slice whose share shrank may already have
+    /// used it and waits for the next tick. Idempotent: a second call with
+    /// the same specs publishes the same allowances. Slice devices not seen
+    /// at a tick yet get `None` (their first tick is their start).
+    pub fn replan(&mut self, inputs: &[SliceInput]) -> Vec<Option<Budget>> {
+        let p = self.cfg.period_ns;
+        self.order.clear();
+        self.order.extend(0..inputs.len());
+        self.order.sort_by_key(|&i| inputs[i].device);
+        self.claims.clear();
+        let mut hungry = vec![false; inputs.len()];
+        let mut active = vec![false; inputs.len()];
+        for (i, inp) in inputs.iter().enumerate() {
+            let st = self.state.get(&inp.key).copied().unwrap_or_default();
+            (hungry[i], active[i]) = (st.hungry, st.active);
+            self.claims.push(Claim { share_bps: inp.share_bps, limit_bps: inp.limit_bps, priority: inp.priority, used_ns: st.recent, hungry: st.hungry });
+        }
+        let high_active = self.plan(inputs, &hungry, &active);
+        let mut out = Vec::with_capacity(inputs.len());
+        for (i, inp) in inputs.iter().enumerate() {
+            let Some(st) = self.state.get_mut(&inp.key).filter(|st| st.seen) else {
+                out.push(None);
+                continue;
+            };
+            let fair = self.budgets[i];
+            if st.spec != (inp.share_bps, inp.limit_bps) {
+                // As at a tick (see there): the next three ticks do not
+                // accumulate the deficit.
+                st.spec = (inp.share_bps, inp.limit_bps);
+                st.deficit = 0;
+                st.settle = 3;
+            }
+            let budget = (fair as i128 + st.deficit / 2).max(0) as u64;
+            st.fair = fair;
+            st.budget = budget;
+            st.allowance = st.consumed.saturating_add(st.scale.to_measured(budget));
+            if self.last[i] {
+                let slack = (u128::from(p) * u128::from(self.cfg.last_slack_ppm) / 1_000_000) as u64;
+                st.allowance = st.allowance.saturating_add(slack);
+            }
+            let queue_launches = if inp.priority == Priority::BestEffort && high_active.contains(&inp.device) {
+                self.cfg.best_effort_queue_under_high
+            } else {
+                self.cfg.queue_launches
+            };
+            out.push(Some(Budget {
+                key: inp.key,
+                epoch: self.epoch,
+                budget_ns: budget,
+                allowance_ns: st.allowance,
+                queue_launches,
+                queue_ns: queue_ns(&self.cfg, budget, st.scale),
+                scale_ppm: st.scale.ppm(),
+                used_ns: st.history[(self.epoch as usize) % HISTORY],
+                hungry: st.hungry,
+            }));
+        }
+        out
+    }
+
+    /// Budgets (`self.budgets`) and last-standing slices (`self.last`) from
+    /// `self.claims` (in input order, `self.order` sorted by device); returns
+    /// the devices with an active high-priority slice.
+    fn plan(&mut self, inputs: &[SliceInput], hungry: &[bool], active: &[bool]) -> Vec<u32> {
+        let p = self.cfg.period_ns;
+        self.budgets.clear();
+        self.budgets.resize(inputs.len(), 0);
+        // Allocate per physical device over the slices on it.
+        let mut start = 0;
+        while start < self.order.len() {
+            let dev = inputs[self.order[start]].device;
+            let end = start + self.order[start..].iter().take_while(|&&i| inputs[i].device == dev).count();
+            let idx = &self.order[start..end];
+            let claims: Vec<Claim> = idx.iter().map(|&i| self.claims[i]).collect();
+            let mut b = vec![0; claims.len()];
+            allocate(p, &claims, &mut b);
+            for (&i, v) in idx.iter().zip(b) {
+                self.budgets[i] = v;
+            }
+            start = end;
+        }
+        let high_active: Vec<u32> = inputs
+            .iter()
+            .zip(active)
+            .filter(|(inp, a)| inp.priority == Priority::High && **a)
+            .map(|(inp, _)| inp.device)
+            .collect();
+        // The last-standing slice of each device (see `last_slack_ppm`).
+        self.last.clear();
+        self.last.resize(inputs.len(), false);
+        if self.cfg.last_slack_ppm > 0 {
+            let mut start = 0;
+            while start < self.order.len() {
+                let dev = inputs[self.order[start]].device;
+                let end = start + self.order[start..].iter().take_while(|&&i| inputs[i].device == dev).count();
+                let hungry = || self.order[start..end].iter().copied().filter(|&i| hungry[i]);
+                // Not while a high slice is active there: its kernels would
+                // queue behind the slack's (its latency bound is the
+                // best-effort queue bound, not an allowance).
+                if hungry().count() >= 2 && !high_active.contains(&dev) {
+                    // The largest budget; the first such input on a tie.
+                    let best = hungry().fold(None, |b: Option<usize>, i| match b {
+                        Some(j) if self.budgets[j] >= self.budgets[i] => Some(j),
+                        _ => Some(i),
+                    });
+                    if let Some(i) = best {
+                        self.last[i] = true;
+                    }
+                }
+                start = end;
+            }
+        }
+        high_active
     }
 }
 
@@ -427,6 +515,31 @@ mod tests {
         off.tick(&[input(1, 30, 0), input(2, 70, 0)]);
         let b = off.tick(&[hungry(1, 30, 1), hungry(2, 70, 1)]);
         assert_eq!(extra(&b[1], 7 * p / 10), 0);
+    }
+
+    #[test]
+    fn a_replan_grants_the_period_in_progress_the_new_budgets() {
+        let mut a = Arbiter::new(ArbiterConfig { last_slack_ppm: 0, ..ArbiterConfig::default() });
+        let p = a.config().period_ns;
+        a.tick(&[input(1, 30, 0), input(2, 70, 0)]);
+        let hungry = |slice, share: u32, consumed, waits| SliceInput { throttle_waits: waits, ..input(slice, share, consumed) };
+        let b = a.tick(&[hungry(1, 30, 3 * p / 10, 1), hungry(2, 70, 7 * p / 10, 1)]);
+        assert_eq!((b[0].allowance_ns, b[1].allowance_ns), (6 * p / 10, 14 * p / 10));
+        // Mid-period resize to 60/40, slice 2 already past its new budget:
+        // the allowances are re-based on the consumption at the tick.
+        let now = [input(1, 60, 4 * p / 10), input(2, 40, 13 * p / 10), input(3, 0, 0)];
+        let r = a.replan(&now);
+        let (r0, r1) = (r[0].unwrap(), r[1].unwrap());
+        assert_eq!((r0.budget_ns, r1.budget_ns), (6 * p / 10, 4 * p / 10));
+        assert_eq!((r0.allowance_ns, r1.allowance_ns), (9 * p / 10, 11 * p / 10));
+        assert_eq!((r0.epoch, r0.hungry), (2, true), "no tick, the last tick's view");
+        assert_eq!(r[2], None, "not ticked yet: its first tick is its start");
+        assert_eq!(a.replan(&now), r, "idempotent");
+        assert_eq!(a.epoch(), 2);
+        // The next tick closes the whole period; the deficit settles as after a resize at a tick.
+        let b = a.tick(&[hungry(1, 60, 9 * p / 10, 2), hungry(2, 40, 11 * p / 10, 2)]);
+        assert_eq!((b[0].budget_ns, b[1].budget_ns), (6 * p / 10, 4 * p / 10));
+        assert_eq!((b[0].allowance_ns, b[1].allowance_ns), (15 * p / 10, 15 * p / 10));
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! slice's seqlocked spec and usage counters, tick, publish.
 //!
 //! `egpud` calls [`Arbiter::tick_tables`] once per period (a tokio interval
-//! of [`ArbiterConfig::period_ns`]) with a [`TableRef`] per live slice.
+//! of [`ArbiterConfig::period_ns`]) with a [`TableRef`] per live slice, and
+//! [`Arbiter::replan_tables`] when a resize is published between ticks.
 
 use crate::arbiter::{Arbiter, Budget, SliceInput, SliceKey};
 #[cfg(doc)]
@@ -42,51 +43,81 @@ impl Arbiter {
     /// allowance until `egpud` drops them. Returns what was published and
     /// the slices skipped for inconsistent tables.
     pub fn tick_tables(&mut self, now_ns: u64, tables: &[TableRef<'_>]) -> (Vec<Budget>, Vec<TablesError>) {
-        let mut inputs = Vec::with_capacity(tables.len() * 2);
-        let mut owners = Vec::with_capacity(tables.len() * 2);
-        let mut errors = Vec::new();
-        for (ti, t) in tables.iter().enumerate() {
-            let snap = t.limits.snapshot();
-            if snap.state == SliceState::Deleted {
-                continue;
-            }
-            let n = snap.n_devices.min(MAX_DEVICES);
-            if t.usage.n_devices() != n {
-                errors.push(TablesError::DeviceCount { slice: t.slice, limits: n, usage: t.usage.n_devices() });
-                continue;
-            }
-            let u = t.usage.region();
-            let priority = Priority::from_code(snap.priority).unwrap_or(Priority::Normal);
-            for (d, dl) in snap.devices().iter().enumerate() {
-                inputs.push(SliceInput {
-                    key: SliceKey { slice: t.slice, dev: d as u32 },
-                    device: dl.host_index,
-                    share_bps: dl.compute_share_bps,
-                    limit_bps: dl.compute_limit_bps,
-                    priority,
-                    consumed_ns: u.consumed_ns[d].load(Ordering::Acquire),
-                    throttle_waits: u.throttle_waits[d].load(Ordering::Acquire),
-                    true_ns: t.true_ns.get(d).copied().flatten(),
-                });
-                owners.push(ti);
-            }
-        }
+        let (inputs, owners, errors) = read_tables(tables);
         let budgets = self.tick(&inputs);
-        let period = self.config().period_ns;
         for (b, &ti) in budgets.iter().zip(&owners) {
-            let w = tables[ti].limits;
-            let r = w.region();
-            r.arbiter_period_ns.store(period, Ordering::Relaxed);
-            let d = &r.devices[b.key.dev as usize];
-            d.queue_launches.store(b.queue_launches, Ordering::Relaxed);
-            d.queue_ns.store(b.queue_ns, Ordering::Relaxed);
-            d.scale_ppm.store(b.scale_ppm, Ordering::Relaxed);
-            d.epoch_start_ns.store(now_ns, Ordering::Relaxed);
-            d.allowance_ns.store(b.allowance_ns, Ordering::Release);
-            w.set_budget(b.key.dev as usize, b.epoch, b.budget_ns);
+            publish(tables[ti].limits, b, self.config().period_ns, Some(now_ns));
         }
         (budgets, errors)
     }
+
+    /// A compute resize between ticks: reads the tables and publishes
+    /// [`Arbiter::replan`] (the period in progress re-planned under the new
+    /// specs; `epoch_start_ns` and the next tick unchanged). `egpud` calls
+    /// it when a resize is published, so that the new shares apply at once
+    /// rather than at the next tick. Returns what was published.
+    pub fn replan_tables(&mut self, tables: &[TableRef<'_>]) -> (Vec<Budget>, Vec<TablesError>) {
+        let (inputs, owners, errors) = read_tables(tables);
+        let budgets: Vec<Budget> = self
+            .replan(&inputs)
+            .into_iter()
+            .zip(&owners)
+            .filter_map(|(b, &ti)| b.map(|b| (b, ti)))
+            .map(|(b, ti)| {
+                publish(tables[ti].limits, &b, self.config().period_ns, None);
+                b
+            })
+            .collect();
+        (budgets, errors)
+    }
+}
+
+fn read_tables(tables: &[TableRef<'_>]) -> (Vec<SliceInput>, Vec<usize>, Vec<TablesError>) {
+    let mut inputs = Vec::with_capacity(tables.len() * 2);
+    let mut owners = Vec::with_capacity(tables.len() * 2);
+    let mut errors = Vec::new();
+    for (ti, t) in tables.iter().enumerate() {
+        let snap = t.limits.snapshot();
+        if snap.state == SliceState::Deleted {
+            continue;
+        }
+        let n = snap.n_devices.min(MAX_DEVICES);
+        if t.usage.n_devices() != n {
+            errors.push(TablesError::DeviceCount { slice: t.slice, limits: n, usage: t.usage.n_devices() });
+            continue;
+        }
+        let u = t.usage.region();
+        let priority = Priority::from_code(snap.priority).unwrap_or(Priority::Normal);
+        for (d, dl) in snap.devices().iter().enumerate() {
+            inputs.push(SliceInput {
+                key: SliceKey { slice: t.slice, dev: d as u32 },
+                device: dl.host_index,
+                share_bps: dl.compute_share_bps,
+                limit_bps: dl.compute_limit_bps,
+                priority,
+                consumed_ns: u.consumed_ns[d].load(Ordering::Acquire),
+                throttle_waits: u.throttle_waits[d].load(Ordering::Acquire),
+                true_ns: t.true_ns.get(d).copied().flatten(),
+            });
+            owners.push(ti);
+        }
+    }
+    (inputs, owners, errors)
+}
+
+/// Publishes one slice device's budget; `epoch_start_ns` only at a tick.
+fn publish(w: &LimitsWriter, b: &Budget, period: u64, tick_ns: Option<u64>) {
+    let r = w.region();
+    r.arbiter_period_ns.store(period, Ordering::Relaxed);
+    let d = &r.devices[b.key.dev as usize];
+    d.queue_launches.store(b.queue_launches, Ordering::Relaxed);
+    d.queue_ns.store(b.queue_ns, Ordering::Relaxed);
+    d.scale_ppm.store(b.scale_ppm, Ordering::Relaxed);
+    if let Some(now_ns) = tick_ns {
+        d.epoch_start_ns.store(now_ns, Ordering::Relaxed);
+    }
+    d.allowance_ns.store(b.allowance_ns, Ordering::Release);
+    w.set_budget(b.key.dev as usize, b.epoch, b.budget_ns);
 }
 
 #[cfg(test)]

@@ -8,9 +8,12 @@
 //! It runs on its own thread with a current-thread tokio runtime (an
 //! `interval` with [`MissedTickBehavior::Skip`]), so a slow gRPC request or
 //! a store fsync never shifts the gRPC server's workers and the loop's CPU
-//! time is its thread's. A compute resize needs nothing from here: the
-//! seqlocked publish of the new limits is read at the next tick, and the
-//! arbiter clears the slice's correction when its share or limit changed.
+//! time is its thread's. A resize publishes the new limits and wakes the
+//! loop ([`ComputeStats::resized`]), which re-plans the period in progress
+//! at once ([`Arbiter::replan_tables`]; the tick phase is unchanged), so the
+//! new shares apply from the resize rather than from the next tick (0–10 ms
+//! later); the arbiter clears the slice's correction when its share or
+//! limit changed.
 //!
 //! True GPU time: `nvmlDeviceGetProcessUtilization` samples (the simulated
 //! GPU implements it from its per-process busy time) give each process's
@@ -73,11 +76,18 @@ pub struct ComputeSnapshot {
     pub cpu_s: f64,
 }
 
-/// Shared between the loop and its observers.
+/// Shared between the loop and its observers; also wakes the loop on a resize.
 #[derive(Debug, Default)]
-pub struct ComputeStats(Mutex<ComputeSnapshot>);
+pub struct ComputeStats(Mutex<ComputeSnapshot>, tokio::sync::Notify);
 
 impl ComputeStats {
+    /// A slice's limits were republished (a resize): the loop re-plans the
+    /// period in progress as soon as it can. Several resizes before it runs
+    /// are one re-plan (of the newest limits).
+    pub fn resized(&self) {
+        self.1.notify_one();
+    }
+
     pub fn snapshot(&self) -> ComputeSnapshot {
         self.lock().clone()
     }
@@ -256,6 +266,33 @@ impl ComputeLoop {
         budgets
     }
 
+    /// A resize between ticks: re-plans the period in progress under the
+    /// slices' new limits and publishes it ([`Arbiter::replan_tables`]).
+    /// Nothing is sampled or measured (that is the next tick's); slices
+    /// created since the last tick wait for it. The observers' view gets the
+    /// new budgets and allowances.
+    pub fn replan(&mut self, node: &Node) -> Vec<Budget> {
+        let m = node.slices();
+        let none: [Option<u64>; 0] = [];
+        let refs: Vec<TableRef<'_>> = m
+            .slices()
+            .filter_map(|s| self.ids.get(s.name()).map(|&id| TableRef { slice: id, limits: &s.limits, usage: &s.usage, true_ns: &none }))
+            .collect();
+        let (budgets, errors) = self.arbiter.replan_tables(&refs);
+        for e in errors {
+            tracing::warn!(error = %e, "compute arbiter skipped a slice");
+        }
+        let names: HashMap<u64, &str> = m.slices().filter_map(|s| self.ids.get(s.name()).map(|&id| (id, s.name()))).collect();
+        drop(refs);
+        let mut st = node.compute.lock();
+        for b in &budgets {
+            let Some(d) = names.get(&b.key.slice).and_then(|n| st.slices.get_mut(*n)).and_then(|v| v.get_mut(b.key.dev as usize)) else { continue };
+            d.budget_ns = b.budget_ns;
+            d.allowance_ns = b.allowance_ns;
+        }
+        budgets
+    }
+
     fn refresh_pids(&mut self, m: &crate::slices::SliceManager, samples: &[(u32, Vec<crate::devices::ProcSample>)]) {
         let t = &self.truth;
         let unknown = samples.iter().flat_map(|(_, v)| v).any(|s| !t.pids.contains_key(&s.pid) && !t.strangers.contains(&s.pid));
@@ -354,13 +391,35 @@ async fn run(node: Arc<Node>, stop: Arc<AtomicBool>) {
     iv.set_missed_tick_behavior(MissedTickBehavior::Skip);
     let mut expected = tokio::time::Instant::now();
     while !stop.load(Ordering::Acquire) {
-        let at = iv.tick().await;
+        let at = match next_wake(&mut iv, &node.compute).await {
+            Wake::Tick(at) => at,
+            Wake::Resized => {
+                lp.replan(&node);
+                continue;
+            }
+        };
         let missed = at.saturating_duration_since(expected).as_nanos() / period.as_nanos().max(1);
         expected = at + period;
         lp.tick(&node, monotonic_ns());
         if missed > 0 {
             node.compute.lock().missed_ticks += missed as u64;
         }
+    }
+}
+
+/// What the loop wakes up for.
+#[derive(Debug, PartialEq, Eq)]
+enum Wake {
+    Tick(tokio::time::Instant),
+    Resized,
+}
+
+/// The next periodic tick, or a resize ([`ComputeStats::resized`]) before it.
+async fn next_wake(iv: &mut tokio::time::Interval, stats: &ComputeStats) -> Wake {
+    tokio::select! {
+        biased;
+        () = stats.1.notified() => Wake::Resized,
+        at = iv.tick() => Wake::Tick(at),
     }
 }
 

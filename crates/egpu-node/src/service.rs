@@ -87,6 +87,7 @@ impl node_server::Node for NodeService {
         self.blocking(move |node| {
             let mut m = node.slices();
             let s = m.resize(&name, resize)?;
+            node.compute.resized();
             Ok(wire::with_compute(wire::slice_to_wire(s), node.compute.slice(s.name())))
         })
         .await

@@ -50,6 +50,16 @@ pub struct TestSlice {
     pub host: u32,
     /// Processes of the slice (the harness maps them to true GPU time).
     pub pids: Mutex<Vec<u32>>,
+    /// The arbiter loop to wake on a resize (set by [`Egpud::start`]).
+    wake: Mutex<Option<Arc<Wake>>>,
+}
+
+/// A resize notification for the arbiter loop (egpud's Resize RPC wakes its
+/// loop the same way).
+#[derive(Default)]
+struct Wake {
+    resized: Mutex<bool>,
+    cv: std::sync::Condvar,
 }
 
 impl TestSlice {
@@ -60,6 +70,10 @@ impl TestSlice {
         v[0].compute_share_bps = share * 100;
         v[0].compute_limit_bps = limit * 100;
         self.writer.publish(snap.priority, &v).unwrap();
+        if let Some(w) = self.wake.lock().unwrap().as_ref() {
+            *w.resized.lock().unwrap() = true;
+            w.cv.notify_one();
+        }
     }
 }
 
@@ -84,7 +98,7 @@ impl Machine {
         };
         let writer = LimitsWriter::create(&paths::limits_path(&dir), name, prio.code(), &[init]).unwrap();
         let usage = UsageFile::create(&paths::usage_path(&dir), 1).unwrap();
-        Arc::new(TestSlice { dir, writer, usage, uuid, host, pids: Mutex::new(Vec::new()) })
+        Arc::new(TestSlice { dir, writer, usage, uuid, host, pids: Mutex::new(Vec::new()), wake: Mutex::new(None) })
     }
 
     /// `egpu-burn ARGS -o json` in `slice` under the hook; registered as the slice's process.
@@ -134,7 +148,8 @@ impl Burn {
 
 /// The arbiter loop `egpud` runs, in a thread: every period, true GPU time
 /// per slice from the simulated GPU (what has run, as NVML accounting
-/// reports it), then `tick_tables`.
+/// reports it), then `tick_tables`; woken by [`TestSlice::set_compute`]
+/// between ticks, `replan_tables` (as egpud's Resize RPC wakes its loop).
 pub struct Egpud {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<u64>>,
@@ -144,6 +159,10 @@ impl Egpud {
     pub fn start(m: &Machine, slices: &[Arc<TestSlice>]) -> Egpud {
         let stop = Arc::new(AtomicBool::new(false));
         let slices: Vec<Arc<TestSlice>> = slices.to_vec();
+        let wake = Arc::new(Wake::default());
+        for s in &slices {
+            *s.wake.lock().unwrap() = Some(wake.clone());
+        }
         let sim = m.sim;
         let st = stop.clone();
         let thread = std::thread::spawn(move || {
@@ -188,10 +207,27 @@ impl Egpud {
                 ticks += 1;
                 next += period;
                 let now = Instant::now();
-                if next > now {
-                    std::thread::sleep(next - now);
-                } else {
+                if next <= now {
                     next = now;
+                }
+                // Until the next tick; a resize is re-planned at once.
+                let mut resized = wake.resized.lock().unwrap();
+                loop {
+                    if std::mem::take(&mut *resized) {
+                        drop(resized);
+                        let none = [None];
+                        let refs: Vec<TableRef<'_>> =
+                            slices.iter().enumerate().map(|(i, s)| TableRef { slice: i as u64, limits: &s.writer, usage: &s.usage, true_ns: &none }).collect();
+                        let (_, errs) = arb.replan_tables(&refs);
+                        assert!(errs.is_empty(), "{errs:?}");
+                        resized = wake.resized.lock().unwrap();
+                        continue;
+                    }
+                    let now = Instant::now();
+                    if now >= next || st.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    resized = wake.cv.wait_timeout(resized, next - now).unwrap().0;
                 }
             }
             ticks

@@ -63,6 +63,49 @@ fn a_tick_publishes_budgets_and_a_resize_shows_at_the_next_tick() {
 }
 
 #[test]
+fn a_resize_is_applied_before_the_next_periodic_tick() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = agent(dir.path());
+    let node = a.node();
+    create(node, "a", 3000, 3000);
+    create(node, "b", 7000, 7000);
+    let mut lp = ComputeLoop::new(ArbiterConfig::default());
+    let p = lp.period().as_nanos() as u64;
+    lp.tick(node, 1_000);
+    let lim = |n: &str| LimitsReader::open(&paths::limits_path(&node.slices().get(n).unwrap().dir)).unwrap();
+    let (la, lb) = (lim("a"), lim("b"));
+    let allowance = |l: &LimitsReader| l.region().devices[0].allowance_ns.load(Ordering::Relaxed);
+    assert_eq!((allowance(&la), allowance(&lb)), (3 * p / 10, 7 * p / 10));
+
+    // The Resize RPC wakes the loop: the wake-up comes before a periodic
+    // tick (the interval's first tick is an hour away; nothing sleeps).
+    let r = |s: u32| ResizeRequest { compute_share: Some(Percent(s)), compute_limit: Some(Percent(s)), ..Default::default() };
+    node.slices().resize("b", r(4000)).unwrap();
+    node.compute.resized();
+    node.slices().resize("a", r(6000)).unwrap();
+    node.compute.resized();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let wake = rt.block_on(async {
+        let mut iv = tokio::time::interval_at(tokio::time::Instant::now() + Duration::from_secs(3600), lp.period());
+        next_wake(&mut iv, &node.compute).await
+    });
+    assert_eq!(wake, Wake::Resized);
+    // Two resizes before the loop ran are one wake-up, re-planning both.
+    let b = lp.replan(node);
+    assert_eq!(b.iter().map(|b| b.budget_ns).collect::<Vec<_>>(), [6 * p / 10, 4 * p / 10]);
+    assert_eq!((allowance(&la), allowance(&lb)), (6 * p / 10, 4 * p / 10), "the period in progress, re-planned");
+    let d = &la.region().devices[0];
+    assert_eq!(d.epoch_start_ns.load(Ordering::Relaxed), 1_000, "no tick: the period and its phase go on");
+    assert_eq!(d.budget_epoch.load(Ordering::Relaxed), 1);
+    let snap = node.compute.snapshot();
+    assert_eq!((snap.ticks, snap.slices["a"][0].budget_ns), (1, 6 * p / 10));
+    // The next tick closes the whole period under the new budgets.
+    lp.tick(node, 1_000 + p);
+    assert_eq!(allowance(&la), 6 * p / 10);
+    assert_eq!(d.epoch_start_ns.load(Ordering::Relaxed), 1_000 + p);
+}
+
+#[test]
 fn share_sums_above_100_percent_are_refused_on_create_and_resize() {
     let dir = tempfile::tempdir().unwrap();
     let a = agent(dir.path());
