@@ -390,14 +390,20 @@ async fn run(node: Arc<Node>, stop: Arc<AtomicBool>) {
     let mut iv = tokio::time::interval(period);
     iv.set_missed_tick_behavior(MissedTickBehavior::Skip);
     let mut expected = tokio::time::Instant::now();
+    // At most one re-plan between two ticks: after one, the loop waits for
+    // the tick (later resizes are applied by it), so a client resizing
+    // without pause cannot starve the ticks.
+    let mut replanned = false;
     while !stop.load(Ordering::Acquire) {
-        let at = match next_wake(&mut iv, &node.compute).await {
+        let at = match next_wake(&mut iv, &node.compute, !replanned).await {
             Wake::Tick(at) => at,
             Wake::Resized => {
                 lp.replan(&node);
+                replanned = true;
                 continue;
             }
         };
+        replanned = false;
         let missed = at.saturating_duration_since(expected).as_nanos() / period.as_nanos().max(1);
         expected = at + period;
         lp.tick(&node, monotonic_ns());
@@ -414,11 +420,12 @@ enum Wake {
     Resized,
 }
 
-/// The next periodic tick, or a resize ([`ComputeStats::resized`]) before it.
-async fn next_wake(iv: &mut tokio::time::Interval, stats: &ComputeStats) -> Wake {
+/// The next periodic tick, or (if `resizes`) a resize
+/// ([`ComputeStats::resized`]) before it.
+async fn next_wake(iv: &mut tokio::time::Interval, stats: &ComputeStats, resizes: bool) -> Wake {
     tokio::select! {
         biased;
-        () = stats.1.notified() => Wake::Resized,
+        () = stats.1.notified(), if resizes => Wake::Resized,
         at = iv.tick() => Wake::Tick(at),
     }
 }

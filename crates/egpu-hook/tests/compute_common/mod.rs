@@ -210,10 +210,13 @@ impl Egpud {
                 if next <= now {
                     next = now;
                 }
-                // Until the next tick; a resize is re-planned at once.
+                // Until the next tick; a resize is re-planned at once (at
+                // most once between two ticks, as in egpud).
                 let mut resized = wake.resized.lock().unwrap();
+                let mut replanned = false;
                 loop {
-                    if std::mem::take(&mut *resized) {
+                    if !replanned && std::mem::take(&mut *resized) {
+                        replanned = true;
                         drop(resized);
                         let none = [None];
                         let refs: Vec<TableRef<'_>> =

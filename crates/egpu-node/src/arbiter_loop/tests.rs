@@ -87,7 +87,7 @@ fn a_resize_is_applied_before_the_next_periodic_tick() {
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
     let wake = rt.block_on(async {
         let mut iv = tokio::time::interval_at(tokio::time::Instant::now() + Duration::from_secs(3600), lp.period());
-        next_wake(&mut iv, &node.compute).await
+        next_wake(&mut iv, &node.compute, true).await
     });
     assert_eq!(wake, Wake::Resized);
     // Two resizes before the loop ran are one wake-up, re-planning both.
@@ -103,6 +103,16 @@ fn a_resize_is_applied_before_the_next_periodic_tick() {
     lp.tick(node, 1_000 + p);
     assert_eq!(allowance(&la), 6 * p / 10);
     assert_eq!(d.epoch_start_ns.load(Ordering::Relaxed), 1_000 + p);
+
+    // After a re-plan the loop listens for the tick only (no second re-plan
+    // before it, so resizes cannot starve the ticks): a pending resize is
+    // not taken, and the tick comes.
+    node.compute.resized();
+    let wake = rt.block_on(async {
+        let mut iv = tokio::time::interval_at(tokio::time::Instant::now() + Duration::from_millis(1), Duration::from_secs(3600));
+        next_wake(&mut iv, &node.compute, false).await
+    });
+    assert!(matches!(wake, Wake::Tick(_)), "{wake:?}");
 }
 
 #[test]
