@@ -60,7 +60,7 @@ const GUARDED: &[&str] = &[
     "cuLaunch", "cuLaunchGrid", "cuLaunchGridAsync",
 ];
 
-/// The base name of a versioned symbol name, for the [`GUARDED`] check only.
+/// The base name of a versioned symbol name, for the `GUARDED` check only.
 pub fn base_name(name: &str) -> &str {
     let mut n = name;
     for suffix in ["_ptsz", "_ptds"] {

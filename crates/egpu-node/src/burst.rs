@@ -26,7 +26,7 @@
 //! limit, every later charge is checked against it and every earlier one is
 //! in the usage records. Until then, and while any live process of the
 //! slice runs a hook older than that rule (`CAP_LIMIT_IN_LOCK`), the old
-//! limit still counts as borrowed ([`Burst::held`]). Grants live in
+//! limit still counts as borrowed (`Burst::held`). Grants live in
 //! `egpud`'s memory and in the limits files: a restarted `egpud` reads them
 //! back (`SliceManager::adopt`).
 

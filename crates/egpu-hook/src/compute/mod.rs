@@ -212,7 +212,7 @@ pub fn admit(stream: CUstream, ptsz: bool) -> Result<Option<Ticket>, CUresult> {
 }
 
 /// After the driver call of an admitted launch: on success, counts it and
-/// records its completion event (see [`ADAPTIVE`]; every N launches with
+/// records its completion event (see `ADAPTIVE`; every N launches with
 /// `EGPU_HOOK_EVENT_EVERY=N`; always when near the gate's bounds).
 #[inline]
 pub fn after(t: Ticket, ok: bool) {

@@ -10,7 +10,7 @@
 //!
 //! Event *k*'s end time is `anchor_ns + cuEventElapsedTime(anchor, k)`; a
 //! completed event becomes the new anchor once the elapsed time passes
-//! [`REANCHOR_NS`], so the `f32` milliseconds never lose precision.
+//! `REANCHOR_NS`, so the `f32` milliseconds never lose precision.
 //!
 //! The table is thread-local, so the fast path takes no lock. A thread that
 //! exits with unfinished launches charges them at their estimate (no driver

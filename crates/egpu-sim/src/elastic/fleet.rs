@@ -33,7 +33,7 @@
 //! A GPU whose base slices do not fit (no GPU had room) has its limits
 //! scaled down to its capacity; the pods stay and their misses count.
 //! Violations are counted against the final limits exactly as for the
-//! other strategies. [`search`] finds the smallest N whose violation
+//! other strategies. [`search_fleet`] finds the smallest N whose violation
 //! pod-minutes are within a budget.
 
 use super::eval::{Filled, GIB, Outcome, alive, fair_cut, quantile};
@@ -105,7 +105,7 @@ pub struct FleetConfig {
     pub risk_window: usize,
     pub risk_weight: f64,
     pub risk_moves: usize,
-    /// Violation budget for [`search`], as a fraction of pod-minutes.
+    /// Violation budget for [`search_fleet`], as a fraction of pod-minutes.
     pub budget: f64,
     /// Evaluate this fleet size instead of searching.
     pub gpus: Option<usize>,
@@ -133,7 +133,7 @@ pub struct FleetRun {
     pub saturated_gpu_minutes: u64,
 }
 
-/// The fleet sizes tried by [`search`] and their violation fractions.
+/// The fleet sizes tried by [`search_fleet`] and their violation fractions.
 #[derive(Debug, Clone, Serialize)]
 pub struct FleetSearch {
     pub gpus: usize,
@@ -477,7 +477,7 @@ pub fn run_fleet(u: &super::Usage, gpu_mem_gib: f64, every: usize, n: usize, cfg
     run(&super::eval::fill(u), u.minutes, gpu_mem_gib, every, n, cfg)
 }
 
-/// [`search`] on a usage trace, over fleets of `from..=to` GPUs.
+/// [`search_fleet`] on a usage trace, over fleets of `from..=to` GPUs.
 pub fn search_fleet(u: &super::Usage, gpu_mem_gib: f64, every: usize, from: usize, to: usize, cfg: &FleetConfig) -> (FleetRun, FleetSearch) {
     search(&super::eval::fill(u), u.minutes, gpu_mem_gib, every, from, to, cfg)
 }
