@@ -271,37 +271,12 @@ impl Arbiter {
             // works, while more allowance cannot make a slice that is short
             // for other reasons (its host, the queue) use it.
             st.deficit = if hungry || error < 0 { (st.deficit + error).clamp(-2 * fair as i128, half) } else { 0 };
-            let budget = (fair as i128 + st.deficit / 2).max(0) as u64;
-            st.fair = fair;
-            st.budget = budget;
-            st.allowance = inp.consumed_ns.saturating_add(st.scale.to_measured(budget));
-            if self.last[i] {
-                // Slack in measured ns: it is spent while the others are
-                // parked, when the slice runs alone and measured = true.
-                let slack = (u128::from(p) * u128::from(self.cfg.last_slack_ppm) / 1_000_000) as u64;
-                st.allowance = st.allowance.saturating_add(slack);
-            }
+            set_budget(&self.cfg, st, fair, inp.consumed_ns, self.last[i]);
             st.consumed = inp.consumed_ns;
             st.waits = inp.throttle_waits;
             st.true_ns = inp.true_ns;
             st.seen = true;
-            let queue_launches = if inp.priority == Priority::BestEffort && high_active.contains(&inp.device) {
-                self.cfg.best_effort_queue_under_high
-            } else {
-                self.cfg.queue_launches
-            };
-            let queue_ns = queue_ns(&self.cfg, budget, st.scale);
-            out.push(Budget {
-                key: inp.key,
-                epoch: self.epoch,
-                budget_ns: budget,
-                allowance_ns: st.allowance,
-                queue_launches,
-                queue_ns,
-                scale_ppm: st.scale.ppm(),
-                used_ns: used[i].1,
-                hungry: used[i].2,
-            });
+            out.push(budget_out(&self.cfg, st, inp, self.epoch, &high_active, used[i].1, used[i].2));
         }
         self.state.retain(|k, _| inputs.iter().any(|i| i.key == *k));
         out
@@ -321,7 +296,6 @@ impl Arbiter {
     /// the same specs publishes the same allowances. Slice devices not seen
     /// at a tick yet get `None` (their first tick is their start).
     pub fn replan(&mut self, inputs: &[SliceInput]) -> Vec<Option<Budget>> {
-        let p = self.cfg.period_ns;
         self.order.clear();
         self.order.extend(0..inputs.len());
         self.order.sort_by_key(|&i| inputs[i].device);
@@ -348,30 +322,10 @@ impl Arbiter {
                 st.deficit = 0;
                 st.settle = 3;
             }
-            let budget = (fair as i128 + st.deficit / 2).max(0) as u64;
-            st.fair = fair;
-            st.budget = budget;
-            st.allowance = st.consumed.saturating_add(st.scale.to_measured(budget));
-            if self.last[i] {
-                let slack = (u128::from(p) * u128::from(self.cfg.last_slack_ppm) / 1_000_000) as u64;
-                st.allowance = st.allowance.saturating_add(slack);
-            }
-            let queue_launches = if inp.priority == Priority::BestEffort && high_active.contains(&inp.device) {
-                self.cfg.best_effort_queue_under_high
-            } else {
-                self.cfg.queue_launches
-            };
-            out.push(Some(Budget {
-                key: inp.key,
-                epoch: self.epoch,
-                budget_ns: budget,
-                allowance_ns: st.allowance,
-                queue_launches,
-                queue_ns: queue_ns(&self.cfg, budget, st.scale),
-                scale_ppm: st.scale.ppm(),
-                used_ns: st.history[(self.epoch as usize) % HISTORY],
-                hungry: st.hungry,
-            }));
+            // Re-based on the consumption at the last tick.
+            set_budget(&self.cfg, st, fair, st.consumed, self.last[i]);
+            let used_ns = st.history[(self.epoch as usize) % HISTORY];
+            out.push(Some(budget_out(&self.cfg, st, inp, self.epoch, &high_active, used_ns, st.hungry)));
         }
         out
     }
@@ -429,6 +383,38 @@ impl Arbiter {
             }
         }
         high_active
+    }
+}
+
+/// The period's budget (fair budget plus half the deficit) and allowance
+/// (`consumed` plus the budget in measured ns, plus the last-standing slack
+/// if `last`) of a slice.
+fn set_budget(cfg: &ArbiterConfig, st: &mut State, fair: u64, consumed: u64, last: bool) {
+    let budget = (fair as i128 + st.deficit / 2).max(0) as u64;
+    st.fair = fair;
+    st.budget = budget;
+    st.allowance = consumed.saturating_add(st.scale.to_measured(budget));
+    if last {
+        // Slack in measured ns: it is spent while the others are parked,
+        // when the slice runs alone and measured = true.
+        let slack = (u128::from(cfg.period_ns) * u128::from(cfg.last_slack_ppm) / 1_000_000) as u64;
+        st.allowance = st.allowance.saturating_add(slack);
+    }
+}
+
+/// What is published for a slice from its state after [`set_budget`].
+fn budget_out(cfg: &ArbiterConfig, st: &State, inp: &SliceInput, epoch: u64, high_active: &[u32], used_ns: u64, hungry: bool) -> Budget {
+    let queue_launches = if inp.priority == Priority::BestEffort && high_active.contains(&inp.device) { cfg.best_effort_queue_under_high } else { cfg.queue_launches };
+    Budget {
+        key: inp.key,
+        epoch,
+        budget_ns: st.budget,
+        allowance_ns: st.allowance,
+        queue_launches,
+        queue_ns: queue_ns(cfg, st.budget, st.scale),
+        scale_ppm: st.scale.ppm(),
+        used_ns,
+        hungry,
     }
 }
 
