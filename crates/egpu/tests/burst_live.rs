@@ -93,5 +93,7 @@ fn a_killed_egpud_leaves_grants_in_place_and_a_restarted_one_adopts_them() {
     let st = a.finish(T).expect("a exits when stdin closes");
     assert!(st.success(), "{st}");
     assert!(wait_until(T, || dev(&node, "a")["memory_granted_bytes"] == 0), "the grant is taken back");
+    // Lent until egpud has confirmed the lowered limit (a tick later).
+    assert!(wait_until(T, || node.json(&["devices", "-o", "json"])["devices"][0]["lent_memory_bytes"] == 0), "nothing stays lent");
     node.ok(&["create", "--name", "c", "--gpu-memory", &too_big]);
 }
