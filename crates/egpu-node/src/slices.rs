@@ -115,10 +115,15 @@ impl Slice {
     /// burst caps go first, so a hook that sees the new limits sees them too.
     pub(crate) fn publish(&self) -> Result<u64, SliceOpError> {
         let spec = &self.record.spec;
-        for (i, d) in spec.devices.iter().enumerate() {
-            self.limits.set_mem_burst(i, d.memory_burst.0);
-        }
+        publish_bursts(&self.limits, spec);
         self.limits.publish(spec.priority.code(), &limits_of(spec, &self.granted)).map_err(SliceOpError::Abi)
+    }
+}
+
+/// Writes the burst cap of every slice device of `spec` to the limits file.
+fn publish_bursts(w: &LimitsWriter, spec: &SliceSpec) {
+    for (i, d) in spec.devices.iter().enumerate() {
+        w.set_mem_burst(i, d.memory_burst.0);
     }
 }
 
@@ -341,9 +346,7 @@ impl SliceManager {
             .collect();
         let w = LimitsWriter::create(path, &record.spec.name, record.spec.priority.code(), &inits).map_err(SliceOpError::Abi)?;
         // Before any workload can know the slice: its burst caps.
-        for (i, d) in record.spec.devices.iter().enumerate() {
-            w.set_mem_burst(i, d.memory_burst.0);
-        }
+        publish_bursts(&w, &record.spec);
         Ok(w)
     }
 
