@@ -177,6 +177,11 @@ pub struct SimulateArgs {
     /// GPU, each only if it lowers the summed risk.
     #[arg(long, default_value_t = 0)]
     pub fleet_risk_moves: usize,
+    /// Elastic fleet: also evaluate the same fleet with every pod held on
+    /// one GPU chosen knowing the whole trace (`fleet-hindsight-static`, a
+    /// reference for what placement alone can buy, not a policy; slower).
+    #[arg(long)]
+    pub fleet_hindsight: bool,
 }
 
 fn number(s: &str) -> Result<f64, String> {
@@ -330,6 +335,7 @@ fn run_elastic(args: &SimulateArgs) -> Result<()> {
         risk_moves: args.fleet_risk_moves,
         budget: args.fleet_budget,
         gpus: args.fleet_gpus.map(|n| n as usize),
+        hindsight: args.fleet_hindsight,
     });
     let evals: Vec<_> = args
         .gpu_mem_gib

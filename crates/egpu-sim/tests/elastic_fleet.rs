@@ -182,3 +182,22 @@ fn fleet_flags_are_validated() {
         assert!(err.to_string().contains(bad[0]), "{bad:?}: {err}");
     }
 }
+
+#[test]
+fn hindsight_placement_keeps_coinciding_bursts_apart_and_never_moves_a_pod() {
+    // Two GPUs of 80 GiB. x and y (40 GiB, idle) fill GPU 0 exactly, so a
+    // greedy first pass puts a and b (30 GiB, both 70% busy in minutes
+    // 0–9) together on GPU 1: saturated for 10 minutes. No single move
+    // helps (either GPU would then hold 100 GiB); swapping x with a does.
+    let busy = |minutes: usize| -> Vec<(f64, f64)> { (0..20).map(|t| (if t < minutes { 70.0 } else { 0.0 }, 30.0)).collect() };
+    let u = usage(&[("x", 0, flat(20, 0.0, 40.0)), ("y", 0, flat(20, 0.0, 40.0)), ("a", 0, busy(10)), ("b", 0, busy(10))]);
+    let cfg = FleetConfig::default();
+    let (r, at) = elastic::run_fleet_hindsight(&u, 80.0, 1, 2, &cfg);
+    let gpu = |name: &str| at[u.pods.iter().position(|p| p == name).unwrap()];
+    assert_ne!(gpu("a"), gpu("b"), "{at:?}");
+    assert_ne!(gpu("x"), gpu("y"), "{at:?}");
+    assert!(at.iter().all(|&g| g < 2), "{at:?}");
+    assert_eq!(r.saturated_gpu_minutes, 0, "{:?}", r.outcome);
+    assert_eq!((r.outcome.violation_minutes, r.outcome.migrations), (0, 0), "{:?}", r.outcome);
+    assert_eq!(r.outcome.strategy, "fleet-hindsight-static");
+}

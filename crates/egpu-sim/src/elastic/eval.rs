@@ -145,6 +145,8 @@ pub struct Evaluation {
     pub outcomes: Vec<Outcome>,
     /// The fleet sizes tried for `elastic-fleet`, if evaluated.
     pub fleet: Option<FleetSearch>,
+    /// The fleet sizes tried for `fleet-hindsight-static`, if evaluated.
+    pub hindsight: Option<FleetSearch>,
     #[serde(skip)]
     pub lower_bound_series: Vec<f64>,
 }
@@ -569,10 +571,24 @@ pub fn evaluate(u: &Usage, cfg: ElasticConfig) -> Evaluation {
         }
     });
     let (fleet_outcome, fleet_search) = fleet.unzip();
-    let mut outcomes: Vec<Outcome> = [exclusive, static_peak, elastic, pinned, oracle].into_iter().chain(fleet_outcome).map(|o| finish(o, &total_duty)).collect();
+    // The same fleet with a placement chosen knowing the whole day: at the
+    // fleet's size, or the smallest within budget.
+    let hindsight = cfg.fleet.filter(|fc| fc.hindsight).map(|fc| match fc.gpus {
+        Some(n) => {
+            let r = fleet::run_hindsight(&f, u.minutes, g, every, n, &fc);
+            let frac = r.outcome.violation_minutes as f64 / r.outcome.pod_minutes.max(1) as f64;
+            (r.outcome, FleetSearch { gpus: n, overflow_pod_minutes: r.overflow_minutes, saturated_gpu_minutes: r.saturated_gpu_minutes, met: frac <= fc.budget, tried: vec![(n, frac)] })
+        }
+        None => {
+            let (r, s) = fleet::search_hindsight(&f, u.minutes, g, every, lb, exclusive.gpus.max(lb), &fc);
+            (r.outcome, s)
+        }
+    });
+    let (hindsight_outcome, hindsight_search) = hindsight.unzip();
+    let mut outcomes: Vec<Outcome> = [exclusive, static_peak, elastic, pinned, oracle].into_iter().chain(fleet_outcome).chain(hindsight_outcome).map(|o| finish(o, &total_duty)).collect();
     let base = outcomes[0].gpus as f64;
     for o in &mut outcomes {
         o.saving_vs_exclusive = if o.gpus > 0 { base / o.gpus as f64 } else { 0.0 };
     }
-    Evaluation { config: cfg, pods: n, minutes: u.minutes, lower_bound: lb, lower_bound_exact: lb_exact, outcomes, fleet: fleet_search, lower_bound_series: lb_series }
+    Evaluation { config: cfg, pods: n, minutes: u.minutes, lower_bound: lb, lower_bound_exact: lb_exact, outcomes, fleet: fleet_search, hindsight: hindsight_search, lower_bound_series: lb_series }
 }

@@ -109,11 +109,13 @@ pub struct FleetConfig {
     pub budget: f64,
     /// Evaluate this fleet size instead of searching.
     pub gpus: Option<usize>,
+    /// Also evaluate [`hindsight_placement`] (a reference, not a policy).
+    pub hindsight: bool,
 }
 
 impl Default for FleetConfig {
     fn default() -> Self {
-        FleetConfig { mem_window: 2, mem_headroom: 0.0, mem_floor_gib: 0.0, compute_quantile: 0.5, compute_window: 5, share: Share::Reach, burst: true, vol_window: 60, min_spare_gib: 0.0, rebalance: 0, risk_window: 0, risk_weight: 1.0, risk_moves: 0, budget: 0.01, gpus: None }
+        FleetConfig { mem_window: 2, mem_headroom: 0.0, mem_floor_gib: 0.0, compute_quantile: 0.5, compute_window: 5, share: Share::Reach, burst: true, vol_window: 60, min_spare_gib: 0.0, rebalance: 0, risk_window: 0, risk_weight: 1.0, risk_moves: 0, budget: 0.01, gpus: None, hindsight: false }
     }
 }
 
@@ -273,9 +275,15 @@ fn hand_out(pods: &[usize], base: impl Fn(usize) -> f64, w: impl Fn(usize) -> f6
 }
 
 /// Run the fixed fleet of `n` GPUs over the whole trace.
+pub(super) fn run(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, cfg: &FleetConfig) -> FleetRun {
+    run_placed(f, minutes, gpu_mem, every, n, cfg, None)
+}
+
+/// [`run`], or with `fixed` the same fleet where pod `i` always runs on GPU
+/// `fixed[i]` and never moves (bases, pools and shares as in [`run`]).
 // `i` indexes the usage, the slices and the fleet together.
 #[allow(clippy::needless_range_loop)]
-pub(super) fn run(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, cfg: &FleetConfig) -> FleetRun {
+fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, cfg: &FleetConfig, fixed: Option<&[usize]>) -> FleetRun {
     let pods = f.life.len();
     let n = n.max(1);
     let every = every.max(1);
@@ -297,9 +305,16 @@ pub(super) fn run(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usi
                 _ => {}
             }
         }
+        if let Some(at) = fixed {
+            for &(p, _) in &to_place {
+                fl.gpus[at[p] % n].push(p);
+                fl.gpu_of[p] = Some(at[p] % n);
+            }
+            to_place.clear();
+        }
         // A GPU that no longer holds its base slices sheds pods: the
         // smallest one whose departure is enough, else its largest.
-        for g in 0..n {
+        for g in (0..n).filter(|_| fixed.is_none()) {
             loop {
                 let l = fl.load(g, &base);
                 if fl.holds(l) || fl.gpus[g].len() <= 1 {
@@ -330,7 +345,7 @@ pub(super) fn run(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usi
             fl.gpus[g].push(p);
             fl.gpu_of[p] = Some(g);
         }
-        if resize && cfg.risk_window > 0 {
+        if resize && cfg.risk_window > 0 && fixed.is_none() {
             let rw = cfg.risk_window;
             for _ in 0..cfg.risk_moves {
                 let risks: Vec<u32> = (0..n).map(|g| saturated(f, &fl.gpus[g], None, None, t, rw)).collect();
@@ -361,7 +376,7 @@ pub(super) fn run(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usi
                 out.migrations += 1;
             }
         }
-        if resize {
+        if resize && fixed.is_none() {
             for _ in 0..cfg.rebalance {
                 let spare = |fl: &Fleet, g: usize| gpu_mem - fl.load(g, &base).m;
                 let lo = (0..n).min_by(|&a, &b| spare(&fl, a).total_cmp(&spare(&fl, b))).unwrap_or(0);
@@ -452,15 +467,115 @@ pub(super) fn run(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usi
     run
 }
 
+/// **Hindsight placement** (not a policy: a reference for what placement
+/// alone can buy): one GPU per pod for the whole trace, chosen *knowing the
+/// whole trace*, by local search on the GPU-minutes that cannot be served
+/// whatever the shares: minutes where a GPU's summed duty exceeds it, plus
+/// twice the minutes where its summed memory use does. Pods are first
+/// placed in order of decreasing peak memory on the GPU whose cost grows
+/// least (ties: the lower index); then, in sweeps, each pod moves to the
+/// GPU, or swaps with the pod of another GPU, that lowers the cost most,
+/// until a sweep changes nothing (at most 50 sweeps). Deterministic.
+pub(super) fn hindsight_placement(f: &Filled, minutes: usize, gpu_mem: f64, n: usize) -> Vec<usize> {
+    let n = n.max(1);
+    let pods = f.life.len();
+    let (mut duty, mut mem) = (vec![vec![0.0f64; minutes]; n], vec![vec![0.0f64; minutes]; n]);
+    let span = |p: usize| f.life[p].map(|(a, b)| (a, b.min(minutes.saturating_sub(1))));
+    let over = |d: f64, m: f64| i64::from(d > 1.0 + 1e-9) + 2 * i64::from(m > gpu_mem + 1e-9);
+    // Change in the cost of GPU `g` if pod `out` leaves it and pod `inn` joins it.
+    let delta = |duty: &[Vec<f64>], mem: &[Vec<f64>], g: usize, out: Option<usize>, inn: Option<usize>| -> i64 {
+        let (lo, hi) = [out, inn].into_iter().flatten().filter_map(span).fold((usize::MAX, 0), |(l, h), (a, b)| (l.min(a), h.max(b)));
+        let live = |p: Option<usize>, t: usize| p.filter(|&p| alive(f, p, t));
+        (lo..=hi)
+            .filter(|_| lo <= hi)
+            .map(|t| {
+                let (mut d, mut m) = (duty[g][t], mem[g][t]);
+                let before = over(d, m);
+                if let Some(p) = live(out, t) {
+                    d -= f.duty[p][t];
+                    m -= f.mem[p][t] / GIB;
+                }
+                if let Some(p) = live(inn, t) {
+                    d += f.duty[p][t];
+                    m += f.mem[p][t] / GIB;
+                }
+                over(d, m) - before
+            })
+            .sum()
+    };
+    let add = |duty: &mut [Vec<f64>], mem: &mut [Vec<f64>], g: usize, p: usize, sign: f64| {
+        if let Some((a, b)) = span(p) {
+            for t in a..=b {
+                duty[g][t] += sign * f.duty[p][t];
+                mem[g][t] += sign * f.mem[p][t] / GIB;
+            }
+        }
+    };
+    let peak = |p: usize| f.mem[p].iter().copied().fold(0.0, f64::max);
+    let placed: Vec<usize> = (0..pods).filter(|&p| span(p).is_some()).collect();
+    let mut order = placed.clone();
+    order.sort_by(|&a, &b| peak(b).total_cmp(&peak(a)).then(a.cmp(&b)));
+    let mut at = vec![0usize; pods];
+    for &p in &order {
+        let g = (0..n).min_by_key(|&g| (delta(&duty, &mem, g, None, Some(p)), g)).unwrap_or(0);
+        add(&mut duty, &mut mem, g, p, 1.0);
+        at[p] = g;
+    }
+    for _ in 0..50 {
+        let mut changed = false;
+        for &p in &placed {
+            let s = at[p];
+            let gain = -delta(&duty, &mem, s, Some(p), None);
+            // The best move, then the best swap; the better of them if it lowers the cost.
+            let mv = (0..n).filter(|&h| h != s).map(|h| (delta(&duty, &mem, h, None, Some(p)) - gain, h, None)).min();
+            let sw = placed.iter().copied().filter(|&q| at[q] != s).map(|q| (delta(&duty, &mem, s, Some(p), Some(q)) + delta(&duty, &mem, at[q], Some(q), Some(p)), at[q], Some(q))).min();
+            let Some((d, h, q)) = [mv, sw].into_iter().flatten().min() else { continue };
+            if d >= 0 {
+                continue;
+            }
+            add(&mut duty, &mut mem, s, p, -1.0);
+            add(&mut duty, &mut mem, h, p, 1.0);
+            at[p] = h;
+            if let Some(q) = q {
+                add(&mut duty, &mut mem, h, q, -1.0);
+                add(&mut duty, &mut mem, s, q, 1.0);
+                at[q] = s;
+            }
+            changed = true;
+        }
+        if !changed {
+            break;
+        }
+    }
+    at
+}
+
+/// The fleet of `n` GPUs with pods held where [`hindsight_placement`] puts them.
+pub(super) fn run_hindsight(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, cfg: &FleetConfig) -> FleetRun {
+    let at = hindsight_placement(f, minutes, gpu_mem, n);
+    let mut r = run_placed(f, minutes, gpu_mem, every, n, cfg, Some(&at));
+    r.outcome.strategy = "fleet-hindsight-static".into();
+    r
+}
+
 /// The smallest fleet in `from..=to` whose violation pod-minutes are at
 /// most `cfg.budget` of all pod-minutes (every size is tried in order, so
 /// the answer is the smallest even where violations are not monotone in
 /// N); `to` if none is. Returns that size's run and the sizes tried.
 pub(super) fn search(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, from: usize, to: usize, cfg: &FleetConfig) -> (FleetRun, FleetSearch) {
+    search_with(from, to, cfg, |n| run(f, minutes, gpu_mem, every, n, cfg))
+}
+
+/// [`search`] over [`run_hindsight`].
+pub(super) fn search_hindsight(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, from: usize, to: usize, cfg: &FleetConfig) -> (FleetRun, FleetSearch) {
+    search_with(from, to, cfg, |n| run_hindsight(f, minutes, gpu_mem, every, n, cfg))
+}
+
+fn search_with(from: usize, to: usize, cfg: &FleetConfig, run: impl Fn(usize) -> FleetRun) -> (FleetRun, FleetSearch) {
     let mut tried = Vec::new();
     let to = to.max(from.max(1));
     for n in from.max(1)..=to {
-        let r = run(f, minutes, gpu_mem, every, n, cfg);
+        let r = run(n);
         let frac = r.outcome.violation_minutes as f64 / r.outcome.pod_minutes.max(1) as f64;
         tried.push((n, frac));
         if frac <= cfg.budget || n == to {
@@ -475,6 +590,16 @@ pub(super) fn search(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, fro
 /// every `every` minutes.
 pub fn run_fleet(u: &super::Usage, gpu_mem_gib: f64, every: usize, n: usize, cfg: &FleetConfig) -> FleetRun {
     run(&super::eval::fill(u), u.minutes, gpu_mem_gib, every, n, cfg)
+}
+
+/// [`run_fleet`] with every pod held where [`hindsight_placement`] puts
+/// it (never moved), and that placement.
+pub fn run_fleet_hindsight(u: &super::Usage, gpu_mem_gib: f64, every: usize, n: usize, cfg: &FleetConfig) -> (FleetRun, Vec<usize>) {
+    let f = super::eval::fill(u);
+    let at = hindsight_placement(&f, u.minutes, gpu_mem_gib, n);
+    let mut r = run_placed(&f, u.minutes, gpu_mem_gib, every, n, cfg, Some(&at));
+    r.outcome.strategy = "fleet-hindsight-static".into();
+    (r, at)
 }
 
 /// [`search_fleet`] on a usage trace, over fleets of `from..=to` GPUs.

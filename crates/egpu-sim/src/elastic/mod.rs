@@ -11,7 +11,7 @@ pub mod fleet;
 pub mod load;
 
 pub use eval::{ElasticConfig, Evaluation, GpuRisk, Moves, Outcome, evaluate};
-pub use fleet::{FleetConfig, FleetRun, FleetSearch, Share, run_fleet, search_fleet};
+pub use fleet::{FleetConfig, FleetRun, FleetSearch, Share, run_fleet, run_fleet_hindsight, search_fleet};
 pub use load::{Usage, UsageError};
 
 use crate::report::{ReportError, line_chart};
@@ -55,6 +55,11 @@ pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<St
                 _ => "memory above the base slices split into fixed per-pod limits",
             };
             let _ = write!(md, "\nelastic-fleet, {} GiB ({memory}): {} GPUs ({verdict}; {} pod-minutes on a GPU whose base slices did not fit, {} GPU-minutes with summed duty above 100%); fleet sizes tried (GPUs: violation pod-minutes): {}\n", e.config.gpu_mem_gib, f.gpus, f.overflow_pod_minutes, f.saturated_gpu_minutes, tried.join(", "));
+        }
+        if let Some(h) = &e.hindsight {
+            let tried: Vec<String> = h.tried.iter().map(|(n, v)| format!("{n}: {:.3}%", 100.0 * v)).collect();
+            let verdict = if h.met { "within budget" } else { "budget NOT met" };
+            let _ = write!(md, "\nfleet-hindsight-static, {} GiB (a reference, not a policy: pods never move, placed knowing the whole trace): {} GPUs ({verdict}; {} GPU-minutes with summed duty above 100%); sizes tried: {}\n", e.config.gpu_mem_gib, h.gpus, h.saturated_gpu_minutes, tried.join(", "));
         }
     }
     let w = |p: &Path, t: &str| std::fs::write(p, t).map_err(|e| ReportError::Io { path: p.display().to_string(), source: e });
