@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Facts about the genai-2026 usage trace that explain the elastic results
+(docs/elastic.md): how long compute bursts last, and when the cluster is busy.
+
+Usage: python3 scripts/elastic-trace-facts.py [../shared/data/genai-2026]
+Needs numpy. Fills gaps as `egpu simulate --elastic` does: a pod repeats its
+last sample between its first and last one, and uses nothing outside them.
+"""
+import csv
+import gzip
+import sys
+
+import numpy as np
+
+BURST = 0.8  # duty above which a minute counts as a burst
+BUSY = 15.0  # summed duty (GPUs' worth) above which a minute counts as busy
+
+
+def read(path):
+    with gzip.open(path, "rt") as f:
+        return [(r["container_ip"], float(r["timestamp_anon"]), float(r["value"])) for r in csv.DictReader(f)]
+
+
+def main(root):
+    duty = read(f"{root}/pod_gpu_duty_cycle_anon.csv.gz")
+    mem = read(f"{root}/pod_gpu_memory_used_bytes_anon.csv.gz")
+    t0 = min(r[1] for r in duty + mem)
+    minutes = int(round((max(r[1] for r in duty + mem) - t0) / 60)) + 1
+    pods = sorted({r[0] for r in duty + mem})
+    at = {p: i for i, p in enumerate(pods)}
+    d = np.full((len(pods), minutes), np.nan)
+    m = np.full((len(pods), minutes), np.nan)
+    for grid, rows, scale in ((d, duty, 0.01), (m, mem, 1 / 2**30)):
+        for p, t, v in rows:
+            grid[at[p], int(round((t - t0) / 60))] = v * scale
+    for i in range(len(pods)):
+        seen = np.where(~np.isnan(d[i]) | ~np.isnan(m[i]))[0]
+        a, b = seen[0], seen[-1]
+        for grid in (d, m):
+            row = grid[i]
+            last = 0.0
+            for t in range(minutes):
+                if a <= t <= b:
+                    last = row[t] if not np.isnan(row[t]) else last
+                    row[t] = last
+                else:
+                    row[t] = 0.0
+    d = np.clip(d, 0.0, 1.0)
+    runs = []
+    for row in d > BURST:
+        n = 0
+        for hot in row:
+            if hot:
+                n += 1
+            elif n:
+                runs.append(n)
+                n = 0
+        if n:
+            runs.append(n)
+    runs = np.array(runs)
+    bursty = int(((d > BURST).sum(1) > 10).sum())
+    total = d.sum(0)
+    busy = np.where(total >= BUSY)[0]
+    print(f"{len(pods)} pods, {minutes} minutes")
+    print(f"bursts (duty > {BURST:.0%}): {len(runs)} runs, {(runs == 1).sum()} of one minute, {(runs == 2).sum()} of two, "
+          f"{(runs >= 3).sum()} longer; {bursty} pods have more than 10 burst minutes")
+    print("summed duty, GPUs' worth: p50 %.2f, p90 %.2f, p99 %.2f, max %.2f, mean %.2f"
+          % (*np.percentile(total, [50, 90, 99]), total.max(), total.mean()))
+    print(f"busy minutes (summed duty >= {BUSY:g}): {len(busy)}, between minute {busy.min()} and {busy.max()}")
+    print("summed memory, max: %.2f GPUs of 80 GiB, %.2f of 96 GiB" % (m.sum(0).max() / 80, m.sum(0).max() / 96))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "../shared/data/genai-2026")
