@@ -559,31 +559,10 @@ pub fn evaluate(u: &Usage, cfg: ElasticConfig) -> Evaluation {
     );
     let lb = lb_exact.ceil() as usize;
     let exclusive = finish(exclusive, &total_duty);
-    let fleet = cfg.fleet.map(|fc| match fc.gpus {
-        Some(n) => {
-            let r = fleet::run(&f, u.minutes, g, every, n, &fc);
-            let frac = r.outcome.violation_minutes as f64 / r.outcome.pod_minutes.max(1) as f64;
-            (r.outcome, FleetSearch { gpus: n, overflow_pod_minutes: r.overflow_minutes, saturated_gpu_minutes: r.saturated_gpu_minutes, met: frac <= fc.budget, tried: vec![(n, frac)] })
-        }
-        None => {
-            let (r, s) = fleet::search(&f, u.minutes, g, every, lb, exclusive.gpus.max(lb), &fc);
-            (r.outcome, s)
-        }
-    });
-    let (fleet_outcome, fleet_search) = fleet.unzip();
-    // The same fleet with a placement chosen knowing the whole day: at the
-    // fleet's size, or the smallest within budget.
-    let hindsight = cfg.fleet.filter(|fc| fc.hindsight).map(|fc| match fc.gpus {
-        Some(n) => {
-            let r = fleet::run_hindsight(&f, u.minutes, g, every, n, &fc);
-            let frac = r.outcome.violation_minutes as f64 / r.outcome.pod_minutes.max(1) as f64;
-            (r.outcome, FleetSearch { gpus: n, overflow_pod_minutes: r.overflow_minutes, saturated_gpu_minutes: r.saturated_gpu_minutes, met: frac <= fc.budget, tried: vec![(n, frac)] })
-        }
-        None => {
-            let (r, s) = fleet::search_hindsight(&f, u.minutes, g, every, lb, exclusive.gpus.max(lb), &fc);
-            (r.outcome, s)
-        }
-    });
+    let top = exclusive.gpus.max(lb);
+    let (fleet_outcome, fleet_search) = cfg.fleet.map(|fc| fleet::evaluate(&f, u.minutes, g, every, lb, top, &fc, false)).unzip();
+    // The same fleet with a placement chosen knowing the whole day.
+    let hindsight = cfg.fleet.filter(|fc| fc.hindsight).map(|fc| fleet::evaluate(&f, u.minutes, g, every, lb, top, &fc, true));
     let (hindsight_outcome, hindsight_search) = hindsight.unzip();
     let mut outcomes: Vec<Outcome> = [exclusive, static_peak, elastic, pinned, oracle].into_iter().chain(fleet_outcome).chain(hindsight_outcome).map(|o| finish(o, &total_duty)).collect();
     let base = outcomes[0].gpus as f64;

@@ -566,9 +566,13 @@ pub(super) fn search(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, fro
     search_with(from, to, cfg, |n| run(f, minutes, gpu_mem, every, n, cfg))
 }
 
-/// [`search`] over [`run_hindsight`].
-pub(super) fn search_hindsight(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, from: usize, to: usize, cfg: &FleetConfig) -> (FleetRun, FleetSearch) {
-    search_with(from, to, cfg, |n| run_hindsight(f, minutes, gpu_mem, every, n, cfg))
+/// The fleet (or with `hindsight` [`run_hindsight`]) at `cfg.gpus` GPUs,
+/// or the smallest in `from..=to` within budget, as [`search`] finds it.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn evaluate(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, from: usize, to: usize, cfg: &FleetConfig, hindsight: bool) -> (Outcome, FleetSearch) {
+    let (from, to) = cfg.gpus.map_or((from, to), |n| (n, n));
+    let (r, s) = search_with(from, to, cfg, |n| if hindsight { run_hindsight(f, minutes, gpu_mem, every, n, cfg) } else { run(f, minutes, gpu_mem, every, n, cfg) });
+    (r.outcome, s)
 }
 
 fn search_with(from: usize, to: usize, cfg: &FleetConfig, run: impl Fn(usize) -> FleetRun) -> (FleetRun, FleetSearch) {
