@@ -109,7 +109,7 @@ pub struct FleetConfig {
     pub budget: f64,
     /// Evaluate this fleet size instead of searching.
     pub gpus: Option<usize>,
-    /// Also evaluate [`hindsight_placement`] (a reference, not a policy).
+    /// Also evaluate the fleet with the hindsight placement (`hindsight_placement`; a reference, not a policy).
     pub hindsight: bool,
 }
 
@@ -487,7 +487,6 @@ pub(super) fn hindsight_placement(f: &Filled, minutes: usize, gpu_mem: f64, n: u
         let (lo, hi) = [out, inn].into_iter().flatten().filter_map(span).fold((usize::MAX, 0), |(l, h), (a, b)| (l.min(a), h.max(b)));
         let live = |p: Option<usize>, t: usize| p.filter(|&p| alive(f, p, t));
         (lo..=hi)
-            .filter(|_| lo <= hi)
             .map(|t| {
                 let (mut d, mut m) = (duty[g][t], mem[g][t]);
                 let before = over(d, m);
@@ -550,12 +549,13 @@ pub(super) fn hindsight_placement(f: &Filled, minutes: usize, gpu_mem: f64, n: u
     at
 }
 
-/// The fleet of `n` GPUs with pods held where [`hindsight_placement`] puts them.
-pub(super) fn run_hindsight(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, cfg: &FleetConfig) -> FleetRun {
+/// The fleet of `n` GPUs with pods held where [`hindsight_placement`] puts
+/// them, and that placement.
+fn run_hindsight(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, cfg: &FleetConfig) -> (FleetRun, Vec<usize>) {
     let at = hindsight_placement(f, minutes, gpu_mem, n);
     let mut r = run_placed(f, minutes, gpu_mem, every, n, cfg, Some(&at));
     r.outcome.strategy = "fleet-hindsight-static".into();
-    r
+    (r, at)
 }
 
 /// The smallest fleet in `from..=to` whose violation pod-minutes are at
@@ -571,7 +571,7 @@ pub(super) fn search(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, fro
 #[allow(clippy::too_many_arguments)]
 pub(super) fn evaluate(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, from: usize, to: usize, cfg: &FleetConfig, hindsight: bool) -> (Outcome, FleetSearch) {
     let (from, to) = cfg.gpus.map_or((from, to), |n| (n, n));
-    let (r, s) = search_with(from, to, cfg, |n| if hindsight { run_hindsight(f, minutes, gpu_mem, every, n, cfg) } else { run(f, minutes, gpu_mem, every, n, cfg) });
+    let (r, s) = search_with(from, to, cfg, |n| if hindsight { run_hindsight(f, minutes, gpu_mem, every, n, cfg).0 } else { run(f, minutes, gpu_mem, every, n, cfg) });
     (r.outcome, s)
 }
 
@@ -590,20 +590,16 @@ fn search_with(from: usize, to: usize, cfg: &FleetConfig, run: impl Fn(usize) ->
     unreachable!("the loop returns at n == to")
 }
 
-/// [`run`] on a usage trace: a fleet of `n` GPUs of `gpu_mem_gib`, resized
+/// The fleet (`run`) on a usage trace: a fleet of `n` GPUs of `gpu_mem_gib`, resized
 /// every `every` minutes.
 pub fn run_fleet(u: &super::Usage, gpu_mem_gib: f64, every: usize, n: usize, cfg: &FleetConfig) -> FleetRun {
     run(&super::eval::fill(u), u.minutes, gpu_mem_gib, every, n, cfg)
 }
 
-/// [`run_fleet`] with every pod held where [`hindsight_placement`] puts
+/// [`run_fleet`] with every pod held where `hindsight_placement` puts
 /// it (never moved), and that placement.
 pub fn run_fleet_hindsight(u: &super::Usage, gpu_mem_gib: f64, every: usize, n: usize, cfg: &FleetConfig) -> (FleetRun, Vec<usize>) {
-    let f = super::eval::fill(u);
-    let at = hindsight_placement(&f, u.minutes, gpu_mem_gib, n);
-    let mut r = run_placed(&f, u.minutes, gpu_mem_gib, every, n, cfg, Some(&at));
-    r.outcome.strategy = "fleet-hindsight-static".into();
-    (r, at)
+    run_hindsight(&super::eval::fill(u), u.minutes, gpu_mem_gib, every, n, cfg)
 }
 
 /// [`search_fleet`] on a usage trace, over fleets of `from..=to` GPUs.
