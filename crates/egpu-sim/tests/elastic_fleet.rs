@@ -201,3 +201,39 @@ fn hindsight_placement_keeps_coinciding_bursts_apart_and_never_moves_a_pod() {
     assert_eq!((r.outcome.violation_minutes, r.outcome.migrations), (0, 0), "{:?}", r.outcome);
     assert_eq!(r.outcome.strategy, "fleet-hindsight-static");
 }
+
+#[test]
+fn severity_says_how_much_time_the_cuts_cost_and_what_no_split_could_avoid() {
+    // One GPU, two pods of 10 GiB at 10% duty for an hour; equal shares
+    // (bases 0.1, spare split: 0.5 each). Minute 6: both ask 60%, the fair
+    // split gives each 50% (two cuts, 0.2 GPU-minutes short), though one
+    // cut would have been enough. Minute 8: a asks 95%, b 10%: b is served
+    // in full, a gets 90% (one cut, 0.05 short). Pod c lives two minutes
+    // (30, 31), idle then 95%: at 31 its share is 0.267 + what a and b
+    // leave, 0.8 (one cut, 0.15 short), and it jumps from 10 to 75 GiB,
+    // 15 more than the 50 GiB burst pool: refused memory too, still one
+    // violation minute, and still one for the floor.
+    let mut a = flat(60, 10.0, 10.0);
+    let mut b = flat(60, 10.0, 10.0);
+    a[6].0 = 60.0;
+    b[6].0 = 60.0;
+    a[8].0 = 95.0;
+    let u = usage(&[("a", 0, a), ("b", 0, b), ("c", 30, vec![(0.0, 10.0), (95.0, 75.0)])]);
+    let cfg = FleetConfig { share: Share::Equal, ..Default::default() };
+    let r = elastic::run_fleet(&u, 80.0, 1, 1, &cfg);
+    let o = &r.outcome;
+    assert_eq!((o.violation_minutes, o.mem_violation_minutes, r.saturated_gpu_minutes, r.floor_pod_minutes), (4, 1, 3, 3), "{r:?}");
+    assert!((o.refused_mem_gib_minutes - 15.0).abs() < 1e-6, "{o:?}");
+    // (The trace keeps duty as f32.)
+    assert!((o.short_gpu_minutes - 0.4).abs() < 1e-6, "{o:?}");
+    assert!((o.demand_gpu_minutes - (12.0 + 1.0 + 0.85 + 0.95)).abs() < 1e-5, "{o:?}");
+    assert!((o.cut_served_p50 - 0.5 / 0.6).abs() < 1e-6 && (o.cut_served_p10 - 0.5 / 0.6).abs() < 1e-6, "{o:?}");
+    // Three pods had a violation; c's 1 in 2 minutes is left out of the
+    // per-pod fractions (it did not live an hour): a's 2 of 60 is the worst.
+    assert_eq!(o.pods_violated, 3);
+    assert!((o.pod_violation_max - 2.0 / 60.0).abs() < 1e-9 && (o.pod_violation_p90 - 2.0 / 60.0).abs() < 1e-9, "{o:?}");
+    // The search reports the floor of every size it tried.
+    let (_, s) = elastic::search_fleet(&u, 80.0, 1, 1, 2, &cfg);
+    assert_eq!(s.floors.len(), s.tried.len());
+    assert!((s.floors[0] - 3.0 / 122.0).abs() < 1e-9, "{s:?}");
+}

@@ -33,6 +33,9 @@ use serde::Serialize;
 
 pub(super) const GIB: f64 = (1u64 << 30) as f64;
 
+/// Live minutes from which a pod's own violation fraction is reported.
+pub const LONG_LIVED: u32 = 60;
+
 /// Elastic policy and GPU size.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct ElasticConfig {
@@ -98,38 +101,109 @@ pub struct Outcome {
     pub max_refused_gib: f64,
     pub migrations: u64,
     pub saving_vs_exclusive: f64,
+    /// GPU time the live pods asked for (Σ duty over pod-minutes), and the
+    /// part of it the arbiter could not give them in the minute they asked
+    /// (GPU-minutes): how much work compute violations delayed.
+    pub demand_gpu_minutes: f64,
+    pub short_gpu_minutes: f64,
+    /// Over the pod-minutes cut on compute: what the pod got, as a fraction
+    /// of what it asked for (median and 10th percentile; 1 if none).
+    pub cut_served_p50: f64,
+    pub cut_served_p10: f64,
+    /// Pods with at least one violation minute, and over the pods that
+    /// lived at least an hour ([`LONG_LIVED`]: a pod of 5 minutes with 2
+    /// bad ones would say little), the 90th percentile and the largest
+    /// fraction of a pod's live minutes that were violations.
+    pub pods_violated: usize,
+    pub pod_violation_p90: f64,
+    pub pod_violation_max: f64,
     /// GPUs in use at each minute.
     #[serde(skip)]
     pub in_use: Vec<u32>,
+    /// Served ÷ demanded of each pod-minute cut on compute.
+    #[serde(skip)]
+    served_when_cut: Vec<f32>,
+    /// Per pod: live minutes and violation minutes.
+    #[serde(skip)]
+    per_pod: Vec<(u32, u32)>,
 }
 
 impl Outcome {
     /// An empty outcome for `strategy` on `gpus` GPUs.
     pub fn new(strategy: &str, gpus: usize, minutes: usize) -> Outcome {
-        Outcome { strategy: strategy.into(), gpus, utilization: 0.0, violation_minutes: 0, mem_violation_minutes: 0, pod_minutes: 0, refused_mem_gib_minutes: 0.0, max_refused_gib: 0.0, migrations: 0, saving_vs_exclusive: 0.0, in_use: Vec::with_capacity(minutes) }
+        Outcome {
+            strategy: strategy.into(),
+            gpus,
+            utilization: 0.0,
+            violation_minutes: 0,
+            mem_violation_minutes: 0,
+            pod_minutes: 0,
+            refused_mem_gib_minutes: 0.0,
+            max_refused_gib: 0.0,
+            migrations: 0,
+            saving_vs_exclusive: 0.0,
+            demand_gpu_minutes: 0.0,
+            short_gpu_minutes: 0.0,
+            cut_served_p50: 1.0,
+            cut_served_p10: 1.0,
+            pods_violated: 0,
+            pod_violation_p90: 0.0,
+            pod_violation_max: 0.0,
+            in_use: Vec::with_capacity(minutes),
+            served_when_cut: Vec::new(),
+            per_pod: Vec::new(),
+        }
     }
 
-    /// Counts one live pod-minute: the one definition of a violation. Memory
-    /// `used` bytes over the slice's `limit_gib` is always one (with the
-    /// refused GiB); `compute_over` (duty above the guaranteed share while the
-    /// pod's GPU was saturated) is one too.
-    pub fn count(&mut self, used: f64, limit_gib: f64, compute_over: bool) {
+    /// Counts one live pod-minute of pod `pod`: the one definition of a
+    /// violation. Memory `used` bytes over the slice's `limit_gib` is always
+    /// one (with the refused GiB); so is compute when the pod was `served`
+    /// less GPU time than its `demand` (which only happens while its GPU is
+    /// saturated).
+    pub fn count(&mut self, pod: usize, used: f64, limit_gib: f64, demand: f64, served: f64) {
         let refused = if used > limit_gib * GIB + 1.0 { (used - limit_gib * GIB) / GIB } else { 0.0 };
-        self.count_refused(refused, compute_over);
+        self.count_refused(pod, refused, demand, served);
     }
 
     /// [`Outcome::count`] where the caller worked out the refused memory
     /// (GiB; 0: none), as a burst pool does.
-    pub fn count_refused(&mut self, refused_gib: f64, compute_over: bool) {
+    pub fn count_refused(&mut self, pod: usize, refused_gib: f64, demand: f64, served: f64) {
         self.pod_minutes += 1;
+        self.demand_gpu_minutes += demand;
+        let compute_over = served < demand - 1e-9;
+        if compute_over {
+            self.short_gpu_minutes += demand - served;
+            self.served_when_cut.push((served / demand) as f32);
+        }
         let over_m = refused_gib > 0.0;
+        if self.per_pod.len() <= pod {
+            self.per_pod.resize(pod + 1, (0, 0));
+        }
+        self.per_pod[pod].0 += 1;
         if over_m || compute_over {
             self.violation_minutes += 1;
+            self.per_pod[pod].1 += 1;
         }
         if over_m {
             self.mem_violation_minutes += 1;
             self.refused_mem_gib_minutes += refused_gib;
             self.max_refused_gib = self.max_refused_gib.max(refused_gib);
+        }
+    }
+
+    /// Fill in the severity summaries (`cut_served_*`, `pod*`) from what
+    /// [`Outcome::count`] saw.
+    pub fn summarize(&mut self) {
+        let served: Vec<f64> = self.served_when_cut.iter().map(|&x| f64::from(x)).collect();
+        if !served.is_empty() {
+            self.cut_served_p50 = quantile(&served, 0.5);
+            self.cut_served_p10 = quantile(&served, 0.1);
+        }
+        let frac: Vec<f64> = self.per_pod.iter().filter(|p| p.0 >= LONG_LIVED).map(|&(live, bad)| f64::from(bad) / f64::from(live)).collect();
+        self.pods_violated = self.per_pod.iter().filter(|p| p.1 > 0).count();
+        if !frac.is_empty() {
+            self.pod_violation_p90 = quantile(&frac, 0.9);
+            self.pod_violation_max = frac.iter().copied().fold(0.0, f64::max);
         }
     }
 }
@@ -433,40 +507,41 @@ fn run_slices_with(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, moves
         out.in_use.push(pk.in_use() as u32);
         // Compute is work-conserving: a pod only loses out when its GPU's
         // total demand exceeds the whole GPU, and then only if it wants
-        // more than its weighted fair part (`fair_cut`).
-        let demand: Vec<f64> = pk.gpus.iter().map(|g| g.iter().map(|&p| f.duty[p][t]).sum()).collect();
+        // more than its weighted fair part (`fair_split`).
         // Guaranteed shares never over-commit a GPU: scaled down where
         // they sum above one (only possible with a per-GPU risk check).
         let scale: Vec<f64> = (0..pk.gpus.len()).map(|g| 1.0 / pk.load(g, &sl).0.max(1.0)).collect();
-        let mut cut = vec![false; n];
+        let mut served = vec![0.0; n];
         for (g, ps) in pk.gpus.iter().enumerate() {
-            if demand[g] > 1.0 + 1e-9 {
-                fair_cut(ps, |p| f.duty[p][t], |p| sl[p].c * scale[g], &mut cut);
-            }
+            fair_split(ps, |p| f.duty[p][t], |p| sl[p].c * scale[g], &mut served);
         }
         for i in 0..n {
             if !alive(f, i, t) {
                 continue;
             }
-            out.count(f.mem[i][t], sl[i].m, cut[i]);
+            out.count(i, f.mem[i][t], sl[i].m, f.duty[i][t], served[i]);
         }
     }
     out
 }
 
-/// Which of `pods`, sharing one GPU, get less GPU time than they demand
-/// (`cut[p]` set true) under the arbiter's weighted max-min fair split:
-/// weights are the guaranteed shares, and a pod that demands no more than
-/// its part of what the others leave gets all of it (work-conserving, up to
-/// the whole GPU). Nobody is cut when the demands fit.
-pub(super) fn fair_cut(pods: &[usize], demand: impl Fn(usize) -> f64, weight: impl Fn(usize) -> f64, cut: &mut [bool]) {
+/// What each of `pods`, sharing one GPU, gets (`served[p]`, GPU) under the
+/// arbiter's weighted max-min fair split: weights are the guaranteed
+/// shares, and a pod that demands no more than its part of what the others
+/// leave gets all of it (work-conserving, up to the whole GPU); the pods
+/// that want more split the rest by weight. Everybody gets its demand when
+/// the demands fit.
+pub(super) fn fair_split(pods: &[usize], demand: impl Fn(usize) -> f64, weight: impl Fn(usize) -> f64, served: &mut [f64]) {
+    for &p in pods {
+        served[p] = demand(p);
+    }
     if pods.iter().map(|&p| demand(p)).sum::<f64>() <= 1.0 + 1e-9 {
         return;
     }
     // A pod with no guarantee still gets what is left over.
     let w = |p: usize| weight(p).max(1e-6);
     let mut fed = vec![false; pods.len()];
-    loop {
+    let (left, wsum) = loop {
         let left = 1.0 - pods.iter().zip(&fed).filter(|x| *x.1).map(|(&p, _)| demand(p)).sum::<f64>();
         let wsum: f64 = pods.iter().zip(&fed).filter(|x| !*x.1).map(|(&p, _)| w(p)).sum();
         let mut more = false;
@@ -477,11 +552,13 @@ pub(super) fn fair_cut(pods: &[usize], demand: impl Fn(usize) -> f64, weight: im
             }
         }
         if !more {
-            break;
+            break (left, wsum);
         }
-    }
+    };
     for (k, &p) in pods.iter().enumerate() {
-        cut[p] = !fed[k];
+        if !fed[k] {
+            served[p] = (left * w(p) / wsum).min(demand(p));
+        }
     }
 }
 
@@ -494,6 +571,7 @@ pub(super) fn quantile(xs: &[f64], q: f64) -> f64 {
 }
 
 fn finish(mut o: Outcome, total_duty: &[f64]) -> Outcome {
+    o.summarize();
     o.gpus = o.in_use.iter().copied().max().unwrap_or(0) as usize;
     let minutes = total_duty.len().max(1) as f64;
     o.utilization = if o.gpus > 0 { total_duty.iter().sum::<f64>() / minutes / o.gpus as f64 } else { 0.0 };
@@ -570,4 +648,43 @@ pub fn evaluate(u: &Usage, cfg: ElasticConfig) -> Evaluation {
         o.saving_vs_exclusive = if o.gpus > 0 { base / o.gpus as f64 } else { 0.0 };
     }
     Evaluation { config: cfg, pods: n, minutes: u.minutes, lower_bound: lb, lower_bound_exact: lb_exact, outcomes, fleet: fleet_search, hindsight: hindsight_search, lower_bound_series: lb_series }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fair_split;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// The split is the arbiter's: nobody gets more than it asks, the
+        /// GPU is never over-served and never idles while somebody waits,
+        /// every pod gets at least the lesser of its demand and its
+        /// guarantee, and the pods that wait all stand at one level of
+        /// served ÷ weight, which no fully served pod exceeds.
+        #[test]
+        fn fair_split_is_weighted_max_min(pods in proptest::collection::vec((0.0f64..1.0, 0.01f64..1.0), 1..8)) {
+            let ids: Vec<usize> = (0..pods.len()).collect();
+            let wsum: f64 = pods.iter().map(|p| p.1).sum();
+            let mut served = vec![f64::NAN; pods.len()];
+            fair_split(&ids, |p| pods[p].0, |p| pods[p].1 / wsum, &mut served);
+            let demand: f64 = pods.iter().map(|p| p.0).sum();
+            let total: f64 = served.iter().sum();
+            prop_assert!((total - demand.min(1.0)).abs() < 1e-6, "{pods:?} -> {served:?}");
+            let mut level = None;
+            for (p, &(d, w)) in pods.iter().enumerate() {
+                let g = w / wsum;
+                prop_assert!(served[p] <= d + 1e-12 && served[p] >= d.min(g) - 1e-9, "{pods:?} -> {served:?}");
+                if served[p] < d - 1e-9 {
+                    let l = served[p] / g;
+                    prop_assert!(level.is_none_or(|x: f64| (x - l).abs() < 1e-6), "{pods:?} -> {served:?}");
+                    level = Some(l);
+                }
+            }
+            if let Some(l) = level {
+                for (p, &(d, w)) in pods.iter().enumerate() {
+                    prop_assert!(served[p] < d - 1e-9 || d / (w / wsum) <= l + 1e-6, "{pods:?} -> {served:?}");
+                }
+            }
+        }
+    }
 }

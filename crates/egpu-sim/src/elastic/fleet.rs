@@ -36,7 +36,7 @@
 //! other strategies. [`search_fleet`] finds the smallest N whose violation
 //! pod-minutes are within a budget.
 
-use super::eval::{Filled, GIB, Outcome, alive, fair_cut, quantile};
+use super::eval::{Filled, GIB, Outcome, alive, fair_split, quantile};
 use serde::Serialize;
 
 /// How a GPU's spare capacity is handed out to its pods.
@@ -133,6 +133,10 @@ pub struct FleetRun {
     /// GPU-minutes whose summed duty exceeded the GPU (each forces at
     /// least one compute violation, whatever the shares).
     pub saturated_gpu_minutes: u64,
+    /// Violation pod-minutes that no compute split could avoid with this
+    /// placement: per GPU-minute, its pods refused memory, or one if there
+    /// are none and its summed duty exceeded the GPU.
+    pub floor_pod_minutes: u64,
 }
 
 /// The fleet sizes tried by [`search_fleet`] and their violation fractions.
@@ -143,9 +147,16 @@ pub struct FleetSearch {
     /// and GPU-minutes whose summed duty exceeded the GPU.
     pub overflow_pod_minutes: u64,
     pub saturated_gpu_minutes: u64,
+    /// At that size: violation pod-minutes that no compute split could
+    /// avoid ([`FleetRun::floor_pod_minutes`]).
+    pub floor_pod_minutes: u64,
     /// Whether `gpus` meets the budget (false: none up to the cap did).
     pub met: bool,
+    /// Each size tried and its violation fraction.
     pub tried: Vec<(usize, f64)>,
+    /// For each size in `tried`, the fraction of pod-minutes that no
+    /// compute split could keep from being violations.
+    pub floors: Vec<f64>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -290,7 +301,7 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
     let mut fl = Fleet { gpu_mem, gpus: vec![Vec::new(); n], gpu_of: vec![None; pods] };
     let (mut base, mut weight, mut limit) = (vec![Slice::default(); pods], vec![Slice::default(); pods], vec![Slice::default(); pods]);
     let mut out = Outcome::new("elastic-fleet", n, minutes);
-    let mut run = FleetRun { outcome: Outcome { in_use: Vec::new(), ..out.clone() }, max_gpu_mem_limits_gib: 0.0, max_gpu_shares: 0.0, overflow_minutes: 0, saturated_gpu_minutes: 0 };
+    let mut run = FleetRun { outcome: Outcome::new("elastic-fleet", n, 0), max_gpu_mem_limits_gib: 0.0, max_gpu_shares: 0.0, overflow_minutes: 0, saturated_gpu_minutes: 0, floor_pod_minutes: 0 };
     for t in 0..minutes {
         let resize = t % every == 0;
         let mut to_place: Vec<(usize, Option<usize>)> = Vec::new();
@@ -418,11 +429,9 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
         out.in_use.push(n as u32);
         let demand: Vec<f64> = fl.gpus.iter().map(|g| g.iter().map(|&p| f.duty[p][t]).sum()).collect();
         run.saturated_gpu_minutes += demand.iter().filter(|&&d| d > 1.0 + 1e-9).count() as u64;
-        let mut cut = vec![false; pods];
-        for (g, ps) in fl.gpus.iter().enumerate() {
-            if demand[g] > 1.0 + 1e-9 {
-                fair_cut(ps, |p| f.duty[p][t], |p| limit[p].c, &mut cut);
-            }
+        let mut served = vec![0.0; pods];
+        for ps in &fl.gpus {
+            fair_split(ps, |p| f.duty[p][t], |p| limit[p].c, &mut served);
         }
         // Burst pool: a GPU's pods borrow above their base from what the
         // base slices leave; when the borrows exceed it, every borrower of
@@ -451,18 +460,24 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
                 run.max_gpu_mem_limits_gib = run.max_gpu_mem_limits_gib.max(sm);
             }
         }
+        // Whatever the compute split, each saturated GPU-minute cuts at
+        // least one of its pods; the cut may fall on one refused memory.
+        for (g, ps) in fl.gpus.iter().enumerate() {
+            let mem_short = ps.iter().filter(|&&p| if cfg.burst { refused[p] > 0.0 } else { f.mem[p][t] > limit[p].m * GIB + 1.0 }).count() as u64;
+            run.floor_pod_minutes += mem_short.max(u64::from(demand[g] > 1.0 + 1e-9));
+        }
         for i in 0..pods {
             if !alive(f, i, t) {
                 continue;
             }
-            let compute_over = cut[i];
             if cfg.burst {
-                out.count_refused(refused[i], compute_over);
+                out.count_refused(i, refused[i], f.duty[i][t], served[i]);
             } else {
-                out.count(f.mem[i][t], limit[i].m, compute_over);
+                out.count(i, f.mem[i][t], limit[i].m, f.duty[i][t], served[i]);
             }
         }
     }
+    out.summarize();
     run.outcome = out;
     run
 }
@@ -576,15 +591,17 @@ pub(super) fn evaluate(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, f
 }
 
 fn search_with(from: usize, to: usize, cfg: &FleetConfig, run: impl Fn(usize) -> FleetRun) -> (FleetRun, FleetSearch) {
-    let mut tried = Vec::new();
+    let (mut tried, mut floors) = (Vec::new(), Vec::new());
     let to = to.max(from.max(1));
     for n in from.max(1)..=to {
         let r = run(n);
-        let frac = r.outcome.violation_minutes as f64 / r.outcome.pod_minutes.max(1) as f64;
+        let pod_minutes = r.outcome.pod_minutes.max(1) as f64;
+        let frac = r.outcome.violation_minutes as f64 / pod_minutes;
         tried.push((n, frac));
+        floors.push(r.floor_pod_minutes as f64 / pod_minutes);
         if frac <= cfg.budget || n == to {
-            let (overflow_pod_minutes, saturated_gpu_minutes) = (r.overflow_minutes, r.saturated_gpu_minutes);
-            return (r, FleetSearch { gpus: n, overflow_pod_minutes, saturated_gpu_minutes, met: frac <= cfg.budget, tried });
+            let (overflow_pod_minutes, saturated_gpu_minutes, floor_pod_minutes) = (r.overflow_minutes, r.saturated_gpu_minutes, r.floor_pod_minutes);
+            return (r, FleetSearch { gpus: n, overflow_pod_minutes, saturated_gpu_minutes, floor_pod_minutes, met: frac <= cfg.budget, tried, floors });
         }
     }
     unreachable!("the loop returns at n == to")

@@ -37,6 +37,20 @@ pub fn table(evals: &[Evaluation]) -> String {
     s
 }
 
+/// How bad the violations are, as Markdown: the GPU time compute cuts
+/// delayed, what a cut pod still got, and how the violation minutes spread
+/// over the pods.
+pub fn severity(evals: &[Evaluation]) -> String {
+    let mut s = String::from("| GPU | strategy | compute time not served (% of asked) | cut pod-minutes got (median, p10 of asked) | pods with a violation | violated minutes of a pod living ≥ 1 h (p90, max) |\n|---|---|---|---|---|---|\n");
+    for e in evals {
+        for o in &e.outcomes {
+            let lost = 100.0 * o.short_gpu_minutes / o.demand_gpu_minutes.max(1e-9);
+            let _ = writeln!(s, "| {} GiB | {} | {:.3}% | {:.0}%, {:.0}% | {} | {:.2}%, {:.2}% |", e.config.gpu_mem_gib, o.strategy, lost, 100.0 * o.cut_served_p50, 100.0 * o.cut_served_p10, o.pods_violated, 100.0 * o.pod_violation_p90, 100.0 * o.pod_violation_max);
+        }
+    }
+    s
+}
+
 /// Write `elastic.md`, `elastic.json` and one `elastic-<size>GiB.svg` per GPU size.
 pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<String, ReportError> {
     std::fs::create_dir_all(dir).map_err(|e| ReportError::Io { path: dir.display().to_string(), source: e })?;
@@ -46,15 +60,17 @@ pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<St
         let _ = write!(md, "{} pods, {} minutes. Elastic: resize every {} min; memory from the last {} min, headroom {:.0}%, floor {:.1} GiB; compute from the last {} min, headroom {:.0}%, floor {:.2} GPU. Slices decided at minute t see samples up to t − 1.\n\nConfig: `{:?}`\n\n", e.pods, e.minutes, c.resize_every, c.window, 100.0 * c.mem_headroom.unwrap_or(c.headroom), c.mem_floor_gib, c.compute_window.unwrap_or(c.window), 100.0 * c.headroom, c.compute_floor, c);
     }
     md.push_str(&table(evals));
+    md.push('\n');
+    md.push_str(&severity(evals));
     for e in evals {
         if let Some(f) = &e.fleet {
-            let tried: Vec<String> = f.tried.iter().map(|(n, v)| format!("{n}: {:.3}%", 100.0 * v)).collect();
+            let tried: Vec<String> = f.tried.iter().zip(&f.floors).map(|((n, v), fl)| format!("{n}: {:.3}% (floor {:.3}%)", 100.0 * v, 100.0 * fl)).collect();
             let verdict = if f.met { format!("smallest within {:.2}%", 100.0 * e.config.fleet.map_or(0.0, |c| c.budget)) } else { "budget NOT met".to_string() };
             let memory = match e.config.fleet {
                 Some(c) if c.burst => "memory above the base slices lent from a per-GPU burst pool",
                 _ => "memory above the base slices split into fixed per-pod limits",
             };
-            let _ = write!(md, "\nelastic-fleet, {} GiB ({memory}): {} GPUs ({verdict}; {} pod-minutes on a GPU whose base slices did not fit, {} GPU-minutes with summed duty above 100%); fleet sizes tried (GPUs: violation pod-minutes): {}\n", e.config.gpu_mem_gib, f.gpus, f.overflow_pod_minutes, f.saturated_gpu_minutes, tried.join(", "));
+            let _ = write!(md, "\nelastic-fleet, {} GiB ({memory}): {} GPUs ({verdict}; {} pod-minutes on a GPU whose base slices did not fit, {} GPU-minutes with summed duty above 100%, {} violation pod-minutes that no compute split could avoid); fleet sizes tried (GPUs: violation pod-minutes, and the floor under any compute split): {}\n", e.config.gpu_mem_gib, f.gpus, f.overflow_pod_minutes, f.saturated_gpu_minutes, f.floor_pod_minutes, tried.join(", "));
         }
         if let Some(h) = &e.hindsight {
             let tried: Vec<String> = h.tried.iter().map(|(n, v)| format!("{n}: {:.3}%", 100.0 * v)).collect();
