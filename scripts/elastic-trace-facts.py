@@ -21,18 +21,39 @@ def read(path):
         return [(r["container_ip"], float(r["timestamp_anon"]), float(r["value"])) for r in csv.DictReader(f)]
 
 
+def sampling_step(times):
+    """The trace's own sampling step, seconds, as `egpu simulate --elastic`
+    finds it: the most common gap between consecutive distinct timestamps,
+    to the nearest second (ties: the shorter); 60 with one timestamp."""
+    ts = np.unique(np.array(times))
+    gaps = np.round(np.diff(ts))
+    gaps = gaps[gaps >= 1]
+    if len(gaps) == 0:
+        return 60.0
+    values, counts = np.unique(gaps, return_counts=True)
+    return float(values[np.argmax(counts)])
+
+
 def main(root):
     duty = read(f"{root}/pod_gpu_duty_cycle_anon.csv.gz")
     mem = read(f"{root}/pod_gpu_memory_used_bytes_anon.csv.gz")
     t0 = min(r[1] for r in duty + mem)
-    minutes = int(round((max(r[1] for r in duty + mem) - t0) / 60)) + 1
+    step = sampling_step([r[1] for r in duty + mem])
+    minutes = int(round((max(r[1] for r in duty + mem) - t0) / step)) + 1
     pods = sorted({r[0] for r in duty + mem})
     at = {p: i for i, p in enumerate(pods)}
     d = np.full((len(pods), minutes), np.nan)
     m = np.full((len(pods), minutes), np.nan)
-    for grid, rows, scale in ((d, duty, 0.01), (m, mem, 1 / 2**30)):
-        for p, t, v in rows:
-            grid[at[p], int(round((t - t0) / 60))] = v * scale
+    # Samples of one pod in one period (none in genai-2026): duty averaged,
+    # memory its largest, as `egpu simulate --elastic` does.
+    n = np.zeros((len(pods), minutes))
+    for p, t, v in duty:
+        i, k = at[p], int(round((t - t0) / step))
+        d[i, k] = v * 0.01 if n[i, k] == 0 else (d[i, k] * n[i, k] + v * 0.01) / (n[i, k] + 1)
+        n[i, k] += 1
+    for p, t, v in mem:
+        i, k = at[p], int(round((t - t0) / step))
+        m[i, k] = v / 2**30 if np.isnan(m[i, k]) else max(m[i, k], v / 2**30)
     for i in range(len(pods)):
         seen = np.where(~np.isnan(d[i]) | ~np.isnan(m[i]))[0]
         a, b = seen[0], seen[-1]
@@ -61,7 +82,7 @@ def main(root):
     bursty = int(((d > BURST).sum(1) > 10).sum())
     total = d.sum(0)
     busy = np.where(total >= BUSY)[0]
-    print(f"{len(pods)} pods, {minutes} minutes")
+    print(f"{len(pods)} pods, {minutes} sampling periods of {step:g} s (called minutes below)")
     print(f"bursts (duty > {BURST:.0%}): {len(runs)} runs, {(runs == 1).sum()} of one minute, {(runs == 2).sum()} of two, "
           f"{(runs >= 3).sum()} longer; {bursty} pods have more than 10 burst minutes")
     print("summed duty, GPUs' worth: p50 %.2f, p90 %.2f, p99 %.2f, max %.2f, mean %.2f"

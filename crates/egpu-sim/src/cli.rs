@@ -313,6 +313,13 @@ fn run_elastic(args: &SimulateArgs) -> Result<()> {
     if usage.pods.is_empty() {
         bail!("no usage rows in {}", dir.display());
     }
+    if usage.dropped_samples > 0 {
+        let what = format!("{} pods × {}-second periods from the first to the last timestamp is more than {} cells: {} samples past period {} would be left out", usage.pods.len(), usage.step_s, elastic::load::MAX_CELLS, usage.dropped_samples, usage.minutes);
+        if !args.lenient {
+            bail!("{what}; shorten the trace or sample it more coarsely (or pass --lenient to use the first {} periods)", usage.minutes);
+        }
+        eprintln!("warning: {what}");
+    }
     let moves = match args.moves.as_str() {
         "none" => elastic::Moves::None,
         "evict" => elastic::Moves::Evict,

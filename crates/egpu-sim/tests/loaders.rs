@@ -59,8 +59,59 @@ fn usage_rows_parse_and_align() {
     assert!(usage::parse_metric("d", "value,timestamp_anon,container_ip\n-1,0,a\n", false).unwrap_err().to_string().starts_with("d:2:"));
 }
 
+#[test]
+fn the_usage_grid_steps_by_the_trace_own_period_and_loses_no_sample() {
+    // genai-2026 samples every 57 s: a 60 s grid would put two samples of
+    // 72 periods in one slot. On the trace's own step each has its own.
+    let (mut d, mut m) = (Vec::new(), Vec::new());
+    for k in 0..100 {
+        let t = 1_000.0 + 57.0 * f64::from(k);
+        d.push(("a".to_string(), t, f64::from(k % 100)));
+        m.push(("a".to_string(), t, 1e9 + f64::from(k)));
+    }
+    let u = usage::align(&d, &m);
+    assert_eq!((u.minutes, u.step_s, u.dropped_samples), (100, 57.0, 0));
+    for k in 0..100 {
+        assert!((f64::from(u.duty[0][k]) - (k % 100) as f64 / 100.0).abs() < 1e-6, "period {k}: {}", u.duty[0][k]);
+        assert_eq!(f64::from(u.mem[0][k]), f64::from((1e9 + k as f64) as f32));
+    }
+    // Two samples in one period (jitter): duty averaged, memory the larger.
+    d.push(("a".to_string(), 1_000.0 + 57.0 * 10.0 + 5.0, 90.0));
+    m.push(("a".to_string(), 1_000.0 + 57.0 * 10.0 + 5.0, 5e9));
+    let u = usage::align(&d, &m);
+    assert_eq!((u.minutes, u.step_s), (100, 57.0));
+    assert!((u.duty[0][10] - 0.5).abs() < 1e-6 && u.mem[0][10] == 5e9, "{} {}", u.duty[0][10], u.mem[0][10]);
+    assert_eq!(usage::sampling_step([5.0].into_iter()), 60.0);
+}
+
+#[test]
+fn a_grid_too_large_is_cut_and_the_samples_past_it_are_counted() {
+    let d = vec![("a".to_string(), 0.0, 10.0), ("a".to_string(), 60.0, 10.0), ("a".to_string(), 6.0e10, 10.0)];
+    let u = usage::align(&d, &[]);
+    assert_eq!((u.step_s, u.minutes, u.dropped_samples), (60.0, usage::MAX_CELLS, 1));
+    assert_eq!(u.duty[0][1], 0.1);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Any samples within a grid's bound align without a panic, and every
+    /// (pod, period) that has a sample has a cell: nothing is dropped.
+    #[test]
+    fn align_keeps_every_sampled_period(rows in prop::collection::vec(("[ab]", 0.0f64..1e7, 0.0f64..150.0), 0..40)) {
+        let rows: Vec<(String, f64, f64)> = rows;
+        let u = usage::align(&rows, &rows);
+        prop_assert!(u.pods.len() * u.minutes <= usage::MAX_CELLS);
+        // 1e7 s at a step of at least 1 s fits in 25M periods a pod.
+        prop_assert_eq!(u.dropped_samples, 0);
+        let t0 = rows.iter().map(|r| r.1).fold(f64::INFINITY, f64::min);
+        let mut sampled: Vec<(String, i64)> = rows.iter().map(|r| (r.0.clone(), ((r.1 - t0) / u.step_s).round() as i64)).collect();
+        sampled.sort();
+        sampled.dedup();
+        let cells = |g: &Vec<Vec<f32>>| g.iter().flatten().filter(|x| !x.is_nan()).count();
+        prop_assert_eq!((cells(&u.duty), cells(&u.mem)), (sampled.len(), sampled.len()), "step {}", u.step_s);
+        prop_assert!(u.duty.iter().flatten().all(|x| x.is_nan() || (0.0..=1.0).contains(x)));
+    }
 
     #[test]
     fn loaders_never_panic(text in "\\PC{0,400}", lenient: bool) {

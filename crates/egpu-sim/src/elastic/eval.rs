@@ -213,7 +213,10 @@ impl Outcome {
 pub struct Evaluation {
     pub config: ElasticConfig,
     pub pods: usize,
+    /// Sampling periods evaluated (called minutes throughout), and their
+    /// length in seconds.
     pub minutes: usize,
+    pub step_s: f64,
     pub lower_bound: usize,
     pub lower_bound_exact: f64,
     pub outcomes: Vec<Outcome>,
@@ -647,7 +650,7 @@ pub fn evaluate(u: &Usage, cfg: ElasticConfig) -> Evaluation {
     for o in &mut outcomes {
         o.saving_vs_exclusive = if o.gpus > 0 { base / o.gpus as f64 } else { 0.0 };
     }
-    Evaluation { config: cfg, pods: n, minutes: u.minutes, lower_bound: lb, lower_bound_exact: lb_exact, outcomes, fleet: fleet_search, hindsight: hindsight_search, lower_bound_series: lb_series }
+    Evaluation { config: cfg, pods: n, minutes: u.minutes, step_s: u.step_s, lower_bound: lb, lower_bound_exact: lb_exact, outcomes, fleet: fleet_search, hindsight: hindsight_search, lower_bound_series: lb_series }
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! Loader for the genai-2026 usage trace: per-pod GPU duty cycle and GPU
-//! memory used, one row per pod per minute (`value`, `timestamp_anon`,
+//! memory used, one row per pod per sample (`value`, `timestamp_anon`,
 //! `container_ip`, in any column order), optionally gzip-compressed.
 
 use std::collections::HashMap;
@@ -14,17 +14,27 @@ pub struct UsageError {
     pub msg: String,
 }
 
-/// Per-pod usage on a common minute grid. `NaN` marks a minute without a sample.
+/// Per-pod usage on a common grid of sampling periods. `NaN` marks a
+/// period without a sample.
 #[derive(Debug, Clone, Default)]
 pub struct Usage {
     pub pods: Vec<String>,
+    /// Periods on the grid. The evaluation calls them minutes: one sample
+    /// of a pod stands for one period, whatever its length.
     pub minutes: usize,
-    /// Busy fraction of one GPU, 0..=1, `[pod][minute]`.
+    /// Length of a period, seconds: the trace's own sampling step.
+    pub step_s: f64,
+    /// Busy fraction of one GPU, 0..=1, `[pod][period]`.
     pub duty: Vec<Vec<f32>>,
-    /// GPU memory used, bytes, `[pod][minute]`.
+    /// GPU memory used, bytes, `[pod][period]`.
     pub mem: Vec<Vec<f32>>,
     pub skipped_rows: usize,
+    /// Samples past the grid's size bound ([`MAX_CELLS`]), not used.
+    pub dropped_samples: usize,
 }
+
+/// Most pod × period cells a grid may have (about 400 MB of samples).
+pub const MAX_CELLS: usize = 50_000_000;
 
 /// Decompress if the bytes start with the gzip magic.
 pub fn maybe_gunzip(file: &str, bytes: &[u8]) -> Result<String, UsageError> {
@@ -84,14 +94,38 @@ pub fn parse_metric(file: &str, text: &str, lenient: bool) -> Result<(Vec<Sample
     Ok((out, skipped))
 }
 
+/// The trace's sampling step, seconds: the most common gap between
+/// consecutive distinct timestamps, to the nearest second (ties: the
+/// shorter), at least one second; 60 when there is one timestamp.
+pub fn sampling_step(times: impl Iterator<Item = f64>) -> f64 {
+    let mut ts: Vec<f64> = times.filter(|t| t.is_finite()).collect();
+    ts.sort_by(f64::total_cmp);
+    ts.dedup_by(|a, b| (*a - *b).abs() < 1e-3);
+    let mut gaps: HashMap<u64, usize> = HashMap::new();
+    for w in ts.windows(2) {
+        let g = (w[1] - w[0]).round();
+        if (1.0..1e12).contains(&g) {
+            *gaps.entry(g as u64).or_default() += 1;
+        }
+    }
+    gaps.into_iter().max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0))).map_or(60.0, |(g, _)| g as f64)
+}
+
 /// Align duty-cycle rows (values in percent) and memory rows (bytes) on a
-/// minute grid starting at the earliest timestamp.
+/// grid that starts at the earliest timestamp and steps by the trace's own
+/// sampling period ([`sampling_step`]), so that every sample of a regular
+/// trace has a period of its own. Samples of one pod that fall in the same
+/// period (a trace sampled faster than its usual step, or with jitter) are
+/// combined: duty cycle averaged, memory its largest. A grid above
+/// [`MAX_CELLS`] is cut short and the samples past it are counted in
+/// [`Usage::dropped_samples`].
 pub fn align(duty: &[Sample], mem: &[Sample]) -> Usage {
     let t0 = duty.iter().chain(mem).map(|r| r.1).fold(f64::INFINITY, f64::min);
     let t1 = duty.iter().chain(mem).map(|r| r.1).fold(f64::NEG_INFINITY, f64::max);
     if !t0.is_finite() {
-        return Usage::default();
+        return Usage { step_s: 60.0, ..Usage::default() };
     }
+    let step = sampling_step(duty.iter().chain(mem).map(|r| r.1));
     let mut index: HashMap<&str, usize> = HashMap::new();
     let mut pods = Vec::new();
     for r in duty.iter().chain(mem) {
@@ -100,16 +134,28 @@ pub fn align(duty: &[Sample], mem: &[Sample]) -> Usage {
             pods.len() - 1
         });
     }
-    // Bound the grid (pods × minutes) so hostile timestamps cannot exhaust memory.
-    let minutes = (((t1 - t0) / 60.0).round() as usize).min(50_000_000 / pods.len().max(1)) + 1;
-    let mut u = Usage { minutes, duty: vec![vec![f32::NAN; minutes]; pods.len()], mem: vec![vec![f32::NAN; minutes]; pods.len()], pods, skipped_rows: 0 };
-    for (rows, dst, scale) in [(duty, 0, 0.01), (mem, 1, 1.0)] {
+    // Bound the grid (pods × periods) so hostile timestamps cannot exhaust memory.
+    let span = ((t1 - t0) / step).round().min(1e15) as usize;
+    let minutes = span.min(MAX_CELLS / pods.len().max(1) - 1) + 1;
+    let mut u = Usage { minutes, step_s: step, duty: vec![vec![f32::NAN; minutes]; pods.len()], mem: vec![vec![f32::NAN; minutes]; pods.len()], pods, skipped_rows: 0, dropped_samples: 0 };
+    // Duty: sum and count per cell, averaged below.
+    let mut seen = vec![vec![0u16; minutes]; u.pods.len()];
+    for (rows, is_duty) in [(duty, true), (mem, false)] {
         for (p, t, v) in rows {
-            let m = ((t - t0) / 60.0).round() as usize;
             let Some(&i) = index.get(p.as_str()) else { continue };
-            let grid = if dst == 0 { &mut u.duty } else { &mut u.mem };
-            if let Some(slot) = grid[i].get_mut(m) {
-                *slot = if dst == 0 { (v * scale).clamp(0.0, 1.0) as f32 } else { *v as f32 };
+            let m = ((t - t0) / step).round() as usize;
+            let grid = if is_duty { &mut u.duty } else { &mut u.mem };
+            let Some(slot) = grid[i].get_mut(m) else {
+                u.dropped_samples += 1;
+                continue;
+            };
+            if is_duty {
+                let x = (v * 0.01).clamp(0.0, 1.0) as f32;
+                let k = &mut seen[i][m];
+                *slot = if *k == 0 { x } else { (*slot * f32::from(*k) + x) / f32::from(*k + 1) };
+                *k = k.saturating_add(1);
+            } else {
+                *slot = if slot.is_nan() { *v as f32 } else { slot.max(*v as f32) };
             }
         }
     }

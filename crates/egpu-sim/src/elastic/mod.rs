@@ -57,7 +57,7 @@ pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<St
     let mut md = format!("# Elastic sharing on {source}\n\n");
     if let Some(e) = evals.first() {
         let c = e.config;
-        let _ = write!(md, "{} pods, {} minutes. Elastic: resize every {} min; memory from the last {} min, headroom {:.0}%, floor {:.1} GiB; compute from the last {} min, headroom {:.0}%, floor {:.2} GPU. Slices decided at minute t see samples up to t − 1.\n\nConfig: `{:?}`\n\n", e.pods, e.minutes, c.resize_every, c.window, 100.0 * c.mem_headroom.unwrap_or(c.headroom), c.mem_floor_gib, c.compute_window.unwrap_or(c.window), 100.0 * c.headroom, c.compute_floor, c);
+        let _ = write!(md, "{} pods, {} sampling periods of {} s (the trace's own step; \"minutes\" below are these periods). Elastic: resize every {} min; memory from the last {} min, headroom {:.0}%, floor {:.1} GiB; compute from the last {} min, headroom {:.0}%, floor {:.2} GPU. Slices decided at minute t see samples up to t − 1.\n\nConfig: `{:?}`\n\n", e.pods, e.minutes, e.step_s, c.resize_every, c.window, 100.0 * c.mem_headroom.unwrap_or(c.headroom), c.mem_floor_gib, c.compute_window.unwrap_or(c.window), 100.0 * c.headroom, c.compute_floor, c);
     }
     md.push_str(&table(evals));
     md.push('\n');
