@@ -66,12 +66,30 @@ pub struct SimulateArgs {
     /// No progress bar.
     #[arg(long)]
     pub no_progress: bool,
-    /// Run the elastic-sharing evaluation on genai-2026 instead.
+    /// Run the elastic-sharing evaluation instead: on genai-2026, or on your
+    /// own trace with --usage-duty and --usage-memory.
     #[arg(long)]
     pub elastic: bool,
     /// genai-2026 directory (pod_gpu_duty_cycle_anon.csv.gz, pod_gpu_memory_used_bytes_anon.csv.gz).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["usage_duty", "usage_memory"])]
     pub genai_dir: Option<PathBuf>,
+    /// Elastic on your own workload: each pod's GPU duty cycle over time, as
+    /// a CSV (value,timestamp,pod) or the JSON of a Prometheus range query
+    /// (e.g. of DCGM_FI_DEV_GPU_UTIL); gzip is fine. Needs --usage-memory.
+    #[arg(long, requires = "usage_memory")]
+    pub usage_duty: Option<PathBuf>,
+    /// Elastic on your own workload: each pod's GPU memory used over time,
+    /// same formats (e.g. DCGM_FI_DEV_FB_USED). Needs --usage-duty.
+    #[arg(long, requires = "usage_duty")]
+    pub usage_memory: Option<PathBuf>,
+    /// Unit of --usage-duty: percent, fraction (0..1), or auto (fraction for
+    /// DCGM_FI_PROF_GR_ENGINE_ACTIVE / DCGM_FI_PROF_SM_ACTIVE, else percent).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "percent", "fraction"])]
+    pub duty_unit: String,
+    /// Unit of --usage-memory: bytes, kib, mib, gib, or auto (MiB for
+    /// DCGM_FI_DEV_FB_USED, else bytes).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "bytes", "kib", "mib", "gib"])]
+    pub memory_unit: String,
     /// Elastic: GPU memory sizes to evaluate, GiB.
     #[arg(long, default_value = "80,96", value_delimiter = ',')]
     pub gpu_mem_gib: Vec<f64>,
@@ -292,10 +310,69 @@ fn default_genai_dir() -> Option<PathBuf> {
     candidates.into_iter().find(|p| p.is_dir())
 }
 
-fn run_elastic(args: &SimulateArgs) -> Result<()> {
+/// Read one usage file (CSV or Prometheus JSON, gzip or not).
+fn read_usage(path: &Path, lenient: bool) -> Result<elastic::load::Metric> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let name = path.display().to_string();
+    let text = elastic::load::maybe_gunzip(&name, &bytes)?;
+    let m = elastic::load::parse_usage_file(&name, &text, lenient)?;
+    if m.skipped > 0 {
+        eprintln!("warning: {name}: {} rows or samples skipped", m.skipped);
+    }
+    if m.series_without_pod > 0 {
+        eprintln!("note: {name}: {} series with an empty pod label (GPUs no pod holds) left out", m.series_without_pod);
+    }
+    Ok(m)
+}
+
+/// The trace to evaluate, and how the report names it: genai-2026, or
+/// your own duty and memory files converted to percent and bytes.
+fn load_usage(args: &SimulateArgs) -> Result<(elastic::Usage, String)> {
+    if let (Some(dp), Some(mp)) = (&args.usage_duty, &args.usage_memory) {
+        let (d, m) = (read_usage(dp, args.lenient)?, read_usage(mp, args.lenient)?);
+        let named = |m: &elastic::load::Metric, names: &[&str]| m.name.as_deref().is_some_and(|n| names.contains(&n));
+        let to_percent = match args.duty_unit.as_str() {
+            "fraction" => 100.0,
+            "auto" if named(&d, &["DCGM_FI_PROF_GR_ENGINE_ACTIVE", "DCGM_FI_PROF_SM_ACTIVE"]) => 100.0,
+            _ => 1.0,
+        };
+        let to_bytes = match args.memory_unit.as_str() {
+            "kib" => 1024.0,
+            "mib" => 1024.0 * 1024.0,
+            "gib" => 1024.0 * 1024.0 * 1024.0,
+            "auto" if named(&m, &["DCGM_FI_DEV_FB_USED"]) => 1024.0 * 1024.0,
+            _ => 1.0,
+        };
+        // A duty cycle above 100% is another metric or another unit.
+        if let Some((p, t, v)) = d.samples.iter().find(|s| s.2 * to_percent > 100.5) {
+            bail!("{}: pod {p} at time {t}: duty cycle {}% is above 100%; if the file holds fractions of 1, this is right, else pass the right --duty-unit (percent or fraction)", dp.display(), v * to_percent);
+        }
+        if to_percent == 1.0 && !d.samples.is_empty() && d.samples.iter().all(|s| s.2 <= 1.0) && d.samples.iter().any(|s| s.2 > 0.0) {
+            eprintln!("warning: {}: every duty cycle is at most 1 (%): if they are fractions of 1, pass --duty-unit fraction", dp.display());
+        }
+        let scale = |v: Vec<(String, f64, f64)>, k: f64| -> Vec<(String, f64, f64)> { v.into_iter().map(|(p, t, x)| (p, t, x * k)).collect() };
+        let (duty, mem) = (scale(d.samples, to_percent), scale(m.samples, to_bytes));
+        fn only<'a>(a: &'a [(String, f64, f64)], b: &[(String, f64, f64)]) -> Vec<&'a str> {
+            let names: std::collections::HashSet<&str> = b.iter().map(|s| s.0.as_str()).collect();
+            let mut missing: Vec<&str> = a.iter().map(|s| s.0.as_str()).filter(|p| !names.contains(p)).collect();
+            missing.sort_unstable();
+            missing.dedup();
+            missing
+        }
+        for (what, list) in [("duty cycle but no memory", only(&duty, &mem)), ("memory but no duty cycle", only(&mem, &duty))] {
+            if !list.is_empty() {
+                eprintln!("warning: {} pods have {what} samples (their missing metric counts as 0), e.g. {}", list.len(), list[..list.len().min(3)].join(", "));
+            }
+        }
+        let usage = elastic::load::align(&duty, &mem);
+        if usage.pods.is_empty() {
+            bail!("no usage samples in {} and {}", dp.display(), mp.display());
+        }
+        return Ok((usage, format!("your trace ({}, {})", dp.display(), mp.display())));
+    }
     let dir = match &args.genai_dir {
         Some(d) => d.clone(),
-        None => default_genai_dir().context("genai-2026 not found: pass --genai-dir <DIR> (it holds pod_gpu_duty_cycle_anon.csv.gz and pod_gpu_memory_used_bytes_anon.csv.gz)")?,
+        None => default_genai_dir().context("genai-2026 not found: pass --genai-dir <DIR> (it holds pod_gpu_duty_cycle_anon.csv.gz and pod_gpu_memory_used_bytes_anon.csv.gz), or your own trace with --usage-duty and --usage-memory")?,
     };
     let load = |f: &str| -> Result<Vec<(String, f64, f64)>> {
         let p = dir.join(f);
@@ -313,6 +390,11 @@ fn run_elastic(args: &SimulateArgs) -> Result<()> {
     if usage.pods.is_empty() {
         bail!("no usage rows in {}", dir.display());
     }
+    Ok((usage, "genai-2026 (Alibaba clusterdata, CC BY 4.0)".to_string()))
+}
+
+fn run_elastic(args: &SimulateArgs) -> Result<()> {
+    let (usage, source) = load_usage(args)?;
     if usage.dropped_samples > 0 {
         let what = format!("{} pods × {}-second periods from the first to the last timestamp is more than {} cells: {} samples past period {} would be left out", usage.pods.len(), usage.step_s, elastic::load::MAX_CELLS, usage.dropped_samples, usage.minutes);
         if !args.lenient {
@@ -349,7 +431,7 @@ fn run_elastic(args: &SimulateArgs) -> Result<()> {
         .iter()
         .map(|&g| elastic::evaluate(&usage, ElasticConfig { gpu_mem_gib: g, resize_every: args.resize_every, window: args.window, headroom: args.headroom, compute_floor: args.compute_floor, mem_floor_gib: args.mem_floor_gib, moves, compute_quantile: (args.compute_quantile > 0.0).then_some(args.compute_quantile), compute_window: args.compute_window, gpu_risk: (args.gpu_risk_quantile > 0.0).then_some(elastic::GpuRisk { window: args.gpu_risk_window, quantile: args.gpu_risk_quantile }), repack_gain: args.repack_gain, mem_headroom: args.mem_headroom, fleet }))
         .collect();
-    let md = elastic::write_report(&args.out, "genai-2026 (Alibaba clusterdata, CC BY 4.0)", &evals).context("writing the elastic report")?;
+    let md = elastic::write_report(&args.out, &source, &evals).context("writing the elastic report")?;
     println!("{md}\nreport in {}", args.out.display());
     Ok(())
 }

@@ -119,6 +119,45 @@ proptest! {
         let (c, _) = load_nodes("nodes.csv", NODES, false).unwrap();
         let _ = load_pods("p", &text, &c, lenient);
         let _ = usage::parse_metric("u", &text, lenient);
+        let _ = usage::parse_usage_file("u", &text, lenient);
+        let _ = usage::parse_usage_file("u", &format!("{{{text}"), lenient);
+        let _ = usage::parse_usage_file("u", &format!("[{text}"), lenient);
+    }
+
+    /// Prometheus range-query JSON with arbitrary labels and sample values:
+    /// never a panic; what loads is finite and non-negative; an error names
+    /// the file, and one about a sample names its series and sample.
+    #[test]
+    fn prometheus_json_never_panics_and_keeps_only_good_samples(
+        series in prop::collection::vec((
+            prop::collection::btree_map("(pod|namespace|gpu|UUID|exported_pod|__name__|x)", "[a-z0-9]{0,3}", 0..4),
+            prop::collection::vec((-1e3f64..1e10, "(-?[0-9]{1,4}(\\.[0-9])?|NaN|\\+Inf|x|)"), 0..6),
+        ), 0..5),
+        status in "(success|error)",
+        kind in "(matrix|vector)",
+        lenient: bool,
+    ) {
+        let list: Vec<String> = series.iter().map(|(labels, values)| {
+            let labels: Vec<String> = labels.iter().map(|(k, v)| format!("\"{k}\":\"{v}\"")).collect();
+            let values: Vec<String> = values.iter().map(|(t, v)| format!("[{t},\"{v}\"]")).collect();
+            format!("{{\"metric\":{{{}}},\"values\":[{}]}}", labels.join(","), values.join(","))
+        }).collect();
+        let text = format!("{{\"status\":\"{status}\",\"data\":{{\"resultType\":\"{kind}\",\"result\":[{}]}}}}", list.join(","));
+        match usage::parse_usage_file("p.json", &text, lenient) {
+            Ok(m) => {
+                prop_assert!(status == "success" && kind == "matrix");
+                prop_assert!(m.samples.iter().all(|s| s.1.is_finite() && s.2.is_finite() && s.2 >= 0.0));
+                let total: usize = series.iter().map(|s| s.1.len()).sum();
+                prop_assert!(m.samples.len() + m.skipped <= total);
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                prop_assert!(msg.starts_with("p.json:"), "{}", msg);
+                if status == "success" && kind == "matrix" {
+                    prop_assert!(!lenient && msg.contains("series ") && msg.contains("sample "), "{}", msg);
+                }
+            }
+        }
     }
 
     #[test]

@@ -5,9 +5,10 @@
 use std::collections::HashMap;
 use std::io::Read;
 
-/// A loading error with the file and 1-based line.
+/// A loading error with the file and 1-based line (0: the message says
+/// where, as for a JSON series).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{file}:{line}: {msg}")]
+#[error("{file}:{}{msg}", if *.line > 0 { format!("{line}: ") } else { " ".to_string() })]
 pub struct UsageError {
     pub file: String,
     pub line: u64,
@@ -57,7 +58,9 @@ pub fn parse_metric(file: &str, text: &str, lenient: bool) -> Result<(Vec<Sample
     let err = |line: u64, msg: String| UsageError { file: file.to_string(), line, msg };
     let headers = rd.headers().map_err(|e| err(1, format!("cannot read the header: {e}")))?.clone();
     let col = |name: &str| headers.iter().position(|h| h == name).ok_or_else(|| err(1, format!("missing column '{name}'")));
-    let (vi, ti, pi) = (col("value")?, col("timestamp_anon")?, col("container_ip")?);
+    // genai-2026 names, or the plain ones of a trace of your own.
+    let either = |a: &str, b: &str| col(a).or_else(|_| col(b)).map_err(|_| err(1, format!("missing column '{b}' (or '{a}'): the header needs value, timestamp and pod")));
+    let (vi, ti, pi) = (col("value")?, either("timestamp_anon", "timestamp")?, either("container_ip", "pod")?);
     let mut out = Vec::new();
     let mut skipped = 0;
     let mut last_err_byte = None;
@@ -69,7 +72,7 @@ pub fn parse_metric(file: &str, text: &str, lenient: bool) -> Result<(Vec<Sample
                 (|| {
                     let v: f64 = get(vi, "value")?.parse().map_err(|_| err(line, "value is not a number".into()))?;
                     let t: f64 = get(ti, "timestamp")?.parse().map_err(|_| err(line, "timestamp is not a number".into()))?;
-                    let p = get(pi, "container_ip")?.to_string();
+                    let p = get(pi, "pod")?.to_string();
                     if !v.is_finite() || v < 0.0 || !t.is_finite() || p.is_empty() {
                         return Err(err(line, "value must be a finite non-negative number with a timestamp and a pod".into()));
                     }
@@ -109,6 +112,114 @@ pub fn sampling_step(times: impl Iterator<Item = f64>) -> f64 {
         }
     }
     gaps.into_iter().max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0))).map_or(60.0, |(g, _)| g as f64)
+}
+
+/// One metric of a usage trace of your own: its samples (pod, seconds,
+/// value in the file's unit), the metric's name if the file gives one (a
+/// Prometheus series' `__name__`), rows or samples skipped with
+/// `--lenient`, and Prometheus series that belong to no pod (a GPU no pod
+/// holds), left out.
+#[derive(Debug, Clone, Default)]
+pub struct Metric {
+    pub samples: Vec<Sample>,
+    pub name: Option<String>,
+    pub skipped: usize,
+    pub series_without_pod: usize,
+}
+
+/// Parse a usage file of your own: a CSV with `value`, `timestamp` and
+/// `pod` columns (or genai-2026's names), or the JSON of a Prometheus range
+/// query (`/api/v1/query_range`: `{"status":"success","data":{"resultType":
+/// "matrix","result":[...]}}`, or just the `result` array). Which one is
+/// decided by the first character that is not white space: `{` or `[` is
+/// JSON.
+pub fn parse_usage_file(file: &str, text: &str, lenient: bool) -> Result<Metric, UsageError> {
+    match text.trim_start().chars().next() {
+        Some('{' | '[') => parse_prometheus(file, text, lenient),
+        _ => parse_metric(file, text, lenient).map(|(samples, skipped)| Metric { samples, skipped, ..Metric::default() }),
+    }
+}
+
+#[derive(serde::Deserialize)]
+struct PromResponse {
+    status: String,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default)]
+    data: Option<PromData>,
+}
+
+#[derive(serde::Deserialize)]
+struct PromData {
+    #[serde(rename = "resultType")]
+    result_type: String,
+    result: serde_json::Value,
+}
+
+#[derive(serde::Deserialize)]
+struct PromSeries {
+    #[serde(default)]
+    metric: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    values: Vec<(f64, String)>,
+}
+
+/// The pod a Prometheus series belongs to: `namespace/pod` (the labels
+/// dcgm-exporter sets with its Kubernetes mapping, or their `exported_`
+/// forms), with `#<gpu>` when the series names its GPU, since each GPU of
+/// a pod is a slice of its own; without a pod label, the series' labels.
+/// `None`: the series has an empty pod label (a GPU no pod holds).
+fn series_pod(labels: &std::collections::BTreeMap<String, String>) -> Option<String> {
+    let get = |names: &[&str]| names.iter().find_map(|n| labels.get(*n)).cloned();
+    let gpu = get(&["gpu", "UUID", "device"]).map(|g| format!("#{g}")).unwrap_or_default();
+    match get(&["pod", "exported_pod", "pod_name"]) {
+        Some(p) if p.is_empty() => None,
+        Some(p) => Some(match get(&["namespace", "exported_namespace"]) {
+            Some(ns) if !ns.is_empty() => format!("{ns}/{p}{gpu}"),
+            _ => format!("{p}{gpu}"),
+        }),
+        None => Some(labels.iter().filter(|(k, _)| k.as_str() != "__name__").map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")),
+    }
+}
+
+fn parse_prometheus(file: &str, text: &str, lenient: bool) -> Result<Metric, UsageError> {
+    let err = |line: u64, msg: String| UsageError { file: file.to_string(), line, msg };
+    let json = |e: serde_json::Error| err(e.line() as u64, format!("not the JSON of a Prometheus range query: {e}"));
+    let result = if text.trim_start().starts_with('[') {
+        serde_json::from_str::<serde_json::Value>(text).map_err(json)?
+    } else {
+        let r: PromResponse = serde_json::from_str(text).map_err(json)?;
+        if r.status != "success" {
+            return Err(err(0, format!("the query failed (status '{}'): {}", r.status, r.error.unwrap_or_default())));
+        }
+        let d = r.data.ok_or_else(|| err(0, "no 'data' in the response".into()))?;
+        if d.result_type != "matrix" {
+            return Err(err(0, format!("result type '{}', not 'matrix': export with a range query (/api/v1/query_range, with start, end and step), not an instant query", d.result_type)));
+        }
+        d.result
+    };
+    let series: Vec<PromSeries> = serde_json::from_value(result).map_err(|e| err(0, format!("the result is not a list of series with 'metric' labels and '[time, \"value\"]' samples: {e}")))?;
+    let mut m = Metric { name: series.iter().find_map(|s| s.metric.get("__name__").cloned()), ..Metric::default() };
+    for (k, s) in series.iter().enumerate() {
+        let Some(pod) = series_pod(&s.metric) else {
+            m.series_without_pod += 1;
+            continue;
+        };
+        for (j, (t, v)) in s.values.iter().enumerate() {
+            let bad = |what: String| err(0, format!("series {} ({pod}), sample {}: {what} (pass --lenient to skip such samples)", k + 1, j + 1));
+            let r = match v.parse::<f64>() {
+                Ok(x) if x.is_finite() && x >= 0.0 && t.is_finite() => Ok((pod.clone(), *t, x)),
+                Ok(x) => Err(bad(format!("value {x} at time {t} is not a finite non-negative number"))),
+                Err(_) => Err(bad(format!("value '{v}' is not a number"))),
+            };
+            match r {
+                Ok(x) => m.samples.push(x),
+                Err(_) if lenient => m.skipped += 1,
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(m)
 }
 
 /// Align duty-cycle rows (values in percent) and memory rows (bytes) on a
