@@ -82,11 +82,13 @@ pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<St
     w(&dir.join("elastic.md"), &md)?;
     w(&dir.join("elastic.json"), &serde_json::to_string_pretty(evals)?)?;
     for e in evals {
-        let mut series: Vec<(String, Vec<(f64, f64)>)> = e.outcomes.iter().map(|o| (o.strategy.clone(), o.in_use.iter().enumerate().map(|(t, &g)| (t as f64 / 60.0, f64::from(g))).collect())).collect();
-        series.push(("lower bound".into(), e.lower_bound_series.iter().enumerate().map(|(t, &g)| (t as f64 / 60.0, g)).collect()));
+        // Hours of trace time: a period lasts the trace's own step.
+        let hours = |t: usize| t as f64 * e.step_s / 3600.0;
+        let mut series: Vec<(String, Vec<(f64, f64)>)> = e.outcomes.iter().map(|o| (o.strategy.clone(), o.in_use.iter().enumerate().map(|(t, &g)| (hours(t), f64::from(g))).collect())).collect();
+        series.push(("lower bound".into(), e.lower_bound_series.iter().enumerate().map(|(t, &g)| (hours(t), g)).collect()));
         let ymax = e.outcomes.iter().map(|o| o.gpus).max().unwrap_or(1) as f64 * 1.1;
         let path = dir.join(format!("elastic-{}GiB.svg", e.config.gpu_mem_gib));
-        line_chart(&path, &format!("GPUs in use, {} GiB GPUs", e.config.gpu_mem_gib), "hours", "GPUs", (0.0, e.minutes as f64 / 60.0), (0.0, ymax.max(1.0)), &series, false)?;
+        line_chart(&path, &format!("GPUs in use, {} GiB GPUs", e.config.gpu_mem_gib), "hours", "GPUs", (0.0, hours(e.minutes)), (0.0, ymax.max(1.0)), &series, false)?;
     }
     Ok(md)
 }
