@@ -21,24 +21,30 @@ def read(path):
         return [(r["container_ip"], float(r["timestamp_anon"]), float(r["value"])) for r in csv.DictReader(f)]
 
 
-def sampling_step(times):
+def sampling_step(*files):
     """The trace's own sampling step, seconds, as `egpu simulate --elastic`
-    finds it: the most common gap between consecutive distinct timestamps,
-    to the nearest second (ties: the shorter); 60 with one timestamp."""
-    ts = np.unique(np.array(times))
-    gaps = np.round(np.diff(ts))
-    gaps = gaps[gaps >= 1]
-    if len(gaps) == 0:
+    finds it: the median gap between consecutive distinct timestamps of one
+    pod in one file (the lower median), to the nearest second, at least 1;
+    60 when no pod has two samples."""
+    gaps = []
+    for rows in files:
+        by_pod = {}
+        for p, t, _ in rows:
+            by_pod.setdefault(p, []).append(t)
+        for ts in by_pod.values():
+            ts = np.unique(np.array(ts))
+            gaps.extend(np.diff(ts))
+    if not gaps:
         return 60.0
-    values, counts = np.unique(gaps, return_counts=True)
-    return float(values[np.argmax(counts)])
+    gaps.sort()
+    return float(max(1.0, round(gaps[(len(gaps) - 1) // 2])))
 
 
 def main(root):
     duty = read(f"{root}/pod_gpu_duty_cycle_anon.csv.gz")
     mem = read(f"{root}/pod_gpu_memory_used_bytes_anon.csv.gz")
     t0 = min(r[1] for r in duty + mem)
-    step = sampling_step([r[1] for r in duty + mem])
+    step = sampling_step(duty, mem)
     minutes = int(round((max(r[1] for r in duty + mem) - t0) / step)) + 1
     pods = sorted({r[0] for r in duty + mem})
     at = {p: i for i, p in enumerate(pods)}

@@ -76,12 +76,17 @@ pub struct SimulateArgs {
     /// Elastic on your own workload: each pod's GPU duty cycle over time, as
     /// a CSV (value,timestamp,pod) or the JSON of a Prometheus range query
     /// (e.g. of DCGM_FI_DEV_GPU_UTIL); gzip is fine. Needs --usage-memory.
-    #[arg(long, requires = "usage_memory")]
+    #[arg(long, requires_all = ["usage_memory", "elastic"])]
     pub usage_duty: Option<PathBuf>,
     /// Elastic on your own workload: each pod's GPU memory used over time,
     /// same formats (e.g. DCGM_FI_DEV_FB_USED). Needs --usage-duty.
-    #[arg(long, requires = "usage_duty")]
+    #[arg(long, requires_all = ["usage_duty", "elastic"])]
     pub usage_memory: Option<PathBuf>,
+    /// Sampling step of --usage-duty/--usage-memory, seconds (default: the
+    /// most common gap between a pod's consecutive samples). The
+    /// evaluation's "minutes" are periods of this length.
+    #[arg(long, requires = "usage_duty", value_parser = positive_seconds)]
+    pub usage_step: Option<f64>,
     /// Unit of --usage-duty: percent, fraction (0..1), or auto (fraction for
     /// DCGM_FI_PROF_GR_ENGINE_ACTIVE / DCGM_FI_PROF_SM_ACTIVE, else percent).
     #[arg(long, default_value = "auto", value_parser = ["auto", "percent", "fraction"])]
@@ -305,6 +310,13 @@ fn load_trace(args: &SimulateArgs) -> Result<(Trace, String)> {
     Ok((Trace::new(name, cluster, pods, args.coverage), source))
 }
 
+fn positive_seconds(s: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 1.0 => Ok(x),
+        _ => Err(format!("'{s}' is not a number of seconds of at least 1")),
+    }
+}
+
 fn default_genai_dir() -> Option<PathBuf> {
     let candidates = [PathBuf::from("../shared/data/genai-2026"), PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/data/genai-2026"))];
     candidates.into_iter().find(|p| p.is_dir())
@@ -343,12 +355,21 @@ fn load_usage(args: &SimulateArgs) -> Result<(elastic::Usage, String)> {
             "auto" if named(&m, &["DCGM_FI_DEV_FB_USED"]) => 1024.0 * 1024.0,
             _ => 1.0,
         };
+        for (file, metric) in [(dp, &d), (mp, &m)] {
+            if metric.samples.is_empty() {
+                bail!("{}: no samples{}", file.display(), if metric.series_without_pod > 0 { format!(" ({} series, none with a pod)", metric.series_without_pod) } else { String::new() });
+            }
+        }
         // A duty cycle above 100% is another metric or another unit.
         if let Some((p, t, v)) = d.samples.iter().find(|s| s.2 * to_percent > 100.5) {
-            bail!("{}: pod {p} at time {t}: duty cycle {}% is above 100%; if the file holds fractions of 1, this is right, else pass the right --duty-unit (percent or fraction)", dp.display(), v * to_percent);
+            let (read, other) = if to_percent == 1.0 { (format!("{v} read as percent"), "fraction") } else { (format!("{v} read as a fraction of 1"), "percent") };
+            bail!("{}: pod {p} at time {t}: duty cycle {read} is above 100%: pass --duty-unit {other} if that is the file's unit, else the file holds another metric", dp.display());
         }
-        if to_percent == 1.0 && !d.samples.is_empty() && d.samples.iter().all(|s| s.2 <= 1.0) && d.samples.iter().any(|s| s.2 > 0.0) {
+        if to_percent == 1.0 && d.samples.iter().all(|s| s.2 <= 1.0) && d.samples.iter().any(|s| s.2 > 0.0) {
             eprintln!("warning: {}: every duty cycle is at most 1 (%): if they are fractions of 1, pass --duty-unit fraction", dp.display());
+        }
+        if to_bytes == 1.0 && m.samples.iter().all(|s| s.2 < 1024.0 * 1024.0) && m.samples.iter().any(|s| s.2 > 0.0) {
+            eprintln!("warning: {}: every memory value is under 1 MiB read as bytes: if they are MiB (as DCGM_FI_DEV_FB_USED), pass --memory-unit mib", mp.display());
         }
         let scale = |v: Vec<(String, f64, f64)>, k: f64| -> Vec<(String, f64, f64)> { v.into_iter().map(|(p, t, x)| (p, t, x * k)).collect() };
         let (duty, mem) = (scale(d.samples, to_percent), scale(m.samples, to_bytes));
@@ -359,12 +380,18 @@ fn load_usage(args: &SimulateArgs) -> Result<(elastic::Usage, String)> {
             missing.dedup();
             missing
         }
-        for (what, list) in [("duty cycle but no memory", only(&duty, &mem)), ("memory but no duty cycle", only(&mem, &duty))] {
+        // A pod in one file only is most often a naming mismatch (a label
+        // on one metric only), which would split one pod in two.
+        for (what, list) in [("a duty cycle but no memory", only(&duty, &mem)), ("memory but no duty cycle", only(&mem, &duty))] {
             if !list.is_empty() {
-                eprintln!("warning: {} pods have {what} samples (their missing metric counts as 0), e.g. {}", list.len(), list[..list.len().min(3)].join(", "));
+                let msg = format!("{} pods have {what} samples, e.g. {}: both files must name a pod the same way (its missing metric would count as 0)", list.len(), list[..list.len().min(3)].join(", "));
+                if !args.lenient {
+                    bail!("{msg}; pass --lenient to go on");
+                }
+                eprintln!("warning: {msg}");
             }
         }
-        let usage = elastic::load::align(&duty, &mem);
+        let usage = elastic::load::align_with(&duty, &mem, args.usage_step, elastic::load::MAX_CELLS);
         if usage.pods.is_empty() {
             bail!("no usage samples in {} and {}", dp.display(), mp.display());
         }
@@ -396,11 +423,29 @@ fn load_usage(args: &SimulateArgs) -> Result<(elastic::Usage, String)> {
 fn run_elastic(args: &SimulateArgs) -> Result<()> {
     let (usage, source) = load_usage(args)?;
     if usage.dropped_samples > 0 {
-        let what = format!("{} pods × {}-second periods from the first to the last timestamp is more than {} cells: {} samples past period {} would be left out", usage.pods.len(), usage.step_s, elastic::load::MAX_CELLS, usage.dropped_samples, usage.minutes);
+        let what = format!(
+            "{} pods × {}-second periods from the first timestamp ({}) to the last ({}) is more than {} cells: {} samples past period {} would be left out",
+            usage.pods.len(),
+            usage.step_s,
+            usage.first_s,
+            usage.last_s,
+            elastic::load::MAX_CELLS,
+            usage.dropped_samples,
+            usage.minutes
+        );
         if !args.lenient {
-            bail!("{what}; shorten the trace or sample it more coarsely (or pass --lenient to use the first {} periods)", usage.minutes);
+            bail!("{what}; check for a stray timestamp, shorten the trace, or give a longer --usage-step (or pass --lenient to use the first {} periods)", usage.minutes);
         }
         eprintln!("warning: {what}");
+    }
+    // A pod bigger than a GPU fits no slice on it (its excess is refused
+    // memory in every strategy); often a wrong --memory-unit.
+    let peak: Vec<(usize, f32)> = usage.mem.iter().enumerate().map(|(i, m)| (i, m.iter().copied().filter(|x| !x.is_nan()).fold(0.0, f32::max))).collect();
+    for &g in &args.gpu_mem_gib {
+        let big: Vec<&(usize, f32)> = peak.iter().filter(|p| f64::from(p.1) > g * (1u64 << 30) as f64).collect();
+        if let Some(&&(i, m)) = big.iter().max_by(|a, b| a.1.total_cmp(&b.1)) {
+            eprintln!("warning: {} pods use more memory than a {g} GiB GPU (the most: {}, {:.1} GiB); their excess counts as refused in every strategy", big.len(), usage.pods[i], f64::from(m) / (1u64 << 30) as f64);
+        }
     }
     let moves = match args.moves.as_str() {
         "none" => elastic::Moves::None,

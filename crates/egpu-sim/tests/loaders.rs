@@ -81,15 +81,50 @@ fn the_usage_grid_steps_by_the_trace_own_period_and_loses_no_sample() {
     let u = usage::align(&d, &m);
     assert_eq!((u.minutes, u.step_s), (100, 57.0));
     assert!((u.duty[0][10] - 0.5).abs() < 1e-6 && u.mem[0][10] == 5e9, "{} {}", u.duty[0][10], u.mem[0][10]);
-    assert_eq!(usage::sampling_step([5.0].into_iter()), 60.0);
+    assert_eq!(usage::sampling_step(&[&[("a".to_string(), 5.0, 0.0)]]), 60.0);
+    // 70,000 samples of one pod in one period: still one average.
+    let many: Vec<(String, f64, f64)> = (0..70_000).map(|k| ("a".to_string(), 1_000.0 + f64::from(k % 2), if k % 2 == 0 { 20.0 } else { 40.0 })).collect();
+    let u = usage::align_with(&many, &[], Some(60.0), usage::MAX_CELLS);
+    assert!((u.duty[0][0] - 0.3).abs() < 1e-6, "{}", u.duty[0][0]);
+}
+
+#[test]
+fn the_step_comes_from_each_pod_s_own_gaps_not_from_pods_sampled_at_other_moments() {
+    // 20 pods every 60 s, each at its own phase and with ±2 s of jitter:
+    // pooled, their timestamps are seconds apart; per pod, 60 s.
+    let mut d = Vec::new();
+    let mut seed = 7u64;
+    for p in 0..20u32 {
+        for k in 0..50u32 {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let jitter = (seed >> 33) as f64 / (1u64 << 31) as f64 * 4.0 - 2.0;
+            d.push((format!("p{p}"), 1_000.0 + f64::from(p) * 2.9 + 60.0 * f64::from(k) + jitter, 50.0));
+        }
+    }
+    let u = usage::align(&d, &d);
+    assert_eq!(u.step_s, 60.0);
+    assert!((50..=52).contains(&u.minutes), "{}", u.minutes);
+    // A duty file and a memory file queried from different starts: same.
+    let later: Vec<_> = d.iter().map(|(p, t, v)| (p.clone(), t + 3.0, *v)).collect();
+    assert_eq!(usage::align(&d, &later).step_s, 60.0);
+    // The step can be given.
+    assert_eq!(usage::align_with(&d, &d, Some(120.0), usage::MAX_CELLS).step_s, 120.0);
 }
 
 #[test]
 fn a_grid_too_large_is_cut_and_the_samples_past_it_are_counted() {
     let d = vec![("a".to_string(), 0.0, 10.0), ("a".to_string(), 60.0, 10.0), ("a".to_string(), 6.0e10, 10.0)];
-    let u = usage::align(&d, &[]);
-    assert_eq!((u.step_s, u.minutes, u.dropped_samples), (60.0, usage::MAX_CELLS, 1));
+    let u = usage::align_with(&d, &[], None, 1_000);
+    assert_eq!((u.step_s, u.minutes, u.dropped_samples), (60.0, 1_000, 1));
     assert_eq!(u.duty[0][1], 0.1);
+    assert_eq!((u.first_s, u.last_s), (0.0, 6.0e10));
+}
+
+#[test]
+fn values_no_gpu_could_have_are_refused_with_their_line() {
+    let e = usage::parse_metric("m", "value,timestamp,pod\n1e9,0,a\n1e40,60,a\n", false).unwrap_err();
+    assert!(e.to_string().starts_with("m:3: value must be a number from 0 to 1e18"), "{e}");
+    assert_eq!(usage::parse_metric("m", "value,timestamp,pod\n1e9,0,a\n1e40,60,a\n", true).unwrap().1, 1);
 }
 
 proptest! {

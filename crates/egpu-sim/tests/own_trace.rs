@@ -20,13 +20,20 @@ fn dir(name: &str) -> PathBuf {
 }
 
 /// A Prometheus range-query response: one series per (labels, value),
-/// `n` samples 60 s apart.
+/// `n` samples 60 s apart. A series with an empty pod has no pod labels
+/// (Prometheus drops empty labels): a GPU no pod holds.
 fn prom(metric: &str, series: &[(&str, &str, &str)], n: usize) -> String {
+    let list: Vec<(String, String)> = series.iter().map(|(pod, gpu, v)| (if pod.is_empty() { String::new() } else { format!(r#""namespace":"ns","pod":"{pod}","#) }, format!(r#""gpu":"{gpu}","UUID":"GPU-{gpu}","Hostname":"node1""#) + &format!("|{v}"))).collect();
+    prom_labels(metric, &list.iter().map(|(a, b)| { let (labels, v) = b.split_once('|').unwrap(); (format!("{a}{labels}"), v.to_string()) }).collect::<Vec<_>>(), n)
+}
+
+/// [`prom`] with each series' labels written out (JSON members).
+fn prom_labels(metric: &str, series: &[(String, String)], n: usize) -> String {
     let list: Vec<String> = series
         .iter()
-        .map(|(pod, gpu, v)| {
+        .map(|(labels, v)| {
             let values: Vec<String> = (0..n).map(|k| format!("[{}, \"{v}\"]", 1_700_000_000 + 60 * k)).collect();
-            format!(r#"{{"metric":{{"__name__":"{metric}","namespace":"ns","pod":"{pod}","gpu":"{gpu}","UUID":"GPU-{pod}-{gpu}","Hostname":"node1"}},"values":[{}]}}"#, values.join(","))
+            format!(r#"{{"metric":{{"__name__":"{metric}",{labels}}},"values":[{}]}}"#, values.join(","))
         })
         .collect();
     format!(r#"{{"status":"success","data":{{"resultType":"matrix","result":[{}]}}}}"#, list.join(","))
@@ -51,8 +58,8 @@ fn write(d: &Path, name: &str, text: &str) -> String {
 #[test]
 fn dcgm_exporter_series_become_one_slice_per_pod_gpu_in_the_right_units() {
     let d = dir("dcgm");
-    // Pod b holds two GPUs: two slices. The series with an empty pod label
-    // is a GPU nobody holds and is left out.
+    // Pod b holds two GPUs: two slices. The series without a pod label is
+    // a GPU nobody holds and is left out.
     let duty = write(&d, "duty.json", &prom("DCGM_FI_DEV_GPU_UTIL", &[("a", "0", "20"), ("b", "0", "20"), ("b", "1", "10"), ("", "2", "0")], 30));
     // MiB: 50,000 + 50,000 + 10,000 MiB = 107.4 GiB, more than one 80 GiB
     // GPU; read as bytes it would be nothing.
@@ -108,7 +115,7 @@ fn bad_own_traces_get_errors_that_say_what_to_do() {
         run(&d, &args).expect_err("must fail").to_string()
     };
     let e = err(&prom("DCGM_FI_DEV_GPU_UTIL", &[("a", "0", "250")], 5), &[]);
-    assert!(e.contains("pod ns/a#0") && e.contains("250% is above 100%") && e.contains("--duty-unit"), "{e}");
+    assert!(e.contains("pod ns/a#0") && e.contains("250 read as percent is above 100%") && e.contains("--duty-unit fraction"), "{e}");
     let e = err(r#"{"status":"error","errorType":"bad_data","error":"invalid parameter \"query\""}"#, &[]);
     assert!(e.contains("the query failed") && e.contains("invalid parameter"), "{e}");
     let e = err(r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#, &[]);
@@ -117,16 +124,86 @@ fn bad_own_traces_get_errors_that_say_what_to_do() {
     let e = err(&bad_value, &[]);
     assert!(e.contains("series 1 (ns/a#0), sample 2: value 'ten' is not a number") && e.contains("--lenient"), "{e}");
     let nan = prom("DCGM_FI_DEV_GPU_UTIL", &[("a", "0", "NaN")], 5);
-    assert!(err(&nan, &[]).contains("not a finite non-negative number"));
+    assert!(err(&nan, &[]).contains("value NaN at time 1700000000 is not a number from 0 to 1e18"));
     // --lenient skips what is bad and keeps the rest.
     let p = write(&d, "duty.json", &bad_value);
     assert!(run(&d, &["--usage-duty", &p, "--usage-memory", &mem, "--lenient"]).is_ok());
     let e = err("{\"status\":\"success\",\n\"data\": {", &[]);
     assert!(e.contains("duty.json:2: not the JSON of a Prometheus range query"), "{e}");
-    // Both files are needed, and not with --genai-dir.
+    // An instant query, even as a bare result array, is not a trace.
+    let e = err(r#"[{"metric":{"pod":"a"},"value":[1700000000,"10"]}]"#, &[]);
+    assert!(e.contains("instant query") && e.contains("query_range"), "{e}");
+    // A file that yields no samples.
+    let e = err(r#"{"status":"success","data":{"resultType":"matrix","result":[]}}"#, &[]);
+    assert!(e.contains("duty.json: no samples"), "{e}");
+    // Both files are needed, with --elastic, and not with --genai-dir.
+    let e = Cli::try_parse_from(["simulate", "--usage-duty", "x", "--usage-memory", "y"]).err().expect("needs --elastic").to_string();
+    assert!(e.contains("--elastic"), "{e}");
     let e = Cli::try_parse_from(["simulate", "--elastic", "--usage-duty", "x"]).err().expect("needs memory").to_string();
     assert!(e.contains("--usage-memory"), "{e}");
     let e = Cli::try_parse_from(["simulate", "--elastic", "--usage-duty", "x", "--usage-memory", "y", "--genai-dir", "z"]).err().expect("conflict").to_string();
     assert!(e.contains("--genai-dir") && e.contains("cannot be used with"), "{e}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn workload_labels_renamed_by_prometheus_win_over_the_exporter_s_own() {
+    // Scraped without honor_labels: `pod`/`namespace` are dcgm-exporter's
+    // own, the workload's are `exported_*`. GPU 2 holds no workload.
+    let d = dir("exported");
+    let series = |v: [&str; 3]| -> Vec<(String, String)> {
+        let exporter = r#""namespace":"gpu-operator","pod":"nvidia-dcgm-exporter-abcde""#;
+        vec![
+            (format!(r#"{exporter},"exported_namespace":"ml","exported_pod":"train-a","gpu":"0""#), v[0].to_string()),
+            (format!(r#"{exporter},"exported_namespace":"ml","exported_pod":"train-b","gpu":"1""#), v[1].to_string()),
+            (format!(r#"{exporter},"gpu":"2""#), v[2].to_string()),
+        ]
+    };
+    let duty = write(&d, "duty.json", &prom_labels("DCGM_FI_DEV_GPU_UTIL", &series(["30", "30", "0"]), 10));
+    let mem = write(&d, "mem.json", &prom_labels("DCGM_FI_DEV_FB_USED", &series(["1000", "1000", "0"]), 10));
+    let m = parse_usage_file("mem.json", &std::fs::read_to_string(&mem).unwrap(), false).unwrap();
+    let mut pods: Vec<&str> = m.samples.iter().map(|s| s.0.as_str()).collect();
+    pods.dedup();
+    assert_eq!((pods, m.series_without_pod), (vec!["ml/train-a#0", "ml/train-b#1"], 1));
+    let j = run(&d, &["--usage-duty", &duty, "--usage-memory", &mem]).expect("runs");
+    assert_eq!(j[0]["pods"].as_u64(), Some(2));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn a_pod_named_differently_in_the_two_files_is_an_error_unless_lenient() {
+    // The memory series lack the gpu label: "ns/a" is not "ns/a#0".
+    let d = dir("names");
+    let duty = write(&d, "duty.json", &prom("DCGM_FI_DEV_GPU_UTIL", &[("a", "0", "30")], 5));
+    let mem = write(&d, "mem.json", &prom_labels("DCGM_FI_DEV_FB_USED", &[(r#""namespace":"ns","pod":"a""#.to_string(), "1000".to_string())], 5));
+    let e = run(&d, &["--usage-duty", &duty, "--usage-memory", &mem]).expect_err("mismatch").to_string();
+    assert!(e.contains("1 pods have a duty cycle but no memory samples, e.g. ns/a#0") && e.contains("--lenient"), "{e}");
+    let j = run(&d, &["--usage-duty", &duty, "--usage-memory", &mem, "--lenient"]).expect("runs when lenient");
+    assert_eq!(j[0]["pods"].as_u64(), Some(2));
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
+fn the_step_can_be_given_and_units_can_be_named() {
+    let d = dir("step");
+    let mut duty = String::from("pod,timestamp,value\n");
+    let mut mem = String::from("pod,timestamp,value\n");
+    for k in 0..20 {
+        duty.push_str(&format!("a,{},50\n", 60 * k));
+        mem.push_str(&format!("a,{},100\n", 60 * k));
+    }
+    let (dp, mp) = (write(&d, "duty.csv", &duty), write(&d, "mem.csv", &mem));
+    // 100 GiB on an 80 GiB GPU: two GPUs at the lower bound.
+    let j = run(&d, &["--usage-duty", &dp, "--usage-memory", &mp, "--memory-unit", "gib", "--usage-step", "120"]).expect("runs");
+    assert_eq!((j[0]["step_s"].as_f64(), j[0]["minutes"].as_u64(), j[0]["lower_bound"].as_u64()), (Some(120.0), Some(11), Some(2)), "{}", j[0]);
+    // A pod bigger than the GPU fits no slice: its excess is refused in
+    // every strategy, none pretends to hold it.
+    for o in j[0]["outcomes"].as_array().unwrap() {
+        assert_eq!(o["mem_violation_minutes"].as_u64(), Some(11), "{o}");
+    }
+    let j = run(&d, &["--usage-duty", &dp, "--usage-memory", &mp, "--memory-unit", "kib"]).expect("runs");
+    assert_eq!((j[0]["step_s"].as_f64(), j[0]["minutes"].as_u64(), j[0]["lower_bound"].as_u64()), (Some(60.0), Some(20), Some(1)));
+    let e = Cli::try_parse_from(["simulate", "--elastic", "--usage-duty", "x", "--usage-memory", "y", "--usage-step", "0.5"]).err().expect("bad step").to_string();
+    assert!(e.contains("not a number of seconds of at least 1"), "{e}");
     let _ = std::fs::remove_dir_all(&d);
 }

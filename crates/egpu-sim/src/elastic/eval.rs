@@ -248,7 +248,10 @@ pub(super) fn fill(u: &Usage) -> Filled {
         let (mut d, mut m) = (0.0, 0.0);
         for t in a..=b {
             if !u.duty[i][t].is_nan() {
-                d = f64::from(u.duty[i][t]);
+                // The grid keeps duty as f32: 0.6 + 0.4 would sum to
+                // 1.00000003 and look like a saturated GPU. Samples are
+                // rounded back to a millionth of a GPU.
+                d = (f64::from(u.duty[i][t]) * 1e6).round() / 1e6;
             }
             if !u.mem[i][t].is_nan() {
                 m = f64::from(u.mem[i][t]);
@@ -598,7 +601,7 @@ pub fn evaluate(u: &Usage, cfg: ElasticConfig) -> Evaluation {
     let exclusive = run_slices(&f, u.minutes, g, usize::MAX, Moves::Evict, |_, _, _| Slice { c: 1.0, m: g }, "exclusive");
     let peak: Vec<Slice> = (0..n)
         .map(|i| match f.life[i] {
-            Some((a, b)) => Slice { c: f.duty[i][a..=b].iter().copied().fold(0.0, f64::max), m: f.mem[i][a..=b].iter().copied().fold(0.0, f64::max) / GIB },
+            Some((a, b)) => Slice { c: f.duty[i][a..=b].iter().copied().fold(0.0, f64::max), m: (f.mem[i][a..=b].iter().copied().fold(0.0, f64::max) / GIB).min(g) },
             None => Slice::default(),
         })
         .collect();
@@ -634,7 +637,7 @@ pub fn evaluate(u: &Usage, cfg: ElasticConfig) -> Evaluation {
         |i, t, end| {
             let b = f.life[i].map_or(t, |(_, b)| b).min(end.saturating_sub(1)).max(t);
             let span = &f.duty[i][t..=b];
-            Slice { c: span.iter().sum::<f64>() / span.len() as f64, m: f.mem[i][t..=b].iter().copied().fold(0.0, f64::max) / GIB }
+            Slice { c: span.iter().sum::<f64>() / span.len() as f64, m: (f.mem[i][t..=b].iter().copied().fold(0.0, f64::max) / GIB).min(g) }
         },
         "oracle-next-period",
     );

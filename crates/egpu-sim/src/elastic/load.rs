@@ -17,7 +17,7 @@ pub struct UsageError {
 
 /// Per-pod usage on a common grid of sampling periods. `NaN` marks a
 /// period without a sample.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Usage {
     pub pods: Vec<String>,
     /// Periods on the grid. The evaluation calls them minutes: one sample
@@ -25,6 +25,9 @@ pub struct Usage {
     pub minutes: usize,
     /// Length of a period, seconds: the trace's own sampling step.
     pub step_s: f64,
+    /// First and last timestamp seen, seconds.
+    pub first_s: f64,
+    pub last_s: f64,
     /// Busy fraction of one GPU, 0..=1, `[pod][period]`.
     pub duty: Vec<Vec<f32>>,
     /// GPU memory used, bytes, `[pod][period]`.
@@ -34,8 +37,20 @@ pub struct Usage {
     pub dropped_samples: usize,
 }
 
-/// Most pod × period cells a grid may have (about 400 MB of samples).
+impl Default for Usage {
+    fn default() -> Self {
+        Usage { pods: Vec::new(), minutes: 0, step_s: 60.0, first_s: 0.0, last_s: 0.0, duty: Vec::new(), mem: Vec::new(), skipped_rows: 0, dropped_samples: 0 }
+    }
+}
+
+/// Most pod × period cells a grid may have. Each cell costs about 28 bytes
+/// while the evaluation runs (f32 duty and memory here, f64 copies in the
+/// evaluation), so the bound is about 1.4 GB.
 pub const MAX_CELLS: usize = 50_000_000;
+
+/// Largest value a sample may have (bytes of memory, or percent): beyond
+/// it, it is no GPU's usage, and it would not survive the f32 grid.
+pub const MAX_VALUE: f64 = 1e18;
 
 /// Decompress if the bytes start with the gzip magic.
 pub fn maybe_gunzip(file: &str, bytes: &[u8]) -> Result<String, UsageError> {
@@ -73,8 +88,8 @@ pub fn parse_metric(file: &str, text: &str, lenient: bool) -> Result<(Vec<Sample
                     let v: f64 = get(vi, "value")?.parse().map_err(|_| err(line, "value is not a number".into()))?;
                     let t: f64 = get(ti, "timestamp")?.parse().map_err(|_| err(line, "timestamp is not a number".into()))?;
                     let p = get(pi, "pod")?.to_string();
-                    if !v.is_finite() || v < 0.0 || !t.is_finite() || p.is_empty() {
-                        return Err(err(line, "value must be a finite non-negative number with a timestamp and a pod".into()));
+                    if !v.is_finite() || !(0.0..=MAX_VALUE).contains(&v) || !t.is_finite() || p.is_empty() {
+                        return Err(err(line, format!("value must be a number from 0 to {MAX_VALUE:e}, with a timestamp and a pod")));
                     }
                     Ok((p, t, v))
                 })()
@@ -97,21 +112,32 @@ pub fn parse_metric(file: &str, text: &str, lenient: bool) -> Result<(Vec<Sample
     Ok((out, skipped))
 }
 
-/// The trace's sampling step, seconds: the most common gap between
-/// consecutive distinct timestamps, to the nearest second (ties: the
-/// shorter), at least one second; 60 when there is one timestamp.
-pub fn sampling_step(times: impl Iterator<Item = f64>) -> f64 {
-    let mut ts: Vec<f64> = times.filter(|t| t.is_finite()).collect();
-    ts.sort_by(f64::total_cmp);
-    ts.dedup_by(|a, b| (*a - *b).abs() < 1e-3);
-    let mut gaps: HashMap<u64, usize> = HashMap::new();
-    for w in ts.windows(2) {
-        let g = (w[1] - w[0]).round();
-        if (1.0..1e12).contains(&g) {
-            *gaps.entry(g as u64).or_default() += 1;
+/// The trace's sampling step, seconds: the median gap between consecutive
+/// distinct timestamps *of one pod in one file* (so that pods scraped at
+/// different moments do not shrink it, and jitter averages out), to the
+/// nearest second and at least one second; 60 when no pod has two
+/// samples.
+pub fn sampling_step(files: &[&[Sample]]) -> f64 {
+    let mut gaps: Vec<f64> = Vec::new();
+    for rows in files {
+        let mut by_pod: HashMap<&str, Vec<f64>> = HashMap::new();
+        for (p, t, _) in rows.iter() {
+            if t.is_finite() {
+                by_pod.entry(p.as_str()).or_default().push(*t);
+            }
+        }
+        for ts in by_pod.values_mut() {
+            ts.sort_by(f64::total_cmp);
+            ts.dedup_by(|a, b| (*a - *b).abs() < 1e-3);
+            gaps.extend(ts.windows(2).map(|w| w[1] - w[0]));
         }
     }
-    gaps.into_iter().max_by(|a, b| a.1.cmp(&b.1).then(b.0.cmp(&a.0))).map_or(60.0, |(g, _)| g as f64)
+    if gaps.is_empty() {
+        return 60.0;
+    }
+    let mid = (gaps.len() - 1) / 2;
+    let (_, median, _) = gaps.select_nth_unstable_by(mid, f64::total_cmp);
+    median.round().clamp(1.0, 1e12)
 }
 
 /// One metric of a usage trace of your own: its samples (pod, seconds,
@@ -162,24 +188,41 @@ struct PromSeries {
     metric: std::collections::BTreeMap<String, String>,
     #[serde(default)]
     values: Vec<(f64, String)>,
+    /// Only in an instant query's result.
+    #[serde(default)]
+    value: Option<serde_json::Value>,
 }
 
-/// The pod a Prometheus series belongs to: `namespace/pod` (the labels
-/// dcgm-exporter sets with its Kubernetes mapping, or their `exported_`
-/// forms), with `#<gpu>` when the series names its GPU, since each GPU of
-/// a pod is a slice of its own; without a pod label, the series' labels.
-/// `None`: the series has an empty pod label (a GPU no pod holds).
-fn series_pod(labels: &std::collections::BTreeMap<String, String>) -> Option<String> {
-    let get = |names: &[&str]| names.iter().find_map(|n| labels.get(*n)).cloned();
+/// Which labels name a series' pod, decided once per file: `exported_pod`
+/// / `exported_namespace` if any series has them (Prometheus renames the
+/// workload's labels so when it scrapes dcgm-exporter without
+/// `honor_labels`, and `pod` is then the exporter's own pod), else `pod` /
+/// `namespace`, else none (a host without Kubernetes: each series is named
+/// by all its labels, one workload per GPU).
+#[derive(Clone, Copy, PartialEq)]
+enum PodLabels {
+    Exported,
+    Plain,
+    None,
+}
+
+/// The pod a Prometheus series belongs to: `namespace/pod` by the file's
+/// [`PodLabels`], with `#<gpu>` when the series names its GPU (`gpu`, else
+/// `UUID`, else `device`), since each GPU of a pod is a slice of its own.
+/// `None`: the series has no pod (a GPU no pod holds).
+fn series_pod(labels: &std::collections::BTreeMap<String, String>, by: PodLabels) -> Option<String> {
+    let get = |names: &[&str]| names.iter().find_map(|n| labels.get(*n)).filter(|v| !v.is_empty()).cloned();
     let gpu = get(&["gpu", "UUID", "device"]).map(|g| format!("#{g}")).unwrap_or_default();
-    match get(&["pod", "exported_pod", "pod_name"]) {
-        Some(p) if p.is_empty() => None,
-        Some(p) => Some(match get(&["namespace", "exported_namespace"]) {
-            Some(ns) if !ns.is_empty() => format!("{ns}/{p}{gpu}"),
-            _ => format!("{p}{gpu}"),
-        }),
-        None => Some(labels.iter().filter(|(k, _)| k.as_str() != "__name__").map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")),
-    }
+    let (pod, ns) = match by {
+        PodLabels::Exported => ("exported_pod", "exported_namespace"),
+        PodLabels::Plain => ("pod", "namespace"),
+        PodLabels::None => return Some(labels.iter().filter(|(k, _)| k.as_str() != "__name__").map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")),
+    };
+    let p = get(&[pod])?;
+    Some(match get(&[ns]) {
+        Some(n) => format!("{n}/{p}{gpu}"),
+        None => format!("{p}{gpu}"),
+    })
 }
 
 fn parse_prometheus(file: &str, text: &str, lenient: bool) -> Result<Metric, UsageError> {
@@ -199,17 +242,28 @@ fn parse_prometheus(file: &str, text: &str, lenient: bool) -> Result<Metric, Usa
         d.result
     };
     let series: Vec<PromSeries> = serde_json::from_value(result).map_err(|e| err(0, format!("the result is not a list of series with 'metric' labels and '[time, \"value\"]' samples: {e}")))?;
+    if series.iter().any(|s| s.value.is_some() && s.values.is_empty()) {
+        return Err(err(0, "series with one 'value' and no 'values': this is an instant query; export with a range query (/api/v1/query_range, with start, end and step)".into()));
+    }
+    let has = |label: &str| series.iter().any(|s| s.metric.get(label).is_some_and(|v| !v.is_empty()));
+    let by = if has("exported_pod") {
+        PodLabels::Exported
+    } else if has("pod") {
+        PodLabels::Plain
+    } else {
+        PodLabels::None
+    };
     let mut m = Metric { name: series.iter().find_map(|s| s.metric.get("__name__").cloned()), ..Metric::default() };
     for (k, s) in series.iter().enumerate() {
-        let Some(pod) = series_pod(&s.metric) else {
+        let Some(pod) = series_pod(&s.metric, by) else {
             m.series_without_pod += 1;
             continue;
         };
         for (j, (t, v)) in s.values.iter().enumerate() {
             let bad = |what: String| err(0, format!("series {} ({pod}), sample {}: {what} (pass --lenient to skip such samples)", k + 1, j + 1));
             let r = match v.parse::<f64>() {
-                Ok(x) if x.is_finite() && x >= 0.0 && t.is_finite() => Ok((pod.clone(), *t, x)),
-                Ok(x) => Err(bad(format!("value {x} at time {t} is not a finite non-negative number"))),
+                Ok(x) if (0.0..=MAX_VALUE).contains(&x) && t.is_finite() => Ok((pod.clone(), *t, x)),
+                Ok(x) => Err(bad(format!("value {x} at time {t} is not a number from 0 to {MAX_VALUE:e}"))),
                 Err(_) => Err(bad(format!("value '{v}' is not a number"))),
             };
             match r {
@@ -231,12 +285,18 @@ fn parse_prometheus(file: &str, text: &str, lenient: bool) -> Result<Metric, Usa
 /// [`MAX_CELLS`] is cut short and the samples past it are counted in
 /// [`Usage::dropped_samples`].
 pub fn align(duty: &[Sample], mem: &[Sample]) -> Usage {
+    align_with(duty, mem, None, MAX_CELLS)
+}
+
+/// [`align`] with the step given (`Some`, seconds) instead of found, and
+/// the grid's bound.
+pub fn align_with(duty: &[Sample], mem: &[Sample], step: Option<f64>, max_cells: usize) -> Usage {
     let t0 = duty.iter().chain(mem).map(|r| r.1).fold(f64::INFINITY, f64::min);
     let t1 = duty.iter().chain(mem).map(|r| r.1).fold(f64::NEG_INFINITY, f64::max);
     if !t0.is_finite() {
-        return Usage { step_s: 60.0, ..Usage::default() };
+        return Usage::default();
     }
-    let step = sampling_step(duty.iter().chain(mem).map(|r| r.1));
+    let step = step.filter(|s| s.is_finite() && *s > 0.0).unwrap_or_else(|| sampling_step(&[duty, mem]));
     let mut index: HashMap<&str, usize> = HashMap::new();
     let mut pods = Vec::new();
     for r in duty.iter().chain(mem) {
@@ -247,27 +307,31 @@ pub fn align(duty: &[Sample], mem: &[Sample]) -> Usage {
     }
     // Bound the grid (pods × periods) so hostile timestamps cannot exhaust memory.
     let span = ((t1 - t0) / step).round().min(1e15) as usize;
-    let minutes = span.min(MAX_CELLS / pods.len().max(1) - 1) + 1;
-    let mut u = Usage { minutes, step_s: step, duty: vec![vec![f32::NAN; minutes]; pods.len()], mem: vec![vec![f32::NAN; minutes]; pods.len()], pods, skipped_rows: 0, dropped_samples: 0 };
-    // Duty: sum and count per cell, averaged below.
-    let mut seen = vec![vec![0u16; minutes]; u.pods.len()];
-    for (rows, is_duty) in [(duty, true), (mem, false)] {
-        for (p, t, v) in rows {
-            let Some(&i) = index.get(p.as_str()) else { continue };
-            let m = ((t - t0) / step).round() as usize;
-            let grid = if is_duty { &mut u.duty } else { &mut u.mem };
-            let Some(slot) = grid[i].get_mut(m) else {
-                u.dropped_samples += 1;
-                continue;
-            };
-            if is_duty {
-                let x = (v * 0.01).clamp(0.0, 1.0) as f32;
-                let k = &mut seen[i][m];
-                *slot = if *k == 0 { x } else { (*slot * f32::from(*k) + x) / f32::from(*k + 1) };
-                *k = k.saturating_add(1);
-            } else {
-                *slot = if slot.is_nan() { *v as f32 } else { slot.max(*v as f32) };
+    let minutes = span.min((max_cells / pods.len().max(1)).saturating_sub(1)) + 1;
+    let n = pods.len();
+    let mut u = Usage { minutes, step_s: step, first_s: t0, last_s: t1, duty: vec![vec![f32::NAN; minutes]; n], mem: vec![vec![f32::NAN; minutes]; n], pods, skipped_rows: 0, dropped_samples: 0 };
+    // Duty: sum and count per cell, averaged at the end.
+    let mut sum = vec![vec![(0.0f64, 0u32); minutes]; n];
+    for (p, t, v) in duty {
+        let Some(&i) = index.get(p.as_str()) else { continue };
+        match sum[i].get_mut(((t - t0) / step).round() as usize) {
+            Some(c) => *c = (c.0 + (v * 0.01).clamp(0.0, 1.0), c.1.saturating_add(1)),
+            None => u.dropped_samples += 1,
+        }
+    }
+    for (row, cells) in u.duty.iter_mut().zip(&sum) {
+        for (slot, &(s, k)) in row.iter_mut().zip(cells) {
+            if k > 0 {
+                *slot = (s / f64::from(k)) as f32;
             }
+        }
+    }
+    for (p, t, v) in mem {
+        let Some(&i) = index.get(p.as_str()) else { continue };
+        let x = v.clamp(0.0, f64::from(f32::MAX)) as f32;
+        match u.mem[i].get_mut(((t - t0) / step).round() as usize) {
+            Some(slot) => *slot = if slot.is_nan() { x } else { slot.max(x) },
+            None => u.dropped_samples += 1,
         }
     }
     u
