@@ -83,7 +83,7 @@ pub struct SimulateArgs {
     #[arg(long, requires_all = ["usage_duty", "elastic"])]
     pub usage_memory: Option<PathBuf>,
     /// Sampling step of --usage-duty/--usage-memory, seconds (default: the
-    /// most common gap between a pod's consecutive samples). The
+    /// median gap between a pod's consecutive samples). The
     /// evaluation's "minutes" are periods of this length.
     #[arg(long, requires = "usage_duty", value_parser = positive_seconds)]
     pub usage_step: Option<f64>,
