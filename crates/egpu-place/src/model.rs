@@ -333,6 +333,18 @@ impl Placement {
     pub fn gpu_milli(&self) -> u64 {
         self.gpus.iter().map(|g| u64::from(g.milli)).sum()
     }
+    /// Whether this is exactly what `pod` asks for on `node`: its CPU,
+    /// memory and class, and its per-GPU share on `gpu_count` GPUs of a
+    /// type it allows. [`Cluster::apply`] only checks that a placement
+    /// fits; this checks that it is the pod's.
+    pub fn serves(&self, pod: &Pod, node: &Node) -> bool {
+        self.cpu_milli == pod.cpu_milli
+            && self.mem_mib == pod.mem_mib
+            && usize::from(self.class) == pod.class()
+            && self.gpus.len() == pod.gpu_count as usize
+            && self.gpus.iter().all(|g| g.milli == pod.gpu_milli && g.mem_milli == pod.gpu_mem_milli)
+            && (pod.gpu_count == 0 || (node.gpu_type.is_some() && pod.gpu_types.allows(node.gpu_type)))
+    }
 }
 
 /// A cluster: GPU-type catalog and nodes.

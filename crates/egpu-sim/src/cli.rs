@@ -45,8 +45,8 @@ pub struct SimulateArgs {
     #[arg(long, default_value_t = 0.95)]
     pub coverage: f64,
     /// Give this fraction of GPU pods a GPU-type constraint (synthetic
-    /// gpu_spec workload; the constraint lists the GPU types of a random node
-    /// family, seeded by --first-seed).
+    /// gpu_spec workload: the GPU type of a random node, plus, half of the
+    /// time, the type of another random node; seeded by --first-seed).
     #[arg(long, default_value_t = 0.0)]
     pub gpu_spec_fraction: f64,
     /// Skip malformed rows (counted and reported) instead of failing.
@@ -228,8 +228,8 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     if args.elastic {
         return run_elastic(&args);
     }
-    if !(0.0..=10.0).contains(&args.inflation) {
-        bail!("--inflation must be between 0 and 10 (the FGD methodology uses 1.3)");
+    if !(1.0..=10.0).contains(&args.inflation) {
+        bail!("--inflation must be between 1 and 10 (the FGD methodology uses 1.3): the summary reads allocation at 100% of capacity arrived, which arrivals must reach");
     }
     if !(0.0..=1.0).contains(&args.gpu_spec_fraction) || !(0.0..=1.0).contains(&args.coverage) {
         bail!("--gpu-spec-fraction and --coverage must be between 0 and 1");

@@ -57,7 +57,12 @@ pub fn run(cluster: &Cluster, pods: &[Pod], arrivals: &[usize], policy: &mut dyn
     for &i in arrivals {
         let Some(pod) = pods.get(i) else { continue };
         arrived += pod.total_gpu_milli();
-        match policy.place(&cluster, pod) {
+        // A placement must be the pod's (its GPUs, shares, type, CPU and
+        // memory), not just fit: anything else counts as invalid.
+        let placement = policy.place(&cluster, pod);
+        let mismatch = placement.as_ref().is_some_and(|p| !cluster.node(p.node).is_some_and(|n| p.serves(pod, n)));
+        match placement {
+            Some(_) if mismatch => invalid += 1,
             Some(p) => match cluster.apply(&p) {
                 Ok(()) => {
                     placed += 1;

@@ -7,7 +7,7 @@
 //! `lenient` it is counted as skipped instead. Nothing here panics on any
 //! input: the loaders are fuzzed and property-tested.
 
-use egpu_place::{Cluster, GpuTypeId, MILLI, NodeSpec, Pod, Qos, TypeSet};
+use egpu_place::{Cluster, MILLI, NodeSpec, Pod, Qos, TypeSet};
 use std::fmt;
 
 /// Kubernetes' default pods-per-node limit in the published simulator's node files.
@@ -70,6 +70,7 @@ struct Table<'a> {
     file: &'a str,
     reader: csv::Reader<&'a [u8]>,
     columns: Vec<(&'static str, Option<usize>)>,
+    header_len: usize,
     last_error_byte: Option<u64>,
 }
 
@@ -87,7 +88,7 @@ impl<'a> Table<'a> {
         for &name in optional {
             columns.push((name, find(name)));
         }
-        Ok(Table { file, reader, columns, last_error_byte: None })
+        Ok(Table { file, reader, columns, header_len: headers.len(), last_error_byte: None })
     }
 
     /// Next row as (line, fields by column order), or an error for that row.
@@ -97,6 +98,11 @@ impl<'a> Table<'a> {
             Ok(false) => None,
             Ok(true) => {
                 let line = rec.position().map_or(0, |p| p.line());
+                // A field too many is a value split by a comma (several GPU
+                // types are written `A|B`), not something to drop quietly.
+                if rec.len() > self.header_len {
+                    return Some(Err(self.err(line, format!("{} fields but the header has {}: a value holds a comma (write several GPU types as A|B)", rec.len(), self.header_len))));
+                }
                 let mut out = Vec::with_capacity(self.columns.len());
                 for &(name, idx) in &self.columns {
                     match idx.map(|i| rec.get(i)) {
@@ -144,8 +150,18 @@ pub fn load_nodes(file: &str, text: &str, lenient: bool) -> Result<(Cluster, Ski
     let mut t = Table::open(file, text, &["sn", "cpu_milli", "memory_mib", "gpu"], &["model"])?;
     let mut cluster = Cluster::new();
     let mut skipped = Skipped::default();
+    let mut seen: std::collections::HashMap<String, u64> = std::collections::HashMap::new();
     while let Some(row) = t.next_row() {
-        let res = row.and_then(|(line, f)| node_row(&t, &mut cluster, line, &f));
+        let res = row.and_then(|(line, f)| {
+            // A repeated node would silently add capacity.
+            let name = f[0].trim().to_string();
+            if let Some(first) = seen.get(&name) {
+                return Err(t.err(line, format!("node '{name}' is listed again (first at line {first})")));
+            }
+            node_row(&t, &mut cluster, line, &f)?;
+            seen.insert(name, line);
+            Ok(())
+        });
         match res {
             Ok(()) => {}
             Err(e) if lenient => skipped.add(e),
@@ -166,7 +182,9 @@ fn node_row(t: &Table, cluster: &mut Cluster, line: u64, f: &[String]) -> Result
     let cpu = int(t, line, "cpu_milli", &f[1])?;
     let mem = int(t, line, "memory_mib", &f[2])?;
     let gpus = int(t, line, "gpu", &f[3])?;
-    let model = f[4].trim();
+    // GPU models are compared without regard to case: one spelling each.
+    let model = f[4].trim().to_ascii_uppercase();
+    let model = model.as_str();
     if gpus > egpu_place::model::MAX_GPUS_PER_NODE as u64 {
         return Err(t.err(line, format!("{gpus} GPUs on one node is more than the supported {}", egpu_place::model::MAX_GPUS_PER_NODE)));
     }
@@ -189,9 +207,8 @@ pub fn load_pods(file: &str, text: &str, cluster: &Cluster, lenient: bool) -> Re
     let mut t = Table::open(file, text, &["name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"], &["gpu_spec", "qos"])?;
     let mut pods = Vec::new();
     let mut skipped = Skipped::default();
-    let limits = Limits::of(cluster);
     while let Some(row) = t.next_row() {
-        match row.and_then(|(line, f)| pod_row(&t, cluster, &limits, line, &f)) {
+        match row.and_then(|(line, f)| pod_row(&t, cluster, line, &f)) {
             Ok(p) => pods.push(p),
             Err(e) if lenient => skipped.add(e),
             Err(e) => return Err(e),
@@ -200,36 +217,14 @@ pub fn load_pods(file: &str, text: &str, cluster: &Cluster, lenient: bool) -> Re
     Ok((pods, skipped))
 }
 
-/// Largest node capacities, to reject requests no node could ever hold.
-struct Limits {
-    per_type: Vec<(Option<GpuTypeId>, u64, u64, usize)>,
+/// Whether some node of the (still empty) cluster could hold `pod`: node
+/// by node, since the largest CPU, memory and GPU count may be on
+/// different nodes.
+fn possible(cluster: &Cluster, pod: &Pod) -> bool {
+    cluster.nodes().iter().any(|n| n.fits(pod))
 }
 
-impl Limits {
-    fn of(cluster: &Cluster) -> Limits {
-        let mut per_type: Vec<(Option<GpuTypeId>, u64, u64, usize)> = Vec::new();
-        for n in cluster.nodes() {
-            let key = n.gpu_type();
-            match per_type.iter_mut().find(|e| e.0 == key) {
-                Some(e) => {
-                    e.1 = e.1.max(n.cpu_capacity());
-                    e.2 = e.2.max(n.mem_capacity_mib());
-                    e.3 = e.3.max(n.gpus().len());
-                }
-                None => per_type.push((key, n.cpu_capacity(), n.mem_capacity_mib(), n.gpus().len())),
-            }
-        }
-        Limits { per_type }
-    }
-    /// Whether some single node type could hold `pod` when empty.
-    fn possible(&self, pod: &Pod) -> bool {
-        self.per_type.iter().any(|&(t, cpu, mem, gpus)| {
-            pod.cpu_milli() <= cpu && pod.mem_mib() <= mem && (pod.gpu_count() == 0 || (pod.gpu_types().allows(t) && t.is_some() && pod.gpu_count() as usize <= gpus))
-        })
-    }
-}
-
-fn pod_row(t: &Table, cluster: &Cluster, limits: &Limits, line: u64, f: &[String]) -> Result<TracePod, TraceError> {
+fn pod_row(t: &Table, cluster: &Cluster, line: u64, f: &[String]) -> Result<TracePod, TraceError> {
     let name = f[0].trim();
     if name.is_empty() {
         return Err(t.err(line, "empty pod name".into()));
@@ -255,7 +250,7 @@ fn pod_row(t: &Table, cluster: &Cluster, limits: &Limits, line: u64, f: &[String
         _ => Qos::Other,
     };
     let pod = Pod::new(cpu, mem, count as u32, milli as u32, types, qos).map_err(|e| t.err(line, format!("pod '{name}': {e}")))?;
-    if !limits.possible(&pod) {
+    if !possible(cluster, &pod) {
         return Err(t.err(line, format!("pod '{name}' can never be placed: no node in the node list is large enough (cpu {cpu}m, memory {mem}MiB, {count} GPUs)")));
     }
     Ok(TracePod { name: name.to_string(), pod })
@@ -270,7 +265,7 @@ pub fn parse_gpu_spec(cluster: &Cluster, spec: &str) -> Result<TypeSet, String> 
     let mut set = TypeSet::ANY;
     for name in spec.split('|').map(str::trim).filter(|s| !s.is_empty()) {
         let known: Vec<&str> = cluster.gpu_types().iter().map(|t| t.name.as_str()).collect();
-        let t = cluster.gpu_type(name).ok_or_else(|| format!("unknown GPU type '{name}' in gpu_spec (the node list has: {})", known.join(", ")))?;
+        let t = cluster.gpu_type(&name.to_ascii_uppercase()).ok_or_else(|| format!("unknown GPU type '{name}' in gpu_spec (the node list has: {})", known.join(", ")))?;
         set = set.with(t);
     }
     Ok(set)

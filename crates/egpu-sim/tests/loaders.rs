@@ -38,6 +38,27 @@ fn bad_rows_name_the_line_and_the_problem() {
 }
 
 #[test]
+fn rows_that_would_silently_change_the_cluster_are_refused() {
+    // A node listed twice would add capacity.
+    let e = load_nodes("n.csv", "sn,cpu_milli,memory_mib,gpu,model\nn0,1000,100,1,T4\nn1,1000,100,1,T4\nn0,1000,100,1,T4\n", false).unwrap_err();
+    assert_eq!(e.to_string(), "n.csv:4: node 'n0' is listed again (first at line 2)");
+    let (c, s) = load_nodes("n.csv", "sn,cpu_milli,memory_mib,gpu,model\nn0,1000,100,1,T4\nn0,1000,100,1,T4\n", true).unwrap();
+    assert_eq!((c.nodes().len(), s.count), (1, 1));
+    // A comma inside gpu_spec shifts the columns: refused, not truncated.
+    assert!(pod_err("p1,1000,100,1,500,G2,P100").contains("pods.csv:3: 7 fields but the header has 6"), "{}", pod_err("p1,1000,100,1,500,G2,P100"));
+    // GPU models match whatever their case.
+    let (c, _) = load_nodes("n.csv", "sn,cpu_milli,memory_mib,gpu,model\nn0,8000,1000,1,v100m16\nn1,8000,1000,1,T4\n", false).unwrap();
+    assert_eq!(c.gpu_types().len(), 2);
+    let (p, _) = load_pods("p.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec\np0,1000,100,1,500,V100M16\np1,1000,100,1,500,t4|v100M16\n", &c, false).unwrap();
+    assert!(c.nodes().iter().filter(|n| n.fits(&p[0].pod)).count() == 1 && c.nodes().iter().filter(|n| n.fits(&p[1].pod)).count() == 2);
+    // The most CPU and the most GPUs on different nodes: no node holds a
+    // pod that needs both.
+    let (c, _) = load_nodes("n.csv", "sn,cpu_milli,memory_mib,gpu,model\nsmall,16000,1000,8,G2\nbig,128000,1000,1,G2\n", false).unwrap();
+    let e = load_pods("p.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,64000,100,8,1000\n", &c, false).unwrap_err();
+    assert!(e.to_string().contains("p.csv:2: pod 'p0' can never be placed"), "{e}");
+}
+
+#[test]
 fn lenient_mode_counts_what_it_skips() {
     let (c, _) = load_nodes("nodes.csv", NODES, false).unwrap();
     let text = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,1,1,500\np1,x,1,1,500\np2,1,1\np3,1,1,0,0\n";

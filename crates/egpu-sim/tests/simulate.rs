@@ -150,3 +150,59 @@ fn gpu_risk_packs_anti_correlated_pods_together() {
     let risk = elastic::ElasticConfig { gpu_risk: Some(elastic::GpuRisk { window: 5, quantile: 1.0 }), ..base };
     assert_eq!(peak_after(&elastic::evaluate(&u, risk)), (1, 0));
 }
+
+/// A policy that puts every pod on one free-enough GPU of the first node
+/// that fits it, whatever the pod's GPU count: it over-allocates nothing.
+struct OneGpu;
+
+impl egpu_place::Policy for OneGpu {
+    fn name(&self) -> &str {
+        "one-gpu"
+    }
+    fn place(&mut self, cluster: &egpu_place::Cluster, pod: &egpu_place::Pod) -> Option<egpu_place::Placement> {
+        let node = cluster.nodes().iter().position(|n| n.fits(pod))?;
+        let n = &cluster.nodes()[node];
+        let gpus: Vec<u8> = if pod.gpu_count() == 0 { Vec::new() } else { vec![(0..n.gpus().len()).find(|&g| n.gpu_fits(g, pod))? as u8] };
+        Some(egpu_place::Placement::new(node, pod, &gpus))
+    }
+}
+
+#[test]
+fn a_placement_that_is_not_the_pod_s_counts_as_invalid() {
+    let (c, _) = trace::load_nodes("n.csv", "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,100000,8,G2\nn1,64000,100000,8,G2\n", false).unwrap();
+    let (pods, _) = trace::load_pods("p.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1000,100,1,500\nb,1000,100,4,1000\nc,1000,100,0,0\n", &c, false).unwrap();
+    let pods: Vec<egpu_place::Pod> = pods.into_iter().map(|p| p.pod).collect();
+    let target = egpu_place::TargetWorkload::from_pods(&pods, 0.95);
+    let r = egpu_sim::sim::run(&c, &pods, &[0, 1, 2], &mut OneGpu, &target, 1);
+    // The 4-GPU pod on one GPU fits the node but is not what it asked for.
+    assert_eq!((r.placed, r.invalid, r.failed), (2, 1, 0), "{r:?}");
+}
+
+#[test]
+fn a_trace_above_the_target_loses_random_pods_until_it_fits() {
+    // 40 pods of one GPU each on 16 GPUs: 2.5× capacity, target 1.3× = 20.8.
+    let (c, _) = trace::load_nodes("n.csv", "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,100000,8,G2\nn1,64000,100000,8,G2\n", false).unwrap();
+    let rows: String = (0..40).map(|i| format!("p{i:02},1000,100,1,1000\n")).collect();
+    let (pods, _) = trace::load_pods("p.csv", &format!("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n{rows}"), &c, false).unwrap();
+    let a = workload::arrivals(&pods, c.gpu_capacity_milli(), 1.3, 7);
+    assert_eq!(a.len(), 20, "{a:?}");
+    let mut distinct = a.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 20, "dropping never repeats a pod");
+    assert_ne!(a, workload::arrivals(&pods, c.gpu_capacity_milli(), 1.3, 8), "another seed drops others");
+}
+
+#[test]
+fn an_inflation_whose_arrivals_never_reach_capacity_is_refused() {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: egpu_sim::cli::SimulateArgs,
+    }
+    let out = std::env::temp_dir().join(format!("egpu-inflation-{}", std::process::id()));
+    let cli = <Cli as clap::Parser>::try_parse_from(["simulate", "--inflation", "0.9", "--no-progress", "--out", out.to_str().unwrap()]).expect("parses");
+    let e = egpu_sim::cli::run(cli.args).expect_err("refused").to_string();
+    assert!(e.contains("--inflation must be between 1 and 10") && e.contains("100% of capacity"), "{e}");
+    assert!(!out.exists(), "nothing written");
+}

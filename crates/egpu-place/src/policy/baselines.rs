@@ -1,7 +1,9 @@
 //! The baseline policies of the FGD evaluation, re-implemented from their
 //! published definitions. Each scores every node that fits on the integer
-//! 0..=100 scale of the Kubernetes scheduler framework, keeps the highest,
-//! and breaks ties uniformly at random, as that framework does.
+//! 0..=100 scale of the Kubernetes scheduler framework and keeps the
+//! highest; ties go to the node with the smallest name, as in the FGD
+//! authors' simulator (the framework itself breaks them at random; see
+//! docs/placement.md).
 //!
 //! - Random: a node that fits, uniformly; a random fitting GPU.
 //! - DotProd: the smallest dot product of the node's free (CPU, GPU) and the
