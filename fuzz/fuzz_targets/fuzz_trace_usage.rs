@@ -1,5 +1,6 @@
-//! `cargo +nightly fuzz run fuzz_trace_usage`: the genai-2026 usage loader
-//! (gzip or plain CSV) and the minute alignment must never panic.
+//! `cargo +nightly fuzz run fuzz_trace_usage`: the usage loaders (genai-2026
+//! CSV, a trace of your own as CSV or Prometheus range-query JSON, gzip or
+//! plain) and the grid alignment must never panic.
 #![no_main]
 use egpu_sim::elastic::load;
 use libfuzzer_sys::fuzz_target;
@@ -8,5 +9,8 @@ fuzz_target!(|data: &[u8]| {
     let Ok(text) = load::maybe_gunzip("fuzz", data) else { return };
     if let Ok((rows, _)) = load::parse_metric("fuzz", &text, true) {
         let _ = load::align(&rows, &rows);
+    }
+    if let Ok(m) = load::parse_usage_file("fuzz", &text, true) {
+        let _ = load::align(&m.samples, &m.samples);
     }
 });
