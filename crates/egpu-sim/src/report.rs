@@ -27,7 +27,12 @@ pub enum ReportError {
 #[derive(Debug, Clone, Serialize)]
 pub struct PolicySummary {
     pub policy: String,
+    /// Runs (seeds) whose arrivals reached 100% of capacity, which the
+    /// figures below average; all of them unless the cluster is too small
+    /// for its inflation to land on the 100% bin.
     pub seeds: usize,
+    /// Runs of this policy.
+    pub runs: usize,
     /// Unallocated GPU at 100 % arrival, % of capacity: mean and sample sd.
     pub unallocated_mean: f64,
     pub unallocated_sd: f64,
@@ -63,7 +68,7 @@ pub fn summarize(runs: &[RunResult]) -> Vec<PolicySummary> {
             let fr: Vec<f64> = rs.iter().filter_map(|r| r.frag_pct.get(100).copied().flatten()).collect();
             let (m, sd) = mean_sd(&un);
             let failed: Vec<f64> = rs.iter().map(|r| r.failed as f64).collect();
-            PolicySummary { policy: name.to_string(), seeds: rs.len(), unallocated_mean: m, unallocated_sd: sd, frag_mean: mean_sd(&fr).0, failed_pods_mean: mean_sd(&failed).0 }
+            PolicySummary { policy: name.to_string(), seeds: un.len(), runs: rs.len(), unallocated_mean: m, unallocated_sd: sd, frag_mean: mean_sd(&fr).0, failed_pods_mean: mean_sd(&failed).0 }
         })
         .collect()
 }
@@ -73,7 +78,12 @@ pub fn summary_table(trace: &str, s: &[PolicySummary]) -> String {
     let mut out = format!("Unallocated GPU at 100% arrived workload, trace `{trace}` (% of cluster GPU capacity, mean ± sd over seeds)\n\n");
     out.push_str("| policy | seeds | unallocated % | frag ratio % | failed pods |\n|---|---|---|---|---|\n");
     for p in s {
-        let _ = writeln!(out, "| {} | {} | {:.2} ± {:.2} | {:.1} | {:.0} |", p.policy, p.seeds, p.unallocated_mean, p.unallocated_sd, p.frag_mean, p.failed_pods_mean);
+        if p.seeds == 0 {
+            let _ = writeln!(out, "| {} | 0 of {} | n/a: no run reached 100% arrival | | {:.0} |", p.policy, p.runs, p.failed_pods_mean);
+            continue;
+        }
+        let seeds = if p.seeds < p.runs { format!("{} of {}", p.seeds, p.runs) } else { p.seeds.to_string() };
+        let _ = writeln!(out, "| {} | {seeds} | {:.2} ± {:.2} | {:.1} | {:.0} |", p.policy, p.unallocated_mean, p.unallocated_sd, p.frag_mean, p.failed_pods_mean);
     }
     out
 }

@@ -206,3 +206,21 @@ fn an_inflation_whose_arrivals_never_reach_capacity_is_refused() {
     assert!(e.contains("--inflation must be between 1 and 10") && e.contains("100% of capacity"), "{e}");
     assert!(!out.exists(), "nothing written");
 }
+
+#[test]
+fn a_run_that_never_reaches_full_arrival_is_not_averaged_as_nan() {
+    // 3-GPU pods on 16 GPUs at inflation 1.0 stop at 15 of 16 GPUs
+    // (94%): there is no 100% bin to read.
+    let (c, _) = trace::load_nodes("n.csv", "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,100000,8,G2\nn1,64000,100000,8,G2\n", false).unwrap();
+    let (pods, _) = trace::load_pods("p.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1000,100,3,1000\nb,1000,100,3,1000\n", &c, false).unwrap();
+    let arrivals = workload::arrivals(&pods, c.gpu_capacity_milli(), 1.0, 3);
+    let plain: Vec<egpu_place::Pod> = pods.iter().map(|p| p.pod.clone()).collect();
+    let target = egpu_place::TargetWorkload::from_pods(&plain, 0.95);
+    let mut fgd = egpu_place::PolicyKind::Fgd.build(&target, 3);
+    let r = egpu_sim::sim::run(&c, &plain, &arrivals, fgd.as_mut(), &target, 3);
+    assert_eq!(r.unallocated_at(100), None, "{:?}", r.alloc_pct.iter().rposition(Option::is_some));
+    let s = report::summarize(&[r]);
+    assert_eq!((s[0].seeds, s[0].runs), (0, 1));
+    let table = report::summary_table("tiny", &s);
+    assert!(table.contains("| fgd | 0 of 1 | n/a: no run reached 100% arrival |") && !table.contains("NaN"), "{table}");
+}
