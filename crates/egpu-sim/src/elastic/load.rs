@@ -43,9 +43,9 @@ impl Default for Usage {
     }
 }
 
-/// Most pod × period cells a grid may have. Each cell costs about 28 bytes
-/// while the evaluation runs (f32 duty and memory here, f64 copies in the
-/// evaluation), so the bound is about 1.4 GB.
+/// Most pod × period cells a grid may have. Each cell costs 12 bytes here
+/// (f32 duty and memory, a sample count while aligning) and about 24 while
+/// the evaluation runs (f64 copies), so the bound is about 1.2 GB.
 pub const MAX_CELLS: usize = 50_000_000;
 
 /// Largest value a sample may have (bytes of memory, or percent): beyond
@@ -310,21 +310,18 @@ pub fn align_with(duty: &[Sample], mem: &[Sample], step: Option<f64>, max_cells:
     let minutes = span.min((max_cells / pods.len().max(1)).saturating_sub(1)) + 1;
     let n = pods.len();
     let mut u = Usage { minutes, step_s: step, first_s: t0, last_s: t1, duty: vec![vec![f32::NAN; minutes]; n], mem: vec![vec![f32::NAN; minutes]; n], pods, skipped_rows: 0, dropped_samples: 0 };
-    // Duty: sum and count per cell, averaged at the end.
-    let mut sum = vec![vec![(0.0f64, 0u32); minutes]; n];
+    // Duty: a running mean per cell (its sample count beside it).
+    let mut count = vec![vec![0u32; minutes]; n];
     for (p, t, v) in duty {
         let Some(&i) = index.get(p.as_str()) else { continue };
-        match sum[i].get_mut(((t - t0) / step).round() as usize) {
-            Some(c) => *c = (c.0 + (v * 0.01).clamp(0.0, 1.0), c.1.saturating_add(1)),
-            None => u.dropped_samples += 1,
-        }
-    }
-    for (row, cells) in u.duty.iter_mut().zip(&sum) {
-        for (slot, &(s, k)) in row.iter_mut().zip(cells) {
-            if k > 0 {
-                *slot = (s / f64::from(k)) as f32;
-            }
-        }
+        let m = ((t - t0) / step).round() as usize;
+        let (Some(slot), Some(k)) = (u.duty[i].get_mut(m), count[i].get_mut(m)) else {
+            u.dropped_samples += 1;
+            continue;
+        };
+        let x = (v * 0.01).clamp(0.0, 1.0);
+        *k = k.saturating_add(1);
+        *slot = if *k == 1 { x as f32 } else { (f64::from(*slot) + (x - f64::from(*slot)) / f64::from(*k)) as f32 };
     }
     for (p, t, v) in mem {
         let Some(&i) = index.get(p.as_str()) else { continue };
