@@ -332,7 +332,7 @@ fn read_usage(path: &Path, lenient: bool) -> Result<elastic::load::Metric> {
         eprintln!("warning: {name}: {} rows or samples skipped", m.skipped);
     }
     if m.series_without_pod > 0 {
-        eprintln!("note: {name}: {} series with an empty pod label (GPUs no pod holds) left out", m.series_without_pod);
+        eprintln!("note: {name}: {} series without a pod (GPUs no pod holds) left out", m.series_without_pod);
     }
     Ok(m)
 }

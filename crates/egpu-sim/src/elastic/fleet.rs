@@ -461,7 +461,7 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
             }
         }
         // Whatever the compute split, each saturated GPU-minute cuts at
-        // least one of its pods; the cut may fall on one refused memory.
+        // least one of its pods, which may be one already refused memory.
         for (g, ps) in fl.gpus.iter().enumerate() {
             let mem_short = ps.iter().filter(|&&p| if cfg.burst { refused[p] > 0.0 } else { f.mem[p][t] > limit[p].m * GIB + 1.0 }).count() as u64;
             run.floor_pod_minutes += mem_short.max(u64::from(demand[g] > 1.0 + 1e-9));
