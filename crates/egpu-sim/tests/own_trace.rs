@@ -23,8 +23,14 @@ fn dir(name: &str) -> PathBuf {
 /// `n` samples 60 s apart. A series with an empty pod has no pod labels
 /// (Prometheus drops empty labels): a GPU no pod holds.
 fn prom(metric: &str, series: &[(&str, &str, &str)], n: usize) -> String {
-    let list: Vec<(String, String)> = series.iter().map(|(pod, gpu, v)| (if pod.is_empty() { String::new() } else { format!(r#""namespace":"ns","pod":"{pod}","#) }, format!(r#""gpu":"{gpu}","UUID":"GPU-{gpu}","Hostname":"node1""#) + &format!("|{v}"))).collect();
-    prom_labels(metric, &list.iter().map(|(a, b)| { let (labels, v) = b.split_once('|').unwrap(); (format!("{a}{labels}"), v.to_string()) }).collect::<Vec<_>>(), n)
+    let list: Vec<(String, String)> = series
+        .iter()
+        .map(|(pod, gpu, v)| {
+            let owner = if pod.is_empty() { String::new() } else { format!(r#""namespace":"ns","pod":"{pod}","#) };
+            (format!(r#"{owner}"gpu":"{gpu}","UUID":"GPU-{gpu}","Hostname":"node1""#), v.to_string())
+        })
+        .collect();
+    prom_labels(metric, &list, n)
 }
 
 /// [`prom`] with each series' labels written out (JSON members).
