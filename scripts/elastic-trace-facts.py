@@ -95,6 +95,19 @@ def main(root):
           % (*np.percentile(total, [50, 90, 99]), total.max(), total.mean()))
     print(f"busy minutes (summed duty >= {BUSY:g}): {len(busy)}, between minute {busy.min()} and {busy.max()}")
     print("summed memory, max: %.2f GPUs of 80 GiB, %.2f of 96 GiB" % (m.sum(0).max() / 80, m.sum(0).max() / 96))
+    # Do a pod's bursts come on a rhythm a predictor could learn? The
+    # autocorrelation of its burst minutes, and the gaps between burst starts.
+    hot = d > BURST
+    often = np.where(hot.sum(1) > 10)[0]
+    lags = (1, 2, 5, 10, 30, 60)
+    corr = [np.mean([np.corrcoef(hot[i, :-k], hot[i, k:])[0, 1] for i in often]) for k in lags]
+    gaps = []
+    for i in often:
+        t = np.where(hot[i])[0]
+        starts = t[np.r_[True, np.diff(t) > 1]]
+        gaps.append(np.median(np.diff(starts)))
+    print("bursty pods: mean autocorrelation of burst minutes at lags %s: %s; median gap between burst starts per pod %.0f-%.0f minutes"
+          % (", ".join(map(str, lags)), ", ".join("%.3f" % c for c in corr), min(gaps), max(gaps)))
 
 
 if __name__ == "__main__":
