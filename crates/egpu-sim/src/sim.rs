@@ -76,7 +76,7 @@ pub fn run(cluster: &Cluster, pods: &[Pod], arrivals: &[usize], policy: &mut dyn
             },
             None => failed += 1,
         }
-        let pct = (arrived as f64 / capacity * 100.0).round_ties_even();
+        let pct = bin_of(arrived as f64, capacity);
         if pct <= MAX_ARRIVED_PCT as f64 {
             let idle = capacity - cluster.gpu_allocated_milli() as f64;
             let b = &mut bins[pct as usize];
@@ -89,6 +89,14 @@ pub fn run(cluster: &Cluster, pods: &[Pod], arrivals: &[usize], policy: &mut dyn
     RunResult { policy: policy.name().to_string(), seed, pods: arrivals.len(), placed, failed, invalid, alloc_pct, frag_pct }
 }
 
+/// The bin of an arrived GPU request: a whole percent of capacity, ties to
+/// even (as the published analysis script's `round`).
+fn bin_of(arrived: f64, capacity: f64) -> f64 {
+    (arrived / capacity * 100.0).round_ties_even()
+}
+
+/// Mean allocation and fragmentation per bin; an empty bin takes the
+/// events of its two neighbours.
 fn curves(bins: &[Bin]) -> (Vec<Option<f64>>, Vec<Option<f64>>) {
     let mut alloc = Vec::with_capacity(bins.len());
     let mut frag = Vec::with_capacity(bins.len());
@@ -108,4 +116,24 @@ fn curves(bins: &[Bin]) -> (Vec<Option<f64>>, Vec<Option<f64>>) {
         frag.push((b.n > 0).then(|| b.frag / n));
     }
     (alloc, frag)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Bin, bin_of, curves};
+
+    #[test]
+    fn arrivals_bin_to_whole_percents_ties_to_even() {
+        assert_eq!((bin_of(25.0, 1000.0), bin_of(35.0, 1000.0), bin_of(35.1, 1000.0), bin_of(1000.0, 1000.0)), (2.0, 4.0, 4.0, 100.0));
+    }
+
+    #[test]
+    fn an_empty_bin_takes_its_neighbours_events_and_a_lone_gap_stays_empty() {
+        let b = |alloc: f64, n: u32| Bin { alloc, frag: alloc / 2.0, n };
+        // Bins 0..=4: events in 0 (one at 10%), 2 (two, 20% and 40%), none in 1, 3 or 4.
+        let bins = [b(10.0, 1), b(0.0, 0), b(60.0, 2), b(0.0, 0), b(0.0, 0)];
+        let (alloc, frag) = curves(&bins);
+        assert_eq!(alloc, vec![Some(10.0), Some(70.0 / 3.0), Some(30.0), Some(30.0), None]);
+        assert_eq!(frag[1], Some(35.0 / 3.0));
+    }
 }
