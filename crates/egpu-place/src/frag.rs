@@ -31,25 +31,34 @@ pub struct TargetShape {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TargetWorkload {
     shapes: Vec<TargetShape>,
+    /// Every shape of the trace and its pod count, and the coverage asked
+    /// for (for [`TargetWorkload::ignoring_types`]; empty from shapes).
+    counts: Vec<(ShapeKey, u64)>,
+    coverage: f64,
 }
+
+/// CPU, per-GPU milli, GPU count, allowed types.
+type ShapeKey = (u64, u32, u32, TypeSet);
 
 impl TargetWorkload {
     /// The most popular shapes of `pods` that together cover at least
     /// `coverage` (e.g. 0.95) of them, re-weighted to sum to 1. CPU-only
     /// pods are included. Ties in popularity put the larger shape first.
     pub fn from_pods<'a>(pods: impl IntoIterator<Item = &'a Pod>, coverage: f64) -> TargetWorkload {
-        let mut counts: HashMap<(u64, u32, u32, TypeSet), u64> = HashMap::new();
-        let mut total = 0u64;
+        let mut counts: HashMap<ShapeKey, u64> = HashMap::new();
         for p in pods {
             *counts.entry((p.cpu_milli(), p.gpu_milli(), p.gpu_count(), p.gpu_types())).or_default() += 1;
-            total += 1;
         }
-        let mut list: Vec<_> = counts.into_iter().collect();
+        Self::from_counts(counts.into_iter().collect(), coverage)
+    }
+
+    fn from_counts(mut list: Vec<(ShapeKey, u64)>, coverage: f64) -> TargetWorkload {
         list.sort_by(|a, b| b.1.cmp(&a.1).then(b.0.cmp(&a.0)));
+        let total: u64 = list.iter().map(|x| x.1).sum();
         let want = coverage.clamp(0.0, 1.0) * total as f64;
         let mut cum = 0u64;
         let mut shapes = Vec::new();
-        for ((cpu_milli, gpu_milli, gpu_count, gpu_types), n) in list {
+        for &((cpu_milli, gpu_milli, gpu_count, gpu_types), n) in &list {
             if cum as f64 >= want && !shapes.is_empty() {
                 break;
             }
@@ -59,7 +68,31 @@ impl TargetWorkload {
         for s in &mut shapes {
             s.weight /= cum as f64;
         }
-        TargetWorkload { shapes }
+        TargetWorkload { shapes, counts: list, coverage }
+    }
+
+    /// The target the same pods give with their GPU-type constraints
+    /// dropped: shapes that differ only in allowed types are counted as
+    /// one, then the coverage is applied again. On a trace without type
+    /// constraints it is the same target. (From explicit shapes, which
+    /// carry no counts, the shapes are merged as they are.)
+    pub fn ignoring_types(&self) -> TargetWorkload {
+        let strip = |k: &ShapeKey| (k.0, k.1, k.2, TypeSet::ANY);
+        if self.counts.is_empty() {
+            let mut merged: Vec<TargetShape> = Vec::new();
+            for s in &self.shapes {
+                match merged.iter_mut().find(|m| (m.cpu_milli, m.gpu_milli, m.gpu_count) == (s.cpu_milli, s.gpu_milli, s.gpu_count)) {
+                    Some(m) => m.weight += s.weight,
+                    None => merged.push(TargetShape { gpu_types: TypeSet::ANY, ..*s }),
+                }
+            }
+            return TargetWorkload { shapes: merged, counts: Vec::new(), coverage: self.coverage };
+        }
+        let mut counts: HashMap<ShapeKey, u64> = HashMap::new();
+        for (k, n) in &self.counts {
+            *counts.entry(strip(k)).or_default() += n;
+        }
+        Self::from_counts(counts.into_iter().collect(), self.coverage)
     }
 
     /// A target workload from explicit shapes; weights are normalised.
@@ -68,7 +101,7 @@ impl TargetWorkload {
         for s in &mut shapes {
             s.weight = if sum > 0.0 { s.weight.max(0.0) / sum } else { 0.0 };
         }
-        TargetWorkload { shapes }
+        TargetWorkload { shapes, counts: Vec::new(), coverage: 1.0 }
     }
 
     pub fn shapes(&self) -> &[TargetShape] {
@@ -121,6 +154,29 @@ mod tests {
 
     fn pod(cpu: u64, n: u32, m: u32) -> Pod {
         Pod::new(cpu, 0, n, m, TypeSet::ANY, Qos::Be).unwrap()
+    }
+
+    #[test]
+    fn ignoring_types_counts_constrained_variants_as_their_shape_then_covers_again() {
+        // Shape A: 60 pods of any type and 50 confined to type 0; shape B:
+        // 80 pods. With types, covering half the pods keeps B and
+        // A-any; without, A (110 pods) alone covers half.
+        let a = pod(1000, 1, 500);
+        let a0 = Pod::new(1000, 0, 1, 500, TypeSet::only(GpuTypeId(0)), Qos::Be).unwrap();
+        let b = pod(2000, 1, 1000);
+        let mut pods = vec![a.clone(); 60];
+        pods.extend(vec![a0; 50]);
+        pods.extend(vec![b.clone(); 80]);
+        let t = TargetWorkload::from_pods(&pods, 0.5);
+        assert_eq!(t.shapes().len(), 2);
+        assert!(t.shapes().iter().all(|s| s.gpu_types == TypeSet::ANY));
+        let u = t.ignoring_types();
+        assert_eq!(u.shapes().len(), 1, "{u:?}");
+        assert_eq!((u.shapes()[0].cpu_milli, u.shapes()[0].gpu_milli, u.shapes()[0].weight), (1000, 500, 1.0));
+        // Without constraints it is the same target.
+        let plain: Vec<Pod> = pods.iter().map(|p| Pod::new(p.cpu_milli(), 0, p.gpu_count(), p.gpu_milli(), TypeSet::ANY, Qos::Be).unwrap()).collect();
+        let t = TargetWorkload::from_pods(&plain, 0.95);
+        assert_eq!(t.ignoring_types(), t);
     }
 
     #[test]

@@ -224,3 +224,24 @@ fn a_run_that_never_reaches_full_arrival_is_not_averaged_as_nan() {
     let table = report::summary_table("tiny", &s);
     assert!(table.contains("| fgd | 0 of 1 | n/a: no run reached 100% arrival |") && !table.contains("NaN"), "{table}");
 }
+
+#[test]
+fn on_a_type_constrained_workload_egpu_honours_the_types_and_keeps_its_lead() {
+    // A third of the GPU pods confined to one or two GPU types: eGPU
+    // measures fragmentation against the type-agnostic target (FGD keeps
+    // the typed one, as published), and every placement must still be the
+    // pod's, allowed type included (the simulator counts any other as
+    // invalid).
+    let base = small_trace();
+    let mut pods = base.pods.clone();
+    let constrained = egpu_sim::gpuspec::constrain(&base.cluster, &mut pods, 0.33, 1);
+    assert!(constrained > 50, "{constrained}");
+    let t = Trace::new("default/8+spec".into(), base.cluster.clone(), pods, 0.95);
+    let runs = sweep::run(&Sweep { trace: &t, policies: &[PolicyKind::Fgd, PolicyKind::Egpu], seeds: &[1, 2], inflation: 1.3, threads: 2, shuffle_nodes: true }, &|_| {});
+    assert!(runs.iter().all(|r| r.invalid == 0), "{runs:?}");
+    let mean = |p: &str| runs.iter().filter(|r| r.policy == p).filter_map(|r| r.unallocated_at(100)).sum::<f64>() / 2.0;
+    // Measured: eGPU 6.15, FGD 7.44 (% unallocated at 100% arrival, this
+    // 1/8-scale trace, two seeds); with the typed target eGPU was 6.59,
+    // which this bound refuses. Deterministic: fixed seeds and code.
+    assert!(mean("egpu") + 1.0 < mean("fgd"), "egpu {} vs fgd {}", mean("egpu"), mean("fgd"));
+}
