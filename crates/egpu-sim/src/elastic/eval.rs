@@ -128,6 +128,12 @@ pub struct Outcome {
     per_pod: Vec<(u32, u32)>,
 }
 
+/// Memory refused to a pod that uses `used` bytes under a hard limit of
+/// `limit_gib`, GiB (0: none; a byte of slack for rounding).
+pub(super) fn refused_gib(used: f64, limit_gib: f64) -> f64 {
+    if used > limit_gib * GIB + 1.0 { (used - limit_gib * GIB) / GIB } else { 0.0 }
+}
+
 impl Outcome {
     /// An empty outcome for `strategy` on `gpus` GPUs.
     pub fn new(strategy: &str, gpus: usize, minutes: usize) -> Outcome {
@@ -161,8 +167,7 @@ impl Outcome {
     /// less GPU time than its `demand` (which only happens while its GPU is
     /// saturated).
     pub fn count(&mut self, pod: usize, used: f64, limit_gib: f64, demand: f64, served: f64) {
-        let refused = if used > limit_gib * GIB + 1.0 { (used - limit_gib * GIB) / GIB } else { 0.0 };
-        self.count_refused(pod, refused, demand, served);
+        self.count_refused(pod, refused_gib(used, limit_gib), demand, served);
     }
 
     /// [`Outcome::count`] where the caller worked out the refused memory

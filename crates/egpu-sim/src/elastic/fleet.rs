@@ -36,7 +36,7 @@
 //! other strategies. [`search_fleet`] finds the smallest N whose violation
 //! pod-minutes are within a budget.
 
-use super::eval::{Filled, GIB, Outcome, alive, fair_split, quantile};
+use super::eval::{Filled, GIB, Outcome, alive, fair_split, quantile, refused_gib};
 use serde::Serialize;
 
 /// How a GPU's spare capacity is handed out to its pods.
@@ -459,21 +459,23 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
                 }
                 run.max_gpu_mem_limits_gib = run.max_gpu_mem_limits_gib.max(sm);
             }
+        } else {
+            // Fixed per-pod limits: usage over the limit is refused.
+            for ps in &fl.gpus {
+                for &p in ps {
+                    refused[p] = refused_gib(f.mem[p][t], limit[p].m);
+                }
+            }
         }
         // Whatever the compute split, each saturated GPU-minute cuts at
         // least one of its pods, which may be one already refused memory.
         for (g, ps) in fl.gpus.iter().enumerate() {
-            let mem_short = ps.iter().filter(|&&p| if cfg.burst { refused[p] > 0.0 } else { f.mem[p][t] > limit[p].m * GIB + 1.0 }).count() as u64;
+            let mem_short = ps.iter().filter(|&&p| refused[p] > 0.0).count() as u64;
             run.floor_pod_minutes += mem_short.max(u64::from(demand[g] > 1.0 + 1e-9));
         }
         for i in 0..pods {
-            if !alive(f, i, t) {
-                continue;
-            }
-            if cfg.burst {
+            if alive(f, i, t) {
                 out.count_refused(i, refused[i], f.duty[i][t], served[i]);
-            } else {
-                out.count(i, f.mem[i][t], limit[i].m, f.duty[i][t], served[i]);
             }
         }
     }
