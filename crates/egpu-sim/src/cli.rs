@@ -401,18 +401,8 @@ fn load_usage(args: &SimulateArgs) -> Result<(elastic::Usage, String)> {
         Some(d) => d.clone(),
         None => default_genai_dir().context("genai-2026 not found: pass --genai-dir <DIR> (it holds pod_gpu_duty_cycle_anon.csv.gz and pod_gpu_memory_used_bytes_anon.csv.gz), or your own trace with --usage-duty and --usage-memory")?,
     };
-    let load = |f: &str| -> Result<Vec<(String, f64, f64)>> {
-        let p = dir.join(f);
-        let bytes = std::fs::read(&p).with_context(|| format!("cannot read {}", p.display()))?;
-        let text = elastic::load::maybe_gunzip(&p.display().to_string(), &bytes)?;
-        let (rows, skipped) = elastic::load::parse_metric(&p.display().to_string(), &text, args.lenient)?;
-        if skipped > 0 {
-            eprintln!("warning: {}: {skipped} rows skipped", p.display());
-        }
-        Ok(rows)
-    };
-    let duty = load("pod_gpu_duty_cycle_anon.csv.gz")?;
-    let mem = load("pod_gpu_memory_used_bytes_anon.csv.gz")?;
+    let duty = read_usage(&dir.join("pod_gpu_duty_cycle_anon.csv.gz"), args.lenient)?.samples;
+    let mem = read_usage(&dir.join("pod_gpu_memory_used_bytes_anon.csv.gz"), args.lenient)?.samples;
     let usage = elastic::load::align(&duty, &mem);
     if usage.pods.is_empty() {
         bail!("no usage rows in {}", dir.display());
