@@ -27,13 +27,9 @@ pub fn constrain(cluster: &Cluster, pods: &mut [TracePod], fraction: f64, seed: 
             set = set.with(types[rng.random_range(0..types.len())]);
         }
         // The pod must still fit some node of an allowed type.
-        let fits_somewhere = cluster.nodes().iter().any(|node| {
-            set.allows(node.gpu_type()) && node.gpus().len() >= p.gpu_count() as usize && node.cpu_capacity() >= p.cpu_milli() && node.mem_capacity_mib() >= p.mem_mib()
-        });
-        if !fits_somewhere {
-            continue;
-        }
-        if let Ok(q) = Pod::new(p.cpu_milli(), p.mem_mib(), p.gpu_count(), p.gpu_milli(), set, p.qos()) {
+        if let Ok(q) = Pod::new(p.cpu_milli(), p.mem_mib(), p.gpu_count(), p.gpu_milli(), set, p.qos())
+            && crate::trace::possible(cluster, &q)
+        {
             tp.pod = q;
             n += 1;
         }

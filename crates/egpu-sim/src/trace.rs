@@ -220,7 +220,7 @@ pub fn load_pods(file: &str, text: &str, cluster: &Cluster, lenient: bool) -> Re
 /// Whether some node of the (still empty) cluster could hold `pod`: node
 /// by node, since the largest CPU, memory and GPU count may be on
 /// different nodes.
-fn possible(cluster: &Cluster, pod: &Pod) -> bool {
+pub(crate) fn possible(cluster: &Cluster, pod: &Pod) -> bool {
     cluster.nodes().iter().any(|n| n.fits(pod))
 }
 
