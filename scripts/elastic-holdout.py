@@ -9,7 +9,7 @@ other half, next to the other half's own best and the defaults.
 Usage: python3 scripts/elastic-holdout.py [GENAI_DIR] [EGPU_BINARY]
 (defaults: ../shared/data/genai-2026, target/release/egpu). Writes the
 halves as CSV files for `egpu simulate --elastic --usage-duty/--usage-memory`
-into a temporary directory. About 1.5 minutes on a 2-core machine.
+into a temporary directory. About 2 minutes on a 2-core machine.
 """
 import csv
 import gzip
@@ -26,9 +26,9 @@ SIZES = (80, 96)
 GRID = {
     "--fleet-mem-window": ("1", "2", "5", "10"),
     "--fleet-compute-quantile": ("0.3", "0.5", "0.8"),
-    "--fleet-share": ("reach", "equal"),
+    "--fleet-share": ("even", "reach", "equal"),
 }
-DEFAULTS = ("2", "0.5", "reach")
+DEFAULTS = ("2", "0.5", "even")
 
 
 def read(path):

@@ -165,11 +165,14 @@ pub struct SimulateArgs {
     /// Elastic fleet: … of this many past minutes of duty.
     #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub fleet_compute_window: u32,
-    /// Elastic fleet: how a GPU's spare memory and compute go to its pods:
-    /// equal, base (in proportion to the base slice), volatility (to the
-    /// largest recent one-minute rise) or reach (first what brings each pod
-    /// back to its peak of the last --fleet-vol-window minutes, then equally).
-    #[arg(long, default_value = "reach", value_parser = ["equal", "base", "volatility", "reach"])]
+    /// Elastic fleet: the pods' compute shares on a GPU, and how its spare
+    /// memory goes to them with --fleet-memory split: even (every pod the
+    /// same compute share, 1 ÷ the GPU's pods; memory spare equally),
+    /// equal (base plus an equal part of the spare), base (the spare in
+    /// proportion to the base slice), volatility (to the largest recent
+    /// one-minute rise) or reach (first what brings each pod back to its
+    /// peak of the last --fleet-vol-window minutes, then equally).
+    #[arg(long, default_value = "even", value_parser = ["even", "equal", "base", "volatility", "reach"])]
     pub fleet_share: String,
     /// Elastic fleet: memory above the base slices is a burst pool per GPU
     /// (burst: a pod borrows on demand what no base slice reserved, as
@@ -449,7 +452,7 @@ fn run_elastic(args: &SimulateArgs) -> Result<()> {
         mem_floor_gib: args.fleet_mem_floor_gib,
         compute_quantile: args.fleet_compute_quantile,
         compute_window: args.fleet_compute_window as usize,
-        share: elastic::Share::parse(&args.fleet_share).unwrap_or(elastic::Share::Reach),
+        share: elastic::Share::parse(&args.fleet_share).unwrap_or(elastic::Share::Even),
         burst: args.fleet_memory == "burst",
         vol_window: args.fleet_vol_window as usize,
         min_spare_gib: args.fleet_min_spare_gib,

@@ -90,6 +90,29 @@ fn compute_is_cut_only_beyond_the_fair_split() {
     assert_eq!((o.violation_minutes, o.mem_violation_minutes), (1, 0), "{o:?}");
 }
 
+#[test]
+fn even_shares_cut_only_the_pods_above_the_common_level() {
+    // One GPU, a steady at 50% duty, b and c at 5%. At minute 7 b and c
+    // want 30% each: 110% in all. With even shares (a third each) the
+    // arbiter's max-min split serves b and c in full and cuts a alone (to
+    // 40%). With shares in proportion to the bases (a: 0.5 + 0.4 × 51/63,
+    // b and c: 0.05 + 0.4 × 6/63) a is served in full and the 50% left is
+    // split between b and c: both cut, two violations for the same minute.
+    let mut b = flat(12, 5.0, 1.0);
+    let mut c = flat(12, 5.0, 1.0);
+    (b[7].0, c[7].0) = (30.0, 30.0);
+    let u = usage(&[("a", 0, flat(12, 50.0, 1.0)), ("b", 0, b), ("c", 0, c)]);
+    let cut = |share| {
+        let r = elastic::run_fleet(&u, 80.0, 1, 1, &FleetConfig { share, ..Default::default() });
+        assert_eq!((r.saturated_gpu_minutes, r.outcome.mem_violation_minutes), (1, 0), "{share:?}: {r:?}");
+        assert!((r.max_gpu_shares - 1.0).abs() < 1e-9, "{share:?}: shares sum to the GPU: {r:?}");
+        r.outcome.violation_minutes
+    };
+    assert_eq!(cut(Share::Even), 1);
+    assert_eq!(cut(Share::Base), 2);
+    assert_eq!(FleetConfig::default().share, Share::Even);
+}
+
 /// A deterministic noisy trace: `pods` pods with staggered lives.
 fn noisy(pods: usize, minutes: usize) -> elastic::Usage {
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;
@@ -115,7 +138,7 @@ fn noisy(pods: usize, minutes: usize) -> elastic::Usage {
 fn limits_on_a_gpu_never_exceed_it_and_no_pod_is_dropped() {
     let u = noisy(12, 80);
     let live: u64 = (0..u.pods.len()).map(|i| (0..u.minutes).filter(|&t| !u.mem[i][t].is_nan()).count() as u64).sum();
-    for (share, burst) in [Share::Equal, Share::Base, Share::Volatility, Share::Reach].into_iter().flat_map(|s| [(s, false), (s, true)]) {
+    for (share, burst) in [Share::Even, Share::Equal, Share::Base, Share::Volatility, Share::Reach].into_iter().flat_map(|s| [(s, false), (s, true)]) {
         for n in [1, 2, 3, 4, 6, 12] {
             let cfg = FleetConfig { share, burst, risk_window: 10, risk_moves: 1, rebalance: 1, min_spare_gib: 30.0, ..Default::default() };
             let r = elastic::run_fleet(&u, 80.0, 1, n, &cfg);

@@ -24,11 +24,15 @@
 //!    least spare memory to the one with the most while its spare is below
 //!    [`FleetConfig::min_spare_gib`]. Every move of a placed pod is a
 //!    migration;
-//! 3. the memory and compute share each GPU has left after its base slices
-//!    are **handed out** to its pods ([`Share`]): equally, in proportion to
-//!    the base, or in proportion to the pod's recent volatility (largest
-//!    one-minute memory rise, largest duty above its base share). The
-//!    limits on a GPU sum to exactly its capacity, never more.
+//! 3. compute shares: with [`Share::Even`] (the default) every pod of a
+//!    GPU gets the same share, so a saturated GPU is split max-min fairly
+//!    and only pods above the common level are cut; otherwise the compute
+//!    (and, without the burst pool, the memory) each GPU has left after
+//!    its base slices is **handed out** to its pods on top of their bases:
+//!    equally, in proportion to the base, to the pod's recent volatility
+//!    (largest one-minute memory rise, largest duty above its base share)
+//!    or to its recent reach. The limits on a GPU sum to exactly its
+//!    capacity, never more.
 //!
 //! A GPU whose base slices do not fit (no GPU had room) has its limits
 //! scaled down to its capacity; the pods stay and their misses count.
@@ -42,6 +46,11 @@ use serde::Serialize;
 /// How a GPU's spare capacity is handed out to its pods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum Share {
+    /// Compute: every pod on the GPU gets the same share (1 ÷ its pods),
+    /// whatever its base, so the arbiter splits a saturated GPU max-min
+    /// fairly and cuts only the pods that want more than the common level.
+    /// Memory (with `burst` off): the spare equally, as [`Share::Equal`].
+    Even,
     /// The same amount to every pod on the GPU.
     Equal,
     /// In proportion to the pod's base slice.
@@ -57,9 +66,10 @@ pub enum Share {
 }
 
 impl Share {
-    /// Parse `reach`, `equal`, `base` or `volatility`.
+    /// Parse `even`, `reach`, `equal`, `base` or `volatility`.
     pub fn parse(s: &str) -> Option<Share> {
         match s {
+            "even" => Some(Share::Even),
             "equal" => Some(Share::Equal),
             "base" => Some(Share::Base),
             "volatility" => Some(Share::Volatility),
@@ -115,7 +125,7 @@ pub struct FleetConfig {
 
 impl Default for FleetConfig {
     fn default() -> Self {
-        FleetConfig { mem_window: 2, mem_headroom: 0.0, mem_floor_gib: 0.0, compute_quantile: 0.5, compute_window: 5, share: Share::Reach, burst: true, vol_window: 60, min_spare_gib: 0.0, rebalance: 0, risk_window: 0, risk_weight: 1.0, risk_moves: 0, budget: 0.01, gpus: None, hindsight: false }
+        FleetConfig { mem_window: 2, mem_headroom: 0.0, mem_floor_gib: 0.0, compute_quantile: 0.5, compute_window: 5, share: Share::Even, burst: true, vol_window: 60, min_spare_gib: 0.0, rebalance: 0, risk_window: 0, risk_weight: 1.0, risk_moves: 0, budget: 0.01, gpus: None, hindsight: false }
     }
 }
 
@@ -179,7 +189,7 @@ fn size(f: &Filled, cfg: &FleetConfig, gpu_mem: f64, i: usize, t: usize) -> (Sli
     let rise = (v0 + 1..=now).map(|s| f.mem[i][s] - f.mem[i][s - 1]).fold(0.0, f64::max) / GIB;
     let burst = f.duty[i][v0..=now].iter().map(|d| d - c).fold(0.0, f64::max);
     let weight = match cfg.share {
-        Share::Equal => Slice { c: 1.0, m: 1.0 },
+        Share::Equal | Share::Even => Slice { c: 1.0, m: 1.0 },
         // A small constant so that empty slices still get something.
         Share::Base => Slice { c: base.c + 0.01, m: base.m + 0.25 },
         Share::Volatility => Slice { c: burst + 0.01, m: rise + 0.25 },
@@ -419,7 +429,13 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
             }
             let reach = cfg.share == Share::Reach;
             hand_out(ps, |p| base[p].m, |p| weight[p].m, gpu_mem, reach, &mut |p, v| limit[p].m = v);
-            hand_out(ps, |p| base[p].c, |p| weight[p].c, 1.0, reach, &mut |p, v| limit[p].c = v);
+            if cfg.share == Share::Even {
+                for &p in ps {
+                    limit[p].c = 1.0 / ps.len() as f64;
+                }
+            } else {
+                hand_out(ps, |p| base[p].c, |p| weight[p].c, 1.0, reach, &mut |p, v| limit[p].c = v);
+            }
             let (sm, sc) = ps.iter().fold((0.0, 0.0), |(m, c), &p| (m + limit[p].m, c + limit[p].c));
             if !cfg.burst {
                 run.max_gpu_mem_limits_gib = run.max_gpu_mem_limits_gib.max(sm);
