@@ -176,9 +176,12 @@ pub struct SimulateArgs {
     pub fleet_share: String,
     /// Elastic fleet: memory above the base slices is a burst pool per GPU
     /// (burst: a pod borrows on demand what no base slice reserved, as
-    /// `egpu create --gpu-memory-burst` does) or is split into fixed per-pod
+    /// `egpu create --gpu-memory-burst` does, and a minute whose borrows
+    /// exceed the pool counts every borrower as refused; burst-first-come:
+    /// the same pool, but borrowers are served in a seeded random order and
+    /// only those that no longer fit count) or is split into fixed per-pod
     /// limits by --fleet-share (split).
-    #[arg(long, default_value = "burst", value_parser = ["burst", "split"])]
+    #[arg(long, default_value = "burst", value_parser = ["burst", "burst-first-come", "split"])]
     pub fleet_memory: String,
     /// Elastic fleet: minutes of history for --fleet-share volatility.
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..=100_000))]
@@ -453,7 +456,8 @@ fn run_elastic(args: &SimulateArgs) -> Result<()> {
         compute_quantile: args.fleet_compute_quantile,
         compute_window: args.fleet_compute_window as usize,
         share: elastic::Share::parse(&args.fleet_share).unwrap_or(elastic::Share::Even),
-        burst: args.fleet_memory == "burst",
+        burst: args.fleet_memory != "split",
+        first_come: args.fleet_memory == "burst-first-come",
         vol_window: args.fleet_vol_window as usize,
         min_spare_gib: args.fleet_min_spare_gib,
         rebalance: args.fleet_rebalance,

@@ -71,6 +71,30 @@ fn a_burst_pool_serves_one_jump_and_refuses_coinciding_ones() {
     assert_eq!((o.violation_minutes, o.mem_violation_minutes), (2, 2), "{o:?}");
     assert!((o.refused_mem_gib_minutes - 2.0).abs() < 1e-6, "{o:?}");
     assert!((o.max_refused_gib - 2.0 * 4.0 / 7.0).abs() < 1e-6, "{o:?}");
+    // First come, first served: whichever of a and b comes first gets all
+    // it borrows, the other what is left; one pod is refused, the same 2 GiB.
+    let fc = elastic::run_fleet(&u, 80.0, 4, 1, &FleetConfig { first_come: true, ..cfg }).outcome;
+    assert_eq!((fc.violation_minutes, fc.mem_violation_minutes), (1, 1), "{fc:?}");
+    assert!((fc.refused_mem_gib_minutes - 2.0).abs() < 1e-6 && (fc.max_refused_gib - 2.0).abs() < 1e-6, "{fc:?}");
+}
+
+#[test]
+fn first_come_refuses_the_same_memory_in_no_more_pods() {
+    // Placement does not depend on how refusals are counted, so on any
+    // trace the first-come count refuses the same GiB as counting every
+    // borrower, spread over at most as many pod-minutes.
+    let u = noisy(12, 80);
+    let mut fewer = false;
+    for n in [2, 3, 4] {
+        let all = elastic::run_fleet(&u, 80.0, 1, n, &FleetConfig::default()).outcome;
+        let fc = elastic::run_fleet(&u, 80.0, 1, n, &FleetConfig { first_come: true, ..Default::default() }).outcome;
+        assert!(all.mem_violation_minutes > 0, "n={n}: the test needs overflowing pools: {all:?}");
+        assert!(fc.mem_violation_minutes <= all.mem_violation_minutes, "n={n}: {} > {}", fc.mem_violation_minutes, all.mem_violation_minutes);
+        assert!((fc.refused_mem_gib_minutes - all.refused_mem_gib_minutes).abs() <= 1e-6 * all.refused_mem_gib_minutes.max(1.0), "n={n}: {} vs {}", fc.refused_mem_gib_minutes, all.refused_mem_gib_minutes);
+        assert_eq!(fc.migrations, all.migrations, "n={n}: same placement");
+        fewer |= fc.mem_violation_minutes < all.mem_violation_minutes;
+    }
+    assert!(fewer, "some overflowing minute had a borrower that fit when it came");
 }
 
 #[test]
@@ -138,9 +162,9 @@ fn noisy(pods: usize, minutes: usize) -> elastic::Usage {
 fn limits_on_a_gpu_never_exceed_it_and_no_pod_is_dropped() {
     let u = noisy(12, 80);
     let live: u64 = (0..u.pods.len()).map(|i| (0..u.minutes).filter(|&t| !u.mem[i][t].is_nan()).count() as u64).sum();
-    for (share, burst) in [Share::Even, Share::Equal, Share::Base, Share::Volatility, Share::Reach].into_iter().flat_map(|s| [(s, false), (s, true)]) {
+    for (share, burst, first_come) in [Share::Even, Share::Equal, Share::Base, Share::Volatility, Share::Reach].into_iter().flat_map(|s| [(s, false, false), (s, true, false), (s, true, true)]) {
         for n in [1, 2, 3, 4, 6, 12] {
-            let cfg = FleetConfig { share, burst, risk_window: 10, risk_moves: 1, rebalance: 1, min_spare_gib: 30.0, ..Default::default() };
+            let cfg = FleetConfig { share, burst, first_come, risk_window: 10, risk_moves: 1, rebalance: 1, min_spare_gib: 30.0, ..Default::default() };
             let r = elastic::run_fleet(&u, 80.0, 1, n, &cfg);
             assert!(r.max_gpu_mem_limits_gib <= 80.0 + 1e-6, "{share:?} n={n}: Σ memory limits {}", r.max_gpu_mem_limits_gib);
             assert!(r.max_gpu_shares <= 1.0 + 1e-9, "{share:?} n={n}: Σ shares {}", r.max_gpu_shares);
@@ -200,7 +224,9 @@ fn fleet_flags_are_validated() {
     let parse = |extra: &[&str]| Cli::try_parse_from(["simulate", "--elastic"].iter().chain(extra)).map(|c| c.args);
     let ok = parse(&["--fleet-budget", "0.005", "--fleet-share", "equal", "--fleet-gpus", "40"]).expect("valid flags");
     assert_eq!((ok.fleet_budget, ok.fleet_share.as_str(), ok.fleet_gpus), (0.005, "equal", Some(40)));
-    for bad in [["--fleet-budget", "2"], ["--fleet-budget", "nan"], ["--fleet-share", "random"], ["--fleet-gpus", "0"], ["--fleet-mem-window", "0"], ["--fleet-compute-quantile", "0"], ["--fleet-mem-headroom", "-0.1"]] {
+    let ok = parse(&["--fleet-memory", "burst-first-come"]).expect("valid flags");
+    assert_eq!((ok.fleet_memory.as_str(), ok.fleet_share.as_str()), ("burst-first-come", "even"));
+    for bad in [["--fleet-memory", "first-come"], ["--fleet-budget", "2"], ["--fleet-budget", "nan"], ["--fleet-share", "random"], ["--fleet-gpus", "0"], ["--fleet-mem-window", "0"], ["--fleet-compute-quantile", "0"], ["--fleet-mem-headroom", "-0.1"]] {
         let err = parse(&bad).err().unwrap_or_else(|| panic!("{bad:?} accepted"));
         assert!(err.to_string().contains(bad[0]), "{bad:?}: {err}");
     }

@@ -101,6 +101,14 @@ pub struct FleetConfig {
     /// no base slice reserved and no other pod borrowed. False: the spare is
     /// split into fixed per-pod limits by [`FleetConfig::share`].
     pub burst: bool,
+    /// How a burst pool's overflowing minute is counted. False: every
+    /// borrower of that GPU-minute is refused (a one-sample-a-period trace
+    /// cannot say whose allocation came last: the pessimistic count). True:
+    /// the borrowers come first come, first served in a seeded random order
+    /// (a hash of the minute, the GPU and the pod), and only those that no
+    /// longer fit in what is left of the pool are refused (an estimate of
+    /// the expected count). The refused GiB are the same either way.
+    pub first_come: bool,
     /// Minutes of history for [`Share::Volatility`].
     pub vol_window: usize,
     /// Rebalance while the least spare memory of a GPU is below this, GiB.
@@ -125,7 +133,7 @@ pub struct FleetConfig {
 
 impl Default for FleetConfig {
     fn default() -> Self {
-        FleetConfig { mem_window: 2, mem_headroom: 0.0, mem_floor_gib: 0.0, compute_quantile: 0.5, compute_window: 5, share: Share::Even, burst: true, vol_window: 60, min_spare_gib: 0.0, rebalance: 0, risk_window: 0, risk_weight: 1.0, risk_moves: 0, budget: 0.01, gpus: None, hindsight: false }
+        FleetConfig { mem_window: 2, mem_headroom: 0.0, mem_floor_gib: 0.0, compute_quantile: 0.5, compute_window: 5, share: Share::Even, burst: true, first_come: false, vol_window: 60, min_spare_gib: 0.0, rebalance: 0, risk_window: 0, risk_weight: 1.0, risk_moves: 0, budget: 0.01, gpus: None, hindsight: false }
     }
 }
 
@@ -465,12 +473,31 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
                 let borrowed: f64 = ps.iter().map(|&p| borrow(p)).sum();
                 let over = borrowed - pool;
                 let mut sm = 0.0;
-                for &p in ps {
-                    let b = borrow(p);
-                    limit[p].m = guar(p) + if over > 1e-9 { b * pool / borrowed } else { b };
-                    sm += limit[p].m;
-                    if over > 1e-9 && b > 0.0 {
-                        refused[p] = over * b / borrowed;
+                if over > 1e-9 && cfg.first_come {
+                    let mut order: Vec<usize> = ps.iter().copied().filter(|&p| borrow(p) > 0.0).collect();
+                    order.sort_by_key(|&p| (mix(t as u64, g as u64, p as u64), p));
+                    let mut left = pool;
+                    for &p in ps {
+                        limit[p].m = guar(p);
+                    }
+                    for p in order {
+                        let b = borrow(p);
+                        let got = b.min(left);
+                        left -= got;
+                        limit[p].m += got;
+                        if b - got > 1e-9 {
+                            refused[p] = b - got;
+                        }
+                    }
+                    sm = ps.iter().map(|&p| limit[p].m).sum();
+                } else {
+                    for &p in ps {
+                        let b = borrow(p);
+                        limit[p].m = guar(p) + if over > 1e-9 { b * pool / borrowed } else { b };
+                        sm += limit[p].m;
+                        if over > 1e-9 && b > 0.0 {
+                            refused[p] = over * b / borrowed;
+                        }
                     }
                 }
                 run.max_gpu_mem_limits_gib = run.max_gpu_mem_limits_gib.max(sm);
@@ -498,6 +525,15 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
     out.summarize();
     run.outcome = out;
     run
+}
+
+/// A fixed pseudo-random order key for pod `p` on GPU `g` at minute `t`
+/// (splitmix64 of the three), so first-come refusals are reproducible.
+fn mix(t: u64, g: u64, p: u64) -> u64 {
+    let mut z = t.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ g.wrapping_mul(0xbf58_476d_1ce4_e5b9) ^ p.wrapping_mul(0x94d0_49bb_1331_11eb);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// **Hindsight placement** (not a policy: a reference for what placement

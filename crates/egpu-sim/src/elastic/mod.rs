@@ -68,7 +68,8 @@ pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<St
             let tried: Vec<String> = f.tried.iter().zip(&f.floors).map(|((n, v), fl)| format!("{n}: {:.3}% (floor {:.3}%)", 100.0 * v, 100.0 * fl)).collect();
             let verdict = if f.met { format!("smallest within {:.2}%", 100.0 * e.config.fleet.map_or(0.0, |c| c.budget)) } else { "budget NOT met".to_string() };
             let memory = match e.config.fleet {
-                Some(c) if c.burst => "memory above the base slices lent from a per-GPU burst pool",
+                Some(c) if c.burst && c.first_come => "memory above the base slices lent from a per-GPU burst pool; an overflowing minute refuses the borrowers that no longer fit, first come in a seeded random order",
+                Some(c) if c.burst => "memory above the base slices lent from a per-GPU burst pool; an overflowing minute counts every borrower as refused",
                 _ => "memory above the base slices split into fixed per-pod limits",
             };
             let _ = write!(md, "\nelastic-fleet, {} GiB ({memory}): {} GPUs ({verdict}; {} pod-minutes on a GPU whose base slices did not fit, {} GPU-minutes with summed duty above 100%, {} violation pod-minutes that no compute split could avoid); fleet sizes tried (GPUs: violation pod-minutes, and the floor under any compute split): {}\n", e.config.gpu_mem_gib, f.gpus, f.overflow_pod_minutes, f.saturated_gpu_minutes, f.floor_pod_minutes, tried.join(", "));
