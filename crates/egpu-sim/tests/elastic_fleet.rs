@@ -79,6 +79,23 @@ fn a_burst_pool_serves_one_jump_and_refuses_coinciding_ones() {
 }
 
 #[test]
+fn first_come_order_is_not_the_pods_order() {
+    // As above, a and b overflow the 5 GiB pool together, now in minutes
+    // 6, 10, 14, … (between resizes, so their bases stay 25 GiB). One of
+    // them is refused each time; an order that did not change with the
+    // minute (pod order, say) would refuse the same one every time.
+    let (mut a, mut b) = (flat(84, 10.0, 25.0), flat(84, 10.0, 25.0));
+    for t in (6..84).step_by(4) {
+        (a[t].1, b[t].1) = (29.0, 28.0);
+    }
+    let u = usage(&[("a", 0, a), ("b", 0, b), ("c", 0, flat(84, 10.0, 25.0))]);
+    let cfg = FleetConfig { mem_window: 1, first_come: true, ..Default::default() };
+    let o = elastic::run_fleet(&u, 80.0, 4, 1, &cfg).outcome;
+    assert_eq!(o.mem_violation_minutes, 20, "one refusal in each of the 20 minutes: {o:?}");
+    assert_eq!(o.pods_violated, 2, "both a and b are refused in some minute: {o:?}");
+}
+
+#[test]
 fn first_come_refuses_the_same_memory_in_no_more_pods() {
     // Placement does not depend on how refusals are counted, so on any
     // trace the first-come count refuses the same GiB as counting every

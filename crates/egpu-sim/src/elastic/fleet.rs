@@ -105,9 +105,10 @@ pub struct FleetConfig {
     /// borrower of that GPU-minute is refused (a one-sample-a-period trace
     /// cannot say whose allocation came last: the pessimistic count). True:
     /// the borrowers come first come, first served in a seeded random order
-    /// (a hash of the minute, the GPU and the pod), and only those that no
-    /// longer fit in what is left of the pool are refused (an estimate of
-    /// the expected count). The refused GiB are the same either way.
+    /// (a hash of the minute, the GPU and the pod), each gets what is left
+    /// of the pool (as if it grew in small allocations), and only those
+    /// that fall short are refused (an estimate of the expected count).
+    /// The refused GiB are the same either way.
     pub first_come: bool,
     /// Minutes of history for [`Share::Volatility`].
     pub vol_window: usize,
@@ -460,7 +461,9 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
         // Burst pool: a GPU's pods borrow above their base from what the
         // base slices leave; when the borrows exceed it, every borrower of
         // that minute counts as refused (which of them asked last is not in
-        // a one-minute sample), its share of the excess as refused memory.
+        // a one-minute sample), its share of the excess as refused memory;
+        // or, with `first_come`, the borrowers take what is left in a
+        // seeded random order and those that fall short are refused.
         let mut refused = vec![0.0f64; pods];
         if cfg.burst {
             for g in 0..n {
