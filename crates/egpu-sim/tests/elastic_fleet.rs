@@ -110,8 +110,23 @@ fn first_come_refuses_the_same_memory_in_no_more_pods() {
         assert!((fc.refused_mem_gib_minutes - all.refused_mem_gib_minutes).abs() <= 1e-6 * all.refused_mem_gib_minutes.max(1.0), "n={n}: {} vs {}", fc.refused_mem_gib_minutes, all.refused_mem_gib_minutes);
         assert_eq!(fc.migrations, all.migrations, "n={n}: same placement");
         fewer |= fc.mem_violation_minutes < all.mem_violation_minutes;
+        // The default run also counts the same minutes first come, as the
+        // estimate beside its bound; a first-come or split run does not.
+        let run = elastic::run_fleet(&u, 80.0, 1, n, &FleetConfig::default());
+        assert_eq!(run.first_come_violation_minutes, Some(fc.violation_minutes), "n={n}");
+        assert_eq!(elastic::run_fleet(&u, 80.0, 1, n, &FleetConfig { first_come: true, ..Default::default() }).first_come_violation_minutes, None);
+        assert_eq!(elastic::run_fleet(&u, 80.0, 1, n, &FleetConfig { burst: false, ..Default::default() }).first_come_violation_minutes, None);
     }
     assert!(fewer, "some overflowing minute had a borrower that fit when it came");
+    // The search reports both counts at every size it tries, and the
+    // first-come fleet is never larger.
+    let cfg = FleetConfig { budget: 0.05, ..Default::default() };
+    let (_, s) = elastic::search_fleet(&u, 80.0, 1, 1, 12, &cfg);
+    assert_eq!(s.first_come_tried.len(), s.tried.len(), "{s:?}");
+    assert!(s.tried.iter().zip(&s.first_come_tried).all(|(t, fc)| *fc <= t.1), "{s:?}");
+    let fc_gpus = s.first_come_gpus.expect("the first-come count meets the budget no later");
+    assert!(s.met && fc_gpus <= s.gpus, "{s:?}");
+    assert_eq!(Some(fc_gpus), s.tried.iter().zip(&s.first_come_tried).find(|(_, fc)| **fc <= cfg.budget).map(|(t, _)| t.0), "{s:?}");
 }
 
 #[test]

@@ -175,7 +175,7 @@ impl Outcome {
     pub fn count_refused(&mut self, pod: usize, refused_gib: f64, demand: f64, served: f64) {
         self.pod_minutes += 1;
         self.demand_gpu_minutes += demand;
-        let compute_over = served < demand - 1e-9;
+        let compute_over = compute_cut(demand, served);
         if compute_over {
             self.short_gpu_minutes += demand - served;
             self.served_when_cut.push((served / demand) as f32);
@@ -571,6 +571,12 @@ pub(super) fn fair_split(pods: &[usize], demand: impl Fn(usize) -> f64, weight: 
             served[p] = (left * w(p) / wsum).min(demand(p));
         }
     }
+}
+
+/// Whether a pod that asked `demand` of a GPU and was `served` is a
+/// compute violation.
+pub(super) fn compute_cut(demand: f64, served: f64) -> bool {
+    served < demand - 1e-9
 }
 
 /// The `q` quantile (0..=1, nearest rank) of `xs`.

@@ -40,7 +40,7 @@
 //! other strategies. [`search_fleet`] finds the smallest N whose violation
 //! pod-minutes are within a budget.
 
-use super::eval::{Filled, GIB, Outcome, alive, fair_split, quantile, refused_gib};
+use super::eval::{Filled, GIB, Outcome, alive, compute_cut, fair_split, quantile, refused_gib};
 use serde::Serialize;
 
 /// How a GPU's spare capacity is handed out to its pods.
@@ -156,6 +156,11 @@ pub struct FleetRun {
     /// placement: per GPU-minute, its pods refused memory, or one if there
     /// are none and its summed duty exceeded the GPU.
     pub floor_pod_minutes: u64,
+    /// With the burst pool counting every borrower of an overflowing
+    /// minute as refused (a bound), the violation pod-minutes had the same
+    /// run counted them first come ([`FleetConfig::first_come`], an
+    /// estimate; placement does not depend on the count). `None` otherwise.
+    pub first_come_violation_minutes: Option<u64>,
 }
 
 /// The fleet sizes tried by [`search_fleet`] and their violation fractions.
@@ -176,6 +181,12 @@ pub struct FleetSearch {
     /// For each size in `tried`, the fraction of pod-minutes that no
     /// compute split could keep from being violations.
     pub floors: Vec<f64>,
+    /// For each size in `tried`, the violation fraction with the pool's
+    /// refusals counted first come ([`FleetRun::first_come_violation_minutes`];
+    /// empty when the run does not compute it), and the smallest size
+    /// tried within budget by that count.
+    pub first_come_tried: Vec<f64>,
+    pub first_come_gpus: Option<usize>,
 }
 
 #[derive(Clone, Copy, Default)]
@@ -320,7 +331,15 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
     let mut fl = Fleet { gpu_mem, gpus: vec![Vec::new(); n], gpu_of: vec![None; pods] };
     let (mut base, mut weight, mut limit) = (vec![Slice::default(); pods], vec![Slice::default(); pods], vec![Slice::default(); pods]);
     let mut out = Outcome::new("elastic-fleet", n, minutes);
-    let mut run = FleetRun { outcome: Outcome::new("elastic-fleet", n, 0), max_gpu_mem_limits_gib: 0.0, max_gpu_shares: 0.0, overflow_minutes: 0, saturated_gpu_minutes: 0, floor_pod_minutes: 0 };
+    let mut run = FleetRun {
+        outcome: Outcome::new("elastic-fleet", n, 0),
+        max_gpu_mem_limits_gib: 0.0,
+        max_gpu_shares: 0.0,
+        overflow_minutes: 0,
+        saturated_gpu_minutes: 0,
+        floor_pod_minutes: 0,
+        first_come_violation_minutes: (cfg.burst && !cfg.first_come).then_some(0),
+    };
     for t in 0..minutes {
         let resize = t % every == 0;
         let mut to_place: Vec<(usize, Option<usize>)> = Vec::new();
@@ -465,6 +484,7 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
         // or, with `first_come`, the borrowers take what is left in a
         // seeded random order and those that fall short are refused.
         let mut refused = vec![0.0f64; pods];
+        let mut refused_fc = vec![0.0f64; pods];
         if cfg.burst {
             for g in 0..n {
                 let ps = &fl.gpus[g];
@@ -477,23 +497,19 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
                 let over = borrowed - pool;
                 let mut sm = 0.0;
                 if over > 1e-9 && cfg.first_come {
-                    let mut order: Vec<usize> = ps.iter().copied().filter(|&p| borrow(p) > 0.0).collect();
-                    order.sort_by_key(|&p| (mix(t as u64, g as u64, p as u64), p));
-                    let mut left = pool;
                     for &p in ps {
                         limit[p].m = guar(p);
                     }
-                    for p in order {
-                        let b = borrow(p);
-                        let got = b.min(left);
-                        left -= got;
+                    first_come(ps, &borrow, pool, t, g, &mut |p, got, short| {
                         limit[p].m += got;
-                        if b - got > 1e-9 {
-                            refused[p] = b - got;
-                        }
-                    }
+                        refused[p] = short;
+                    });
                     sm = ps.iter().map(|&p| limit[p].m).sum();
                 } else {
+                    if over > 1e-9 {
+                        // The estimate beside the bound (FleetRun::first_come_violation_minutes).
+                        first_come(ps, &borrow, pool, t, g, &mut |p, _, short| refused_fc[p] = short);
+                    }
                     for &p in ps {
                         let b = borrow(p);
                         limit[p].m = guar(p) + if over > 1e-9 { b * pool / borrowed } else { b };
@@ -522,12 +538,32 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
         for i in 0..pods {
             if alive(f, i, t) {
                 out.count_refused(i, refused[i], f.duty[i][t], served[i]);
+                if let Some(v) = run.first_come_violation_minutes.as_mut() {
+                    *v += u64::from(refused_fc[i] > 0.0 || compute_cut(f.duty[i][t], served[i]));
+                }
             }
         }
     }
     out.summarize();
     run.outcome = out;
     run
+}
+
+/// An overflowing burst pool served first come, first served in a seeded
+/// random order ([`mix`] of the minute `t`, the GPU `g` and the pod): each
+/// borrower gets what is left of `pool`, up to its `borrow`, and
+/// `out(pod, got, refused)` is called for every borrower, `refused` 0 for
+/// those that fit.
+fn first_come(ps: &[usize], borrow: &dyn Fn(usize) -> f64, pool: f64, t: usize, g: usize, out: &mut dyn FnMut(usize, f64, f64)) {
+    let mut order: Vec<usize> = ps.iter().copied().filter(|&p| borrow(p) > 0.0).collect();
+    order.sort_by_key(|&p| (mix(t as u64, g as u64, p as u64), p));
+    let mut left = pool;
+    for p in order {
+        let b = borrow(p);
+        let got = b.min(left);
+        left -= got;
+        out(p, got, if b - got > 1e-9 { b - got } else { 0.0 });
+    }
 }
 
 /// A fixed pseudo-random order key for pod `p` on GPU `g` at minute `t`
@@ -648,7 +684,7 @@ pub(super) fn evaluate(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, f
 }
 
 fn search_with(from: usize, to: usize, cfg: &FleetConfig, run: impl Fn(usize) -> FleetRun) -> (FleetRun, FleetSearch) {
-    let (mut tried, mut floors) = (Vec::new(), Vec::new());
+    let (mut tried, mut floors, mut first_come_tried, mut first_come_gpus) = (Vec::new(), Vec::new(), Vec::new(), None);
     let to = to.max(from.max(1));
     for n in from.max(1)..=to {
         let r = run(n);
@@ -656,9 +692,16 @@ fn search_with(from: usize, to: usize, cfg: &FleetConfig, run: impl Fn(usize) ->
         let frac = r.outcome.violation_minutes as f64 / pod_minutes;
         tried.push((n, frac));
         floors.push(r.floor_pod_minutes as f64 / pod_minutes);
+        if let Some(v) = r.first_come_violation_minutes {
+            let fc = v as f64 / pod_minutes;
+            first_come_tried.push(fc);
+            if fc <= cfg.budget && first_come_gpus.is_none() {
+                first_come_gpus = Some(n);
+            }
+        }
         if frac <= cfg.budget || n == to {
             let (overflow_pod_minutes, saturated_gpu_minutes, floor_pod_minutes) = (r.overflow_minutes, r.saturated_gpu_minutes, r.floor_pod_minutes);
-            return (r, FleetSearch { gpus: n, overflow_pod_minutes, saturated_gpu_minutes, floor_pod_minutes, met: frac <= cfg.budget, tried, floors });
+            return (r, FleetSearch { gpus: n, overflow_pod_minutes, saturated_gpu_minutes, floor_pod_minutes, met: frac <= cfg.budget, tried, floors, first_come_tried, first_come_gpus });
         }
     }
     unreachable!("the loop returns at n == to")

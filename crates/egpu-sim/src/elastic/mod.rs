@@ -65,14 +65,28 @@ pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<St
     md.push_str(&severity(evals));
     for e in evals {
         if let Some(f) = &e.fleet {
-            let tried: Vec<String> = f.tried.iter().zip(&f.floors).map(|((n, v), fl)| format!("{n}: {:.3}% (floor {:.3}%)", 100.0 * v, 100.0 * fl)).collect();
+            let tried: Vec<String> = f
+                .tried
+                .iter()
+                .zip(&f.floors)
+                .enumerate()
+                .map(|(k, ((n, v), fl))| match f.first_come_tried.get(k) {
+                    Some(fc) => format!("{n}: {:.3}% (first come {:.3}%; floor {:.3}%)", 100.0 * v, 100.0 * fc, 100.0 * fl),
+                    None => format!("{n}: {:.3}% (floor {:.3}%)", 100.0 * v, 100.0 * fl),
+                })
+                .collect();
             let verdict = if f.met { format!("smallest within {:.2}%", 100.0 * e.config.fleet.map_or(0.0, |c| c.budget)) } else { "budget NOT met".to_string() };
             let memory = match e.config.fleet {
                 Some(c) if c.burst && c.first_come => "memory above the base slices lent from a per-GPU burst pool; an overflowing minute refuses the borrowers that no longer fit, first come in a seeded random order",
                 Some(c) if c.burst => "memory above the base slices lent from a per-GPU burst pool; an overflowing minute counts every borrower as refused",
                 _ => "memory above the base slices split into fixed per-pod limits",
             };
-            let _ = write!(md, "\nelastic-fleet, {} GiB ({memory}): {} GPUs ({verdict}; {} pod-minutes on a GPU whose base slices did not fit, {} GPU-minutes with summed duty above 100%, {} violation pod-minutes that no compute split could avoid); fleet sizes tried (GPUs: violation pod-minutes, and the floor under any compute split): {}\n", e.config.gpu_mem_gib, f.gpus, f.overflow_pod_minutes, f.saturated_gpu_minutes, f.floor_pod_minutes, tried.join(", "));
+            let first_come = match (f.first_come_tried.is_empty(), f.first_come_gpus) {
+                (true, _) => String::new(),
+                (false, Some(n)) => format!("; counting an overflowing pool's refusals first come instead (an estimate of the expected count, where the count above is a bound): {n} GPUs"),
+                (false, None) => "; counting an overflowing pool's refusals first come instead: no size tried within budget".to_string(),
+            };
+            let _ = write!(md, "\nelastic-fleet, {} GiB ({memory}): {} GPUs ({verdict}; {} pod-minutes on a GPU whose base slices did not fit, {} GPU-minutes with summed duty above 100%, {} violation pod-minutes that no compute split could avoid{first_come}); fleet sizes tried (GPUs: violation pod-minutes, and the floor under any compute split, both with the count above): {}\n", e.config.gpu_mem_gib, f.gpus, f.overflow_pod_minutes, f.saturated_gpu_minutes, f.floor_pod_minutes, tried.join(", "));
         }
         if let Some(h) = &e.hindsight {
             let tried: Vec<String> = h.tried.iter().map(|(n, v)| format!("{n}: {:.3}%", 100.0 * v)).collect();
