@@ -140,6 +140,12 @@ pub struct SimulateArgs {
     /// Elastic: adopt a re-pack only when it frees at least this many GPUs.
     #[arg(long, default_value_t = 1)]
     pub repack_gain: usize,
+    /// Elastic: compute work that a saturated GPU could not give a pod in
+    /// its minute: carry (it waits, added to the pod's next minute, until it
+    /// is served) or drop (forgotten: the accounting before carrying, kept
+    /// for comparison). Every strategy.
+    #[arg(long, default_value = "carry", value_parser = ["carry", "drop"])]
+    pub unserved_compute: String,
     /// Elastic: skip the fixed-fleet strategy (`elastic-fleet`).
     #[arg(long)]
     pub no_fleet: bool,
@@ -467,11 +473,12 @@ fn run_elastic(args: &SimulateArgs) -> Result<()> {
         budget: args.fleet_budget,
         gpus: args.fleet_gpus.map(|n| n as usize),
         hindsight: args.fleet_hindsight,
+        carry_unserved: args.unserved_compute == "carry",
     });
     let evals: Vec<_> = args
         .gpu_mem_gib
         .iter()
-        .map(|&g| elastic::evaluate(&usage, ElasticConfig { gpu_mem_gib: g, resize_every: args.resize_every, window: args.window, headroom: args.headroom, compute_floor: args.compute_floor, mem_floor_gib: args.mem_floor_gib, moves, compute_quantile: (args.compute_quantile > 0.0).then_some(args.compute_quantile), compute_window: args.compute_window, gpu_risk: (args.gpu_risk_quantile > 0.0).then_some(elastic::GpuRisk { window: args.gpu_risk_window, quantile: args.gpu_risk_quantile }), repack_gain: args.repack_gain, mem_headroom: args.mem_headroom, fleet }))
+        .map(|&g| elastic::evaluate(&usage, ElasticConfig { gpu_mem_gib: g, resize_every: args.resize_every, window: args.window, headroom: args.headroom, compute_floor: args.compute_floor, mem_floor_gib: args.mem_floor_gib, moves, compute_quantile: (args.compute_quantile > 0.0).then_some(args.compute_quantile), compute_window: args.compute_window, gpu_risk: (args.gpu_risk_quantile > 0.0).then_some(elastic::GpuRisk { window: args.gpu_risk_window, quantile: args.gpu_risk_quantile }), repack_gain: args.repack_gain, mem_headroom: args.mem_headroom, fleet, carry_unserved: args.unserved_compute == "carry" }))
         .collect();
     let md = elastic::write_report(&args.out, &source, &evals).context("writing the elastic report")?;
     println!("{md}\nreport in {}", args.out.display());

@@ -169,6 +169,68 @@ fn even_shares_cut_only_the_pods_above_the_common_level() {
     assert_eq!(FleetConfig::default().share, Share::Even);
 }
 
+#[test]
+fn unserved_work_waits_for_the_next_minute() {
+    // One GPU, a steady at 50% duty, b at 10% but 70% at minute 6 and 40%
+    // at minute 7. Minute 6: 120% in all, even shares cut b to 50% (0.2 of
+    // its work left). Carried over, b asks 40% + 20% at minute 7: 110%,
+    // cut again to 50% (0.1 left), and at minute 8 10% + 10% fits. Dropped,
+    // minute 7 asks 90% and nobody is cut. Same placement, memory and
+    // saturated GPU-minutes (summed duty above 100%: minute 6 only).
+    let mut b = flat(12, 10.0, 1.0);
+    (b[6].0, b[7].0) = (70.0, 40.0);
+    let u = usage(&[("a", 0, flat(12, 50.0, 1.0)), ("b", 0, b)]);
+    let run = |carry_unserved| elastic::run_fleet(&u, 80.0, 1, 1, &FleetConfig { carry_unserved, ..Default::default() });
+    let (carry, drop) = (run(true), run(false));
+    assert!(FleetConfig::default().carry_unserved);
+    assert_eq!((carry.outcome.violation_minutes, drop.outcome.violation_minutes), (2, 1), "{carry:?}\n{drop:?}");
+    assert_eq!((carry.saturated_gpu_minutes, carry.floor_pod_minutes), (1, 1), "{carry:?}");
+    // The work left waiting at the end of each minute: 0.2 + 0.1, or 0.2.
+    assert!((carry.outcome.short_gpu_minutes - 0.3).abs() < 1e-6 && (drop.outcome.short_gpu_minutes - 0.2).abs() < 1e-6, "{carry:?}\n{drop:?}");
+    // What the pods asked of their own is the same: Σ duty, backlog not counted twice.
+    assert!((carry.outcome.demand_gpu_minutes - drop.outcome.demand_gpu_minutes).abs() < 1e-9);
+    // The cut pod got 0.5 of the 0.7 it asked at minute 6 (the lower
+    // share of the two cuts) and 0.5 of 0.6 at minute 7.
+    assert!((carry.outcome.cut_served_p10 - 0.5 / 0.7).abs() < 1e-6, "{carry:?}");
+}
+
+#[test]
+fn carrying_unserved_work_never_hides_a_violation() {
+    // Carrying only adds to what pods ask, and a max-min split of larger
+    // asks cuts every pod it cut before: on the same placement, never fewer
+    // violation pod-minutes, the same memory refusals and migrations, and
+    // the same GPU-minutes whose own duty exceeds the GPU. On a fleet with
+    // saturated minutes in a row it must add some.
+    let u = noisy(12, 80);
+    let mut added = 0;
+    for share in [Share::Even, Share::Equal, Share::Reach] {
+        for n in [1, 2, 3, 4, 6] {
+            let cfg = FleetConfig { share, ..Default::default() };
+            let carry = elastic::run_fleet(&u, 80.0, 1, n, &FleetConfig { carry_unserved: true, ..cfg });
+            let drop = elastic::run_fleet(&u, 80.0, 1, n, &FleetConfig { carry_unserved: false, ..cfg });
+            let (c, d) = (&carry.outcome, &drop.outcome);
+            assert!(c.violation_minutes >= d.violation_minutes, "{share:?} n={n}: {c:?}\n{d:?}");
+            assert_eq!((c.mem_violation_minutes, c.migrations, carry.saturated_gpu_minutes), (d.mem_violation_minutes, d.migrations, drop.saturated_gpu_minutes), "{share:?} n={n}");
+            added += c.violation_minutes - d.violation_minutes;
+        }
+    }
+    assert!(added > 0, "no saturated minute in a row on the noisy trace");
+    // Every strategy of the evaluation: never fewer; exclusive and static
+    // peak slices never saturate a GPU, so nothing waits there.
+    let cfg = |carry_unserved| elastic::ElasticConfig { gpu_mem_gib: 80.0, fleet: Some(FleetConfig { gpus: Some(2), ..Default::default() }), carry_unserved, ..Default::default() };
+    let (carry, drop) = (elastic::evaluate(&u, cfg(true)), elastic::evaluate(&u, cfg(false)));
+    for (c, d) in carry.outcomes.iter().zip(&drop.outcomes) {
+        assert_eq!(c.strategy, d.strategy);
+        assert!(c.violation_minutes >= d.violation_minutes, "{c:?}\n{d:?}");
+        if c.strategy == "exclusive" || c.strategy == "static-peak" {
+            assert_eq!(c.violation_minutes, 0, "{c:?}");
+        }
+    }
+    // The evaluation's setting governs the fleet's.
+    let fleet = |e: &elastic::Evaluation| e.outcomes.iter().find(|o| o.strategy == "elastic-fleet").map(|o| o.violation_minutes);
+    assert_eq!(fleet(&drop), Some(elastic::run_fleet(&u, 80.0, 1, 2, &FleetConfig { carry_unserved: false, ..Default::default() }).outcome.violation_minutes));
+}
+
 /// A deterministic noisy trace: `pods` pods with staggered lives.
 fn noisy(pods: usize, minutes: usize) -> elastic::Usage {
     let mut x: u64 = 0x2545_f491_4f6c_dd1d;
@@ -257,8 +319,9 @@ fn fleet_flags_are_validated() {
     let ok = parse(&["--fleet-budget", "0.005", "--fleet-share", "equal", "--fleet-gpus", "40"]).expect("valid flags");
     assert_eq!((ok.fleet_budget, ok.fleet_share.as_str(), ok.fleet_gpus), (0.005, "equal", Some(40)));
     let ok = parse(&["--fleet-memory", "burst-first-come"]).expect("valid flags");
-    assert_eq!((ok.fleet_memory.as_str(), ok.fleet_share.as_str()), ("burst-first-come", "even"));
-    for bad in [["--fleet-memory", "first-come"], ["--fleet-budget", "2"], ["--fleet-budget", "nan"], ["--fleet-share", "random"], ["--fleet-gpus", "0"], ["--fleet-mem-window", "0"], ["--fleet-compute-quantile", "0"], ["--fleet-mem-headroom", "-0.1"]] {
+    assert_eq!((ok.fleet_memory.as_str(), ok.fleet_share.as_str(), ok.unserved_compute.as_str()), ("burst-first-come", "even", "carry"));
+    assert_eq!(parse(&["--unserved-compute", "drop"]).expect("valid flags").unserved_compute, "drop");
+    for bad in [["--fleet-memory", "first-come"], ["--unserved-compute", "lose"], ["--fleet-budget", "2"], ["--fleet-budget", "nan"], ["--fleet-share", "random"], ["--fleet-gpus", "0"], ["--fleet-mem-window", "0"], ["--fleet-compute-quantile", "0"], ["--fleet-mem-headroom", "-0.1"]] {
         let err = parse(&bad).err().unwrap_or_else(|| panic!("{bad:?} accepted"));
         assert!(err.to_string().contains(bad[0]), "{bad:?}: {err}");
     }

@@ -20,7 +20,10 @@
 //! Memory limits are hard. Compute is shared the way eGPU's arbiter shares
 //! it (guaranteed share, work-conserving up to the whole GPU), so a pod
 //! above its compute share is only short-changed, and counted as a
-//! violation, in minutes when its GPU's total demand exceeds the GPU.
+//! violation, in minutes when its GPU's total demand exceeds the GPU. The
+//! work it was not given is delayed, not dropped: it waits for the next
+//! minute on top of that minute's duty ([`Backlog`]), unless
+//! [`ElasticConfig::carry_unserved`] is off.
 //!
 //! Slices are placed first-fit at arrival; the GPUs needed is the peak
 //! over minutes of the GPUs in use. A
@@ -69,6 +72,12 @@ pub struct ElasticConfig {
     /// ([`super::fleet`]), searching for the smallest fleet within its
     /// violation budget between the lower bound and exclusive's GPUs.
     pub fleet: Option<FleetConfig>,
+    /// Compute work a pod was not given in its minute waits for the next
+    /// minute, added to that minute's duty ([`Backlog`]); false drops it
+    /// (the accounting before this was added, kept for comparison). Every
+    /// strategy, the fleet's included (it overrides
+    /// [`FleetConfig::carry_unserved`]).
+    pub carry_unserved: bool,
 }
 
 /// The per-GPU compute check of [`ElasticConfig::gpu_risk`].
@@ -82,7 +91,7 @@ pub struct GpuRisk {
 
 impl Default for ElasticConfig {
     fn default() -> Self {
-        ElasticConfig { gpu_mem_gib: 80.0, resize_every: 1, window: 5, headroom: 0.0, compute_floor: 0.0, mem_floor_gib: 0.0, moves: Moves::Repack, compute_quantile: Some(0.8), compute_window: None, gpu_risk: None, repack_gain: 1, mem_headroom: None, fleet: None }
+        ElasticConfig { gpu_mem_gib: 80.0, resize_every: 1, window: 5, headroom: 0.0, compute_floor: 0.0, mem_floor_gib: 0.0, moves: Moves::Repack, compute_quantile: Some(0.8), compute_window: None, gpu_risk: None, repack_gain: 1, mem_headroom: None, fleet: None, carry_unserved: true }
     }
 }
 
@@ -103,7 +112,9 @@ pub struct Outcome {
     pub saving_vs_exclusive: f64,
     /// GPU time the live pods asked for (Σ duty over pod-minutes), and the
     /// part of it the arbiter could not give them in the minute they asked
-    /// (GPU-minutes): how much work compute violations delayed.
+    /// (GPU-minutes): how much work compute violations delayed. With the
+    /// unserved work carried over ([`Backlog`]), work that waits several
+    /// minutes counts once for each minute it waits.
     pub demand_gpu_minutes: f64,
     pub short_gpu_minutes: f64,
     /// Over the pod-minutes cut on compute: what the pod got, as a fraction
@@ -164,21 +175,22 @@ impl Outcome {
     /// Counts one live pod-minute of pod `pod`: the one definition of a
     /// violation. Memory `used` bytes over the slice's `limit_gib` is always
     /// one (with the refused GiB); so is compute when the pod was `served`
-    /// less GPU time than its `demand` (which only happens while its GPU is
-    /// saturated).
-    pub fn count(&mut self, pod: usize, used: f64, limit_gib: f64, demand: f64, served: f64) {
-        self.count_refused(pod, refused_gib(used, limit_gib), demand, served);
+    /// less GPU time than it `asked` (its `duty` of the minute plus any work
+    /// still waiting from earlier minutes, [`Backlog`]), which only happens
+    /// while its GPU is saturated.
+    pub fn count(&mut self, pod: usize, used: f64, limit_gib: f64, duty: f64, asked: f64, served: f64) {
+        self.count_refused(pod, refused_gib(used, limit_gib), duty, asked, served);
     }
 
     /// [`Outcome::count`] where the caller worked out the refused memory
     /// (GiB; 0: none), as a burst pool does.
-    pub fn count_refused(&mut self, pod: usize, refused_gib: f64, demand: f64, served: f64) {
+    pub fn count_refused(&mut self, pod: usize, refused_gib: f64, duty: f64, asked: f64, served: f64) {
         self.pod_minutes += 1;
-        self.demand_gpu_minutes += demand;
-        let compute_over = compute_cut(demand, served);
+        self.demand_gpu_minutes += duty;
+        let compute_over = compute_cut(asked, served);
         if compute_over {
-            self.short_gpu_minutes += demand - served;
-            self.served_when_cut.push((served / demand) as f32);
+            self.short_gpu_minutes += asked - served;
+            self.served_when_cut.push((served / asked) as f32);
         }
         let over_m = refused_gib > 0.0;
         if self.per_pod.len() <= pod {
@@ -435,15 +447,17 @@ impl Packer {
 /// `slice(i, t, end)` sizes pod `i`'s slice for minutes `t..end`.
 // `i` indexes the usage, the slices and the packer together.
 #[allow(clippy::needless_range_loop)]
-fn run_slices(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, moves: Moves, mut slice: impl FnMut(usize, usize, usize) -> Slice, name: &str) -> Outcome {
-    run_slices_with(f, minutes, gpu_mem, every, moves, None, 1, &mut slice, name)
+#[allow(clippy::too_many_arguments)]
+fn run_slices(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, moves: Moves, carry: bool, mut slice: impl FnMut(usize, usize, usize) -> Slice, name: &str) -> Outcome {
+    run_slices_with(f, minutes, gpu_mem, every, moves, None, 1, carry, &mut slice, name)
 }
 
 /// [`run_slices`] with an optional per-GPU risk check and re-pack gain.
 // `i` indexes the usage, the slices and the packer together.
 #[allow(clippy::needless_range_loop, clippy::too_many_arguments)]
-fn run_slices_with(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, moves: Moves, risk: Option<GpuRisk>, repack_gain: usize, slice: &mut dyn FnMut(usize, usize, usize) -> Slice, name: &str) -> Outcome {
+fn run_slices_with(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, moves: Moves, risk: Option<GpuRisk>, repack_gain: usize, carry: bool, slice: &mut dyn FnMut(usize, usize, usize) -> Slice, name: &str) -> Outcome {
     let n = f.life.len();
+    let mut backlog = Backlog::new(n, carry);
     let mut sl = vec![Slice::default(); n];
     let w = risk.map_or(0, |r| r.window.max(1));
     let mut pk = Packer { gpu_mem, gpus: Vec::new(), gpu_of: vec![None; n], risk: risk.map(|r| r.quantile), trace: vec![vec![0.0; w]; n], repack_gain };
@@ -522,16 +536,18 @@ fn run_slices_with(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, moves
         // Guaranteed shares never over-commit a GPU: scaled down where
         // they sum above one (only possible with a per-GPU risk check).
         let scale: Vec<f64> = (0..pk.gpus.len()).map(|g| 1.0 / pk.load(g, &sl).0.max(1.0)).collect();
+        let asked = backlog.asked(f, t);
         let mut served = vec![0.0; n];
         for (g, ps) in pk.gpus.iter().enumerate() {
-            fair_split(ps, |p| f.duty[p][t], |p| sl[p].c * scale[g], &mut served);
+            fair_split(ps, |p| asked[p], |p| sl[p].c * scale[g], &mut served);
         }
         for i in 0..n {
             if !alive(f, i, t) {
                 continue;
             }
-            out.count(i, f.mem[i][t], sl[i].m, f.duty[i][t], served[i]);
+            out.count(i, f.mem[i][t], sl[i].m, f.duty[i][t], asked[i], served[i]);
         }
+        backlog.settle(f, t, &asked, &served);
     }
     out
 }
@@ -573,6 +589,38 @@ pub(super) fn fair_split(pods: &[usize], demand: impl Fn(usize) -> f64, weight: 
     }
 }
 
+/// Compute work waiting for a GPU: what the arbiter did not give a pod in
+/// a saturated minute is delayed, not dropped (a kernel that did not run
+/// runs later), so it is added to what the pod asks in the next minute,
+/// and again until it is served or the pod ends. The trace's duty cycle is
+/// what the pod did with a GPU of its own; sharing only delays it. With
+/// carrying off, unserved work is dropped (the accounting before this).
+pub(super) struct Backlog {
+    waiting: Vec<f64>,
+    carry: bool,
+}
+
+impl Backlog {
+    pub(super) fn new(pods: usize, carry: bool) -> Backlog {
+        Backlog { waiting: vec![0.0; pods], carry }
+    }
+
+    /// What each pod asks at minute `t`: its duty plus its waiting work (0
+    /// for a pod not alive).
+    pub(super) fn asked(&self, f: &Filled, t: usize) -> Vec<f64> {
+        (0..self.waiting.len()).map(|p| if alive(f, p, t) { f.duty[p][t] + self.waiting[p] } else { 0.0 }).collect()
+    }
+
+    /// After minute `t`'s split: what each live pod asked and was not
+    /// `served` waits (if carrying); a pod that is not alive has none.
+    pub(super) fn settle(&mut self, f: &Filled, t: usize, asked: &[f64], served: &[f64]) {
+        for (p, w) in self.waiting.iter_mut().enumerate() {
+            let left = asked[p] - served[p];
+            *w = if self.carry && alive(f, p, t) && compute_cut(asked[p], served[p]) { left } else { 0.0 };
+        }
+    }
+}
+
 /// Whether a pod that asked `demand` of a GPU and was `served` is a
 /// compute violation.
 pub(super) fn compute_cut(demand: f64, served: f64) -> bool {
@@ -609,14 +657,15 @@ pub fn evaluate(u: &Usage, cfg: ElasticConfig) -> Evaluation {
         .collect();
     let lb_exact = lb_series.iter().copied().fold(0.0, f64::max);
 
-    let exclusive = run_slices(&f, u.minutes, g, usize::MAX, Moves::Evict, |_, _, _| Slice { c: 1.0, m: g }, "exclusive");
+    let carry = cfg.carry_unserved;
+    let exclusive = run_slices(&f, u.minutes, g, usize::MAX, Moves::Evict, carry, |_, _, _| Slice { c: 1.0, m: g }, "exclusive");
     let peak: Vec<Slice> = (0..n)
         .map(|i| match f.life[i] {
             Some((a, b)) => Slice { c: f.duty[i][a..=b].iter().copied().fold(0.0, f64::max), m: (f.mem[i][a..=b].iter().copied().fold(0.0, f64::max) / GIB).min(g) },
             None => Slice::default(),
         })
         .collect();
-    let static_peak = run_slices(&f, u.minutes, g, usize::MAX, Moves::Evict, |i, _, _| peak[i], "static-peak");
+    let static_peak = run_slices(&f, u.minutes, g, usize::MAX, Moves::Evict, carry, |i, _, _| peak[i], "static-peak");
     let every = cfg.resize_every.max(1);
     let window = cfg.window.max(1);
     // A slice for minute t is decided before minute t's sample exists: it
@@ -635,8 +684,8 @@ pub fn evaluate(u: &Usage, cfg: ElasticConfig) -> Evaluation {
         Slice { c: (c * (1.0 + cfg.headroom) + cfg.compute_floor).min(1.0), m: (m * (1.0 + cfg.mem_headroom.unwrap_or(cfg.headroom)) + cfg.mem_floor_gib).min(g) }
     };
     let mut online = online;
-    let elastic = run_slices_with(&f, u.minutes, g, every, cfg.moves, cfg.gpu_risk, cfg.repack_gain, &mut online, "elastic");
-    let pinned = run_slices(&f, u.minutes, g, every, Moves::None, online, "elastic-no-migration");
+    let elastic = run_slices_with(&f, u.minutes, g, every, cfg.moves, cfg.gpu_risk, cfg.repack_gain, carry, &mut online, "elastic");
+    let pinned = run_slices(&f, u.minutes, g, every, Moves::None, carry, online, "elastic-no-migration");
     // Not a policy: it sees the coming period. Memory exactly its peak,
     // compute its mean, re-packed like (c).
     let oracle = run_slices(
@@ -645,6 +694,7 @@ pub fn evaluate(u: &Usage, cfg: ElasticConfig) -> Evaluation {
         g,
         every,
         Moves::Repack,
+        carry,
         |i, t, end| {
             let b = f.life[i].map_or(t, |(_, b)| b).min(end.saturating_sub(1)).max(t);
             let span = &f.duty[i][t..=b];
@@ -655,9 +705,10 @@ pub fn evaluate(u: &Usage, cfg: ElasticConfig) -> Evaluation {
     let lb = lb_exact.ceil() as usize;
     let exclusive = finish(exclusive, &total_duty);
     let top = exclusive.gpus.max(lb);
-    let (fleet_outcome, fleet_search) = cfg.fleet.map(|fc| fleet::evaluate(&f, u.minutes, g, every, lb, top, &fc, false)).unzip();
+    let fleet_cfg = cfg.fleet.map(|fc| FleetConfig { carry_unserved: carry, ..fc });
+    let (fleet_outcome, fleet_search) = fleet_cfg.map(|fc| fleet::evaluate(&f, u.minutes, g, every, lb, top, &fc, false)).unzip();
     // The same fleet with a placement chosen knowing the whole day.
-    let hindsight = cfg.fleet.filter(|fc| fc.hindsight).map(|fc| fleet::evaluate(&f, u.minutes, g, every, lb, top, &fc, true));
+    let hindsight = fleet_cfg.filter(|fc| fc.hindsight).map(|fc| fleet::evaluate(&f, u.minutes, g, every, lb, top, &fc, true));
     let (hindsight_outcome, hindsight_search) = hindsight.unzip();
     let mut outcomes: Vec<Outcome> = [exclusive, static_peak, elastic, pinned, oracle].into_iter().chain(fleet_outcome).chain(hindsight_outcome).map(|o| finish(o, &total_duty)).collect();
     let base = outcomes[0].gpus as f64;

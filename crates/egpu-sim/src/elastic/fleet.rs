@@ -40,7 +40,7 @@
 //! other strategies. [`search_fleet`] finds the smallest N whose violation
 //! pod-minutes are within a budget.
 
-use super::eval::{Filled, GIB, Outcome, alive, compute_cut, fair_split, quantile, refused_gib};
+use super::eval::{Backlog, Filled, GIB, Outcome, alive, compute_cut, fair_split, quantile, refused_gib};
 use serde::Serialize;
 
 /// How a GPU's spare capacity is handed out to its pods.
@@ -130,11 +130,14 @@ pub struct FleetConfig {
     pub gpus: Option<usize>,
     /// Also evaluate the fleet with the hindsight placement (`hindsight_placement`; a reference, not a policy).
     pub hindsight: bool,
+    /// Compute work a pod was not given in its minute waits for the next
+    /// one ([`super::eval::Backlog`]); false drops it.
+    pub carry_unserved: bool,
 }
 
 impl Default for FleetConfig {
     fn default() -> Self {
-        FleetConfig { mem_window: 2, mem_headroom: 0.0, mem_floor_gib: 0.0, compute_quantile: 0.5, compute_window: 5, share: Share::Even, burst: true, first_come: false, vol_window: 60, min_spare_gib: 0.0, rebalance: 0, risk_window: 0, risk_weight: 1.0, risk_moves: 0, budget: 0.01, gpus: None, hindsight: false }
+        FleetConfig { mem_window: 2, mem_headroom: 0.0, mem_floor_gib: 0.0, compute_quantile: 0.5, compute_window: 5, share: Share::Even, burst: true, first_come: false, vol_window: 60, min_spare_gib: 0.0, rebalance: 0, risk_window: 0, risk_weight: 1.0, risk_moves: 0, budget: 0.01, gpus: None, hindsight: false, carry_unserved: true }
     }
 }
 
@@ -331,6 +334,7 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
     let mut fl = Fleet { gpu_mem, gpus: vec![Vec::new(); n], gpu_of: vec![None; pods] };
     let (mut base, mut weight, mut limit) = (vec![Slice::default(); pods], vec![Slice::default(); pods], vec![Slice::default(); pods]);
     let mut out = Outcome::new("elastic-fleet", n, minutes);
+    let mut backlog = Backlog::new(pods, cfg.carry_unserved);
     let mut run = FleetRun {
         outcome: Outcome::new("elastic-fleet", n, 0),
         max_gpu_mem_limits_gib: 0.0,
@@ -473,9 +477,10 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
         out.in_use.push(n as u32);
         let demand: Vec<f64> = fl.gpus.iter().map(|g| g.iter().map(|&p| f.duty[p][t]).sum()).collect();
         run.saturated_gpu_minutes += demand.iter().filter(|&&d| d > 1.0 + 1e-9).count() as u64;
+        let asked = backlog.asked(f, t);
         let mut served = vec![0.0; pods];
         for ps in &fl.gpus {
-            fair_split(ps, |p| f.duty[p][t], |p| limit[p].c, &mut served);
+            fair_split(ps, |p| asked[p], |p| limit[p].c, &mut served);
         }
         // Burst pool: a GPU's pods borrow above their base from what the
         // base slices leave; when the borrows exceed it, every borrower of
@@ -537,12 +542,13 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
         }
         for i in 0..pods {
             if alive(f, i, t) {
-                out.count_refused(i, refused[i], f.duty[i][t], served[i]);
+                out.count_refused(i, refused[i], f.duty[i][t], asked[i], served[i]);
                 if let Some(v) = run.first_come_violation_minutes.as_mut() {
-                    *v += u64::from(refused_fc[i] > 0.0 || compute_cut(f.duty[i][t], served[i]));
+                    *v += u64::from(refused_fc[i] > 0.0 || compute_cut(asked[i], served[i]));
                 }
             }
         }
+        backlog.settle(f, t, &asked, &served);
     }
     out.summarize();
     run.outcome = out;
