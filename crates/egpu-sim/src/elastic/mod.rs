@@ -42,7 +42,7 @@ pub fn table(evals: &[Evaluation]) -> String {
 /// over the pods.
 pub fn severity(evals: &[Evaluation]) -> String {
     let long = evals.first().map_or(60.0, |e| f64::from(eval::LONG_LIVED) * e.step_s / 60.0);
-    let mut s = format!("| GPU | strategy | compute time not served (% of asked) | cut pod-minutes got (median, p10 of asked) | pods with a violation | violated minutes of a pod living ≥ {} minutes ({long:.0} min) (p90, max) |\n|---|---|---|---|---|---|\n", eval::LONG_LIVED);
+    let mut s = format!("| GPU | strategy | compute cut in its minute (% of asked; carried work counts each minute it waits) | cut pod-minutes got (median, p10 of asked) | pods with a violation | violated minutes of a pod living ≥ {} minutes ({long:.0} min) (p90, max) |\n|---|---|---|---|---|---|\n", eval::LONG_LIVED);
     for e in evals {
         for o in &e.outcomes {
             let lost = 100.0 * o.short_gpu_minutes / o.demand_gpu_minutes.max(1e-9);
@@ -58,7 +58,7 @@ pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<St
     let mut md = format!("# Elastic sharing on {source}\n\n");
     if let Some(e) = evals.first() {
         let c = e.config;
-        let _ = write!(md, "{} pods, {} sampling periods of {} s (the trace's own step; \"minutes\" below are these periods). Elastic: resize every {} min; memory from the last {} min, headroom {:.0}%, floor {:.1} GiB; compute from the last {} min, headroom {:.0}%, floor {:.2} GPU. Slices decided at minute t see samples up to t − 1.\n\nConfig: `{:?}`\n\n", e.pods, e.minutes, e.step_s, c.resize_every, c.window, 100.0 * c.mem_headroom.unwrap_or(c.headroom), c.mem_floor_gib, c.compute_window.unwrap_or(c.window), 100.0 * c.headroom, c.compute_floor, c);
+        let _ = write!(md, "{} pods, {} sampling periods of {} s (the trace's own step; \"minutes\" below are these periods). Elastic: resize every {} min; memory from the last {} min, headroom {:.0}%, floor {:.1} GiB; compute from the last {} min, headroom {:.0}%, floor {:.2} GPU. Slices decided at minute t see samples up to t − 1. {}\n\nConfig: `{:?}`\n\n", e.pods, e.minutes, e.step_s, c.resize_every, c.window, 100.0 * c.mem_headroom.unwrap_or(c.headroom), c.mem_floor_gib, c.compute_window.unwrap_or(c.window), 100.0 * c.headroom, c.compute_floor, if c.carry_unserved { "Compute work a saturated GPU could not serve in its minute waits for the next minute (--unserved-compute carry)." } else { "Compute work a saturated GPU could not serve in its minute is dropped (--unserved-compute drop: understates the violations)." }, c);
     }
     md.push_str(&table(evals));
     md.push('\n');
