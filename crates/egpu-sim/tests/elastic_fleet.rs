@@ -192,6 +192,15 @@ fn unserved_work_waits_for_the_next_minute() {
     // The cut pod got 0.5 of the 0.7 it asked at minute 6 (the lower
     // share of the two cuts) and 0.5 of 0.6 at minute 7.
     assert!((carry.outcome.cut_served_p10 - 0.5 / 0.7).abs() < 1e-6, "{carry:?}");
+    // The per-pod strategies of the evaluation carry it too: both pods
+    // share one GPU there as well (their slices fit), so the same two
+    // cuts against one.
+    let cfg = |carry_unserved| elastic::ElasticConfig { gpu_mem_gib: 80.0, carry_unserved, ..Default::default() };
+    let (c, d) = (elastic::evaluate(&u, cfg(true)), elastic::evaluate(&u, cfg(false)));
+    let cut = |e: &elastic::Evaluation, s: &str| e.outcomes.iter().find(|o| o.strategy == s).map(|o| o.violation_minutes);
+    for s in ["elastic", "elastic-no-migration"] {
+        assert_eq!((cut(&c, s), cut(&d, s)), (Some(2), Some(1)), "{s}");
+    }
 }
 
 #[test]

@@ -42,7 +42,7 @@ pub fn table(evals: &[Evaluation]) -> String {
 /// over the pods.
 pub fn severity(evals: &[Evaluation]) -> String {
     let long = evals.first().map_or(60.0, |e| f64::from(eval::LONG_LIVED) * e.step_s / 60.0);
-    let mut s = format!("| GPU | strategy | compute cut in its minute (% of asked; carried work counts each minute it waits) | cut pod-minutes got (median, p10 of asked) | pods with a violation | violated minutes of a pod living ≥ {} minutes ({long:.0} min) (p90, max) |\n|---|---|---|---|---|---|\n", eval::LONG_LIVED);
+    let mut s = format!("| GPU | strategy | compute cut in its minute (% of the pods' own duty; carried work counts each minute it waits) | cut pod-minutes got (median, p10 of asked) | pods with a violation | violated minutes of a pod living ≥ {} minutes ({long:.0} min) (p90, max) |\n|---|---|---|---|---|---|\n", eval::LONG_LIVED);
     for e in evals {
         for o in &e.outcomes {
             let lost = 100.0 * o.short_gpu_minutes / o.demand_gpu_minutes.max(1e-9);
