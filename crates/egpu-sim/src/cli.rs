@@ -455,6 +455,8 @@ fn run_elastic(args: &SimulateArgs) -> Result<()> {
         "repack" => elastic::Moves::Repack,
         m => bail!("unknown --moves '{m}': use none, evict or repack"),
     };
+    // One setting for every strategy, the fleet's included.
+    let carry_unserved = args.unserved_compute == "carry";
     let fleet = (!args.no_fleet).then(|| elastic::FleetConfig {
         mem_window: args.fleet_mem_window as usize,
         mem_headroom: args.fleet_mem_headroom,
@@ -473,12 +475,12 @@ fn run_elastic(args: &SimulateArgs) -> Result<()> {
         budget: args.fleet_budget,
         gpus: args.fleet_gpus.map(|n| n as usize),
         hindsight: args.fleet_hindsight,
-        carry_unserved: args.unserved_compute == "carry",
+        carry_unserved,
     });
     let evals: Vec<_> = args
         .gpu_mem_gib
         .iter()
-        .map(|&g| elastic::evaluate(&usage, ElasticConfig { gpu_mem_gib: g, resize_every: args.resize_every, window: args.window, headroom: args.headroom, compute_floor: args.compute_floor, mem_floor_gib: args.mem_floor_gib, moves, compute_quantile: (args.compute_quantile > 0.0).then_some(args.compute_quantile), compute_window: args.compute_window, gpu_risk: (args.gpu_risk_quantile > 0.0).then_some(elastic::GpuRisk { window: args.gpu_risk_window, quantile: args.gpu_risk_quantile }), repack_gain: args.repack_gain, mem_headroom: args.mem_headroom, fleet, carry_unserved: args.unserved_compute == "carry" }))
+        .map(|&g| elastic::evaluate(&usage, ElasticConfig { gpu_mem_gib: g, resize_every: args.resize_every, window: args.window, headroom: args.headroom, compute_floor: args.compute_floor, mem_floor_gib: args.mem_floor_gib, moves, compute_quantile: (args.compute_quantile > 0.0).then_some(args.compute_quantile), compute_window: args.compute_window, gpu_risk: (args.gpu_risk_quantile > 0.0).then_some(elastic::GpuRisk { window: args.gpu_risk_window, quantile: args.gpu_risk_quantile }), repack_gain: args.repack_gain, mem_headroom: args.mem_headroom, fleet, carry_unserved }))
         .collect();
     let md = elastic::write_report(&args.out, &source, &evals).context("writing the elastic report")?;
     println!("{md}\nreport in {}", args.out.display());
