@@ -6,7 +6,7 @@ use egpu_sim::elastic::load;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Ok(text) = load::maybe_gunzip("fuzz", data) else { return };
+    let Ok((text, _)) = load::decode("fuzz", data, data.first().is_some_and(|b| b & 1 == 1)) else { return };
     if let Ok((rows, _)) = load::parse_metric("fuzz", &text, true) {
         let _ = load::align(&rows, &rows);
     }

@@ -18,36 +18,36 @@ use std::time::Instant;
 pub struct SimulateArgs {
     /// Directory holding openb_node_list_gpu_node.csv and openb_pod_list_<TRACE>.csv
     /// (default: the openb default trace embedded in the binary).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "elastic")]
     pub trace_dir: Option<PathBuf>,
     /// Pod list name inside --trace-dir: default, gpushare40, multigpu50, cpu250, ...
-    #[arg(long, default_value = "default")]
+    #[arg(long, default_value = "default", conflicts_with = "elastic")]
     pub trace: String,
     /// Pod list file (overrides --trace-dir/--trace).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "elastic")]
     pub pod_list: Option<PathBuf>,
     /// Node list file (overrides --trace-dir).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "elastic")]
     pub node_list: Option<PathBuf>,
     /// Comma-separated policies: random,dotprod,clustering,packing,bestfit,fgd,egpu.
-    #[arg(long, default_value = "random,dotprod,clustering,packing,bestfit,fgd,egpu", value_delimiter = ',')]
+    #[arg(long, default_value = "random,dotprod,clustering,packing,bestfit,fgd,egpu", value_delimiter = ',', conflicts_with = "elastic")]
     pub policies: Vec<String>,
-    /// Number of seeds.
-    #[arg(long, default_value_t = 10)]
+    /// Number of seeds (1 to 100,000).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=100_000), conflicts_with = "elastic")]
     pub seeds: u64,
     /// First seed (seeds are FIRST, FIRST+1, ...).
-    #[arg(long, default_value_t = 42)]
+    #[arg(long, default_value_t = 42, conflicts_with = "elastic")]
     pub first_seed: u64,
     /// Inflate the workload to this multiple of cluster GPU capacity.
-    #[arg(long, default_value_t = 1.3)]
+    #[arg(long, default_value_t = 1.3, conflicts_with = "elastic")]
     pub inflation: f64,
     /// Share of pods the FGD/eGPU target workload covers.
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = 0.95, conflicts_with = "elastic")]
     pub coverage: f64,
     /// Give this fraction of GPU pods a GPU-type constraint (synthetic
     /// gpu_spec workload: the GPU type of a random node, plus, half of the
     /// time, the type of another random node; seeded by --first-seed).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, conflicts_with = "elastic")]
     pub gpu_spec_fraction: f64,
     /// Skip malformed rows (counted and reported) instead of failing.
     #[arg(long)]
@@ -55,10 +55,10 @@ pub struct SimulateArgs {
     /// Node order for tie-breaks: `shuffled` (as the published simulator:
     /// node names get a seeded random-permutation prefix) or `name` (the
     /// trace's node names).
-    #[arg(long, default_value = "shuffled")]
+    #[arg(long, default_value = "shuffled", value_parser = ["shuffled", "name"], conflicts_with = "elastic")]
     pub node_order: String,
     /// Worker threads (default: all cores).
-    #[arg(long)]
+    #[arg(long, value_parser = count(1), conflicts_with = "elastic")]
     pub threads: Option<usize>,
     /// Report directory.
     #[arg(long, short = 'o', default_value = "egpu-report")]
@@ -71,7 +71,7 @@ pub struct SimulateArgs {
     #[arg(long)]
     pub elastic: bool,
     /// genai-2026 directory (pod_gpu_duty_cycle_anon.csv.gz, pod_gpu_memory_used_bytes_anon.csv.gz).
-    #[arg(long, conflicts_with_all = ["usage_duty", "usage_memory"])]
+    #[arg(long, conflicts_with_all = ["usage_duty", "usage_memory"], requires = "elastic")]
     pub genai_dir: Option<PathBuf>,
     /// Elastic on your own workload: each pod's GPU duty cycle over time, as
     /// a CSV (value,timestamp,pod) or the JSON of a Prometheus range query
@@ -89,87 +89,87 @@ pub struct SimulateArgs {
     pub usage_step: Option<f64>,
     /// Unit of --usage-duty: percent, fraction (0..1), or auto (fraction for
     /// DCGM_FI_PROF_GR_ENGINE_ACTIVE / DCGM_FI_PROF_SM_ACTIVE, else percent).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "percent", "fraction"])]
+    #[arg(long, default_value = "auto", value_parser = ["auto", "percent", "fraction"], requires = "usage_duty")]
     pub duty_unit: String,
     /// Unit of --usage-memory: bytes, kib, mib, gib, or auto (MiB for
     /// DCGM_FI_DEV_FB_USED, else bytes).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "bytes", "kib", "mib", "gib"])]
+    #[arg(long, default_value = "auto", value_parser = ["auto", "bytes", "kib", "mib", "gib"], requires = "usage_memory")]
     pub memory_unit: String,
-    /// Elastic: GPU memory sizes to evaluate, GiB.
-    #[arg(long, default_value = "80,96", value_delimiter = ',')]
+    /// Elastic: GPU memory sizes to evaluate, GiB (each from 1 to 4096).
+    #[arg(long, default_value = "80,96", value_delimiter = ',', value_parser = gpu_gib, allow_negative_numbers = true, requires = "elastic")]
     pub gpu_mem_gib: Vec<f64>,
     /// Elastic: resize slices every N minutes.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = count(1), requires = "elastic")]
     pub resize_every: usize,
     /// Elastic: size memory slices from the last N minutes of usage.
-    #[arg(long, default_value_t = 120)]
+    #[arg(long, default_value_t = 120, value_parser = count(1), requires = "elastic")]
     pub window: usize,
     /// Elastic: headroom over recent peak usage (0.15 = 15%).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = non_negative, allow_negative_numbers = true, requires = "elastic")]
     pub headroom: f64,
     /// Elastic: memory added to every slice, GiB.
-    #[arg(long, default_value_t = 2.0)]
+    #[arg(long, default_value_t = 2.0, value_parser = non_negative, allow_negative_numbers = true, requires = "elastic")]
     pub mem_floor_gib: f64,
     /// Elastic: compute share added to every slice (0.02 = 2% of a GPU).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = fraction, allow_negative_numbers = true, requires = "elastic")]
     pub compute_floor: f64,
     /// Elastic: how slices move at a resize: none, evict (move a pod whose
     /// GPU overflows) or repack (also re-pack first-fit-decreasing when that
     /// frees GPUs; every move is counted as a migration).
-    #[arg(long, default_value = "repack")]
+    #[arg(long, default_value = "repack", value_parser = ["none", "evict", "repack"], requires = "elastic")]
     pub moves: String,
     /// Elastic: size compute shares from this quantile of the window's duty
     /// cycle (1 = its peak; 0 = use the mean instead).
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = 0.8, value_parser = fraction, allow_negative_numbers = true, requires = "elastic")]
     pub compute_quantile: f64,
     /// Elastic: window for compute shares, minutes.
-    #[arg(long, default_value = "5")]
+    #[arg(long, default_value = "5", value_parser = count(1), requires = "elastic")]
     pub compute_window: Option<usize>,
     /// Elastic: correlation-aware compute packing: a pod joins a GPU only
     /// if this quantile of the GPU's summed duty over the last
     /// --gpu-risk-window minutes stays within one GPU (0 = off: pack by the
     /// sum of the pods' shares).
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = fraction, allow_negative_numbers = true, requires = "elastic")]
     pub gpu_risk_quantile: f64,
     /// Elastic: minutes of summed duty the per-GPU check looks at.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = count(1), requires = "elastic")]
     pub gpu_risk_window: usize,
     /// Elastic: headroom for memory only (0.1 = 10%; default 0.1).
-    #[arg(long, default_value = "0.1")]
+    #[arg(long, default_value = "0.1", value_parser = non_negative, allow_negative_numbers = true, requires = "elastic")]
     pub mem_headroom: Option<f64>,
     /// Elastic: adopt a re-pack only when it frees at least this many GPUs.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = count(1), requires = "elastic")]
     pub repack_gain: usize,
     /// Elastic: compute work that a saturated GPU could not give a pod in
     /// its minute: carry (it waits, added to the pod's next minute, until it
     /// is served) or drop (forgotten: the accounting before carrying, kept
     /// for comparison). Every strategy.
-    #[arg(long, default_value = "carry", value_parser = ["carry", "drop"])]
+    #[arg(long, default_value = "carry", value_parser = ["carry", "drop"], requires = "elastic")]
     pub unserved_compute: String,
     /// Elastic: skip the fixed-fleet strategy (`elastic-fleet`).
-    #[arg(long)]
+    #[arg(long, requires = "elastic")]
     pub no_fleet: bool,
     /// Elastic fleet: evaluate this many GPUs instead of searching for the
     /// smallest fleet within --fleet-budget.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000), requires = "elastic", conflicts_with = "no_fleet")]
     pub fleet_gpus: Option<u32>,
     /// Elastic fleet: violation budget, fraction of pod-minutes (0.01 = 1%).
-    #[arg(long, default_value_t = 0.01, value_parser = fraction, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 0.01, value_parser = fraction, allow_negative_numbers = true, requires = "elastic", conflicts_with = "no_fleet")]
     pub fleet_budget: f64,
     /// Elastic fleet: base memory = peak of this many past minutes …
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=100_000), requires = "elastic", conflicts_with = "no_fleet")]
     pub fleet_mem_window: u32,
     /// Elastic fleet: … × (1 + this) …
-    #[arg(long, default_value_t = 0.0, value_parser = non_negative, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 0.0, value_parser = non_negative, allow_negative_numbers = true, requires = "elastic", conflicts_with = "no_fleet")]
     pub fleet_mem_headroom: f64,
     /// Elastic fleet: … + this many GiB.
-    #[arg(long, default_value_t = 0.0, value_parser = non_negative, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 0.0, value_parser = non_negative, allow_negative_numbers = true, requires = "elastic", conflicts_with = "no_fleet")]
     pub fleet_mem_floor_gib: f64,
     /// Elastic fleet: base compute share = this quantile (0 < q ≤ 1; 1 = peak) …
-    #[arg(long, default_value_t = 0.5, value_parser = positive_fraction, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 0.5, value_parser = positive_fraction, allow_negative_numbers = true, requires = "elastic", conflicts_with = "no_fleet")]
     pub fleet_compute_quantile: f64,
     /// Elastic fleet: … of this many past minutes of duty.
-    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u32).range(1..=100_000), requires = "elastic", conflicts_with = "no_fleet")]
     pub fleet_compute_window: u32,
     /// Elastic fleet: the pods' compute shares on a GPU, and how its spare
     /// memory goes to them with --fleet-memory split: even (every pod the
@@ -178,7 +178,7 @@ pub struct SimulateArgs {
     /// proportion to the base slice), volatility (to the largest recent
     /// one-minute rise) or reach (first what brings each pod back to its
     /// peak of the last --fleet-vol-window minutes, then equally).
-    #[arg(long, default_value = "even", value_parser = ["even", "equal", "base", "volatility", "reach"])]
+    #[arg(long, default_value = "even", value_parser = ["even", "equal", "base", "volatility", "reach"], requires = "elastic", conflicts_with = "no_fleet")]
     pub fleet_share: String,
     /// Elastic fleet: memory above the base slices is a burst pool per GPU
     /// (burst: a pod borrows on demand what no base slice reserved, as
@@ -187,36 +187,46 @@ pub struct SimulateArgs {
     /// the same pool, but borrowers are served in a seeded random order and
     /// only those that no longer fit count) or is split into fixed per-pod
     /// limits by --fleet-share (split).
-    #[arg(long, default_value = "burst", value_parser = ["burst", "burst-first-come", "split"])]
+    #[arg(long, default_value = "burst", value_parser = ["burst", "burst-first-come", "split"], requires = "elastic", conflicts_with = "no_fleet")]
     pub fleet_memory: String,
     /// Elastic fleet: minutes of history for --fleet-share volatility.
-    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u32).range(1..=100_000), requires = "elastic", conflicts_with = "no_fleet")]
     pub fleet_vol_window: u32,
     /// Elastic fleet: at most this many rebalancing moves per resize (from
     /// the GPU with the least spare memory to the one with the most) …
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = count(0), requires = "elastic", conflicts_with = "no_fleet")]
     pub fleet_rebalance: usize,
     /// Elastic fleet: … while the least spare memory is below this, GiB.
-    #[arg(long, default_value_t = 0.0, value_parser = non_negative, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 0.0, value_parser = non_negative, allow_negative_numbers = true, requires = "elastic", conflicts_with = "no_fleet")]
     pub fleet_min_spare_gib: f64,
     /// Elastic fleet: compute-risk window, minutes (0 = off): a GPU's risk
     /// is how many of these past minutes its pods' summed duty exceeded
     /// 100%; placement prefers GPUs with little risk.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = count(0), requires = "elastic", conflicts_with = "no_fleet")]
     pub fleet_risk_window: usize,
     /// Elastic fleet: weight of the risk (saturated fraction of the window)
     /// against the room left (fraction of a GPU) when placing a pod.
-    #[arg(long, default_value_t = 1.0, value_parser = non_negative, allow_negative_numbers = true)]
+    #[arg(long, default_value_t = 1.0, value_parser = non_negative, allow_negative_numbers = true, requires = "elastic", conflicts_with = "no_fleet")]
     pub fleet_risk_weight: f64,
     /// Elastic fleet: at most this many moves per resize off the riskiest
     /// GPU, each only if it lowers the summed risk.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = count(0), requires = "elastic", conflicts_with = "no_fleet")]
     pub fleet_risk_moves: usize,
     /// Elastic fleet: also evaluate the same fleet with every pod held on
     /// one GPU chosen knowing the whole trace (`fleet-hindsight-static`, a
     /// reference for what placement alone can buy, not a policy; slower).
-    #[arg(long)]
+    #[arg(long, requires = "elastic", conflicts_with = "no_fleet")]
     pub fleet_hindsight: bool,
+}
+
+/// A whole number from `min` to 100,000 (minutes, moves, threads).
+fn count(min: u64) -> clap::builder::RangedU64ValueParser<usize> {
+    clap::builder::RangedU64ValueParser::<usize>::new().range(min..=100_000)
+}
+
+/// A GPU memory size, GiB: from 1 to 4096.
+fn gpu_gib(s: &str) -> Result<f64, String> {
+    number(s).and_then(|v| if (1.0..=4096.0).contains(&v) { Ok(v) } else { Err(format!("{v} GiB is not a GPU memory size from 1 to 4096 GiB")) })
 }
 
 fn number(s: &str) -> Result<f64, String> {
@@ -235,29 +245,81 @@ fn positive_fraction(s: &str) -> Result<f64, String> {
     fraction(s).and_then(|v| if v > 0.0 { Ok(v) } else { Err("must be above 0".into()) })
 }
 
+/// A bad flag, flag value or combination of flags: `egpu` exits 2 for
+/// it (`docs/cli.md`), where other failures exit 1.
+#[derive(Debug)]
+pub struct UsageError(pub String);
+
+impl std::fmt::Display for UsageError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+/// Return a [`UsageError`] with this message.
+macro_rules! usage {
+    ($($t:tt)*) => {
+        return Err(anyhow::Error::new(UsageError(format!($($t)*))))
+    };
+}
+
+/// Print to standard output; a reader that went away (`| head`) is no
+/// error, since the report is already written.
+fn say(text: &str) -> Result<()> {
+    use std::io::Write;
+    match writeln!(std::io::stdout().lock(), "{text}") {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.context("writing to standard output"),
+    }
+}
+
+/// Make the report directory before the run, so that a bad `--out` fails
+/// at once, and refuse to write a report file over one of the inputs.
+fn prepare_out(out: &Path, inputs: &[&Path], writes: &[String]) -> Result<()> {
+    if out.exists() && !out.is_dir() {
+        usage!("--out {} is a file: name a directory for the report", out.display());
+    }
+    std::fs::create_dir_all(out).with_context(|| format!("cannot create the report directory {}", out.display()))?;
+    for name in writes {
+        let Ok(target) = out.join(name).canonicalize() else { continue };
+        if let Some(input) = inputs.iter().find(|p| p.canonicalize().is_ok_and(|c| c == target)) {
+            usage!("the report would overwrite the input {} (its {name}): choose another --out", input.display());
+        }
+    }
+    Ok(())
+}
+
 /// Run `egpu simulate`.
 pub fn run(args: SimulateArgs) -> Result<()> {
     if args.elastic {
         return run_elastic(&args);
     }
     if !(1.0..=10.0).contains(&args.inflation) {
-        bail!("--inflation must be between 1 and 10 (the FGD methodology uses 1.3): the summary reads allocation at 100% of capacity arrived, which arrivals must reach");
+        usage!("--inflation must be between 1 and 10 (the FGD methodology uses 1.3): the summary reads allocation at 100% of capacity arrived, which arrivals must reach");
     }
     if !(0.0..=1.0).contains(&args.gpu_spec_fraction) || !(0.0..=1.0).contains(&args.coverage) {
-        bail!("--gpu-spec-fraction and --coverage must be between 0 and 1");
+        usage!("--gpu-spec-fraction and --coverage must be between 0 and 1");
     }
-    let policies: Vec<PolicyKind> = args
-        .policies
-        .iter()
-        .map(|p| PolicyKind::parse(p).with_context(|| format!("unknown policy '{p}': use random, dotprod, clustering, packing, bestfit, fgd or egpu")))
-        .collect::<Result<_>>()?;
-    let shuffle_nodes = match args.node_order.as_str() {
-        "shuffled" => true,
-        "name" => false,
-        o => bail!("unknown --node-order '{o}': use shuffled or name"),
+    let mut policies: Vec<PolicyKind> = Vec::new();
+    for p in &args.policies {
+        let Some(k) = PolicyKind::parse(p) else { usage!("unknown policy '{p}' in --policies: use random, dotprod, clustering, packing, bestfit, fgd or egpu") };
+        if policies.contains(&k) {
+            usage!("policy '{p}' is listed twice in --policies: list each once (--seeds sets the runs per policy)");
+        }
+        policies.push(k);
+    }
+    let shuffle_nodes = args.node_order == "shuffled";
+    let Some(last_seed) = args.first_seed.checked_add(args.seeds - 1) else {
+        usage!("--first-seed {} with --seeds {} runs past the largest seed ({}): start lower", args.first_seed, args.seeds, u64::MAX);
     };
     let (t, source) = load_trace(&args)?;
-    let seeds: Vec<u64> = (args.first_seed..args.first_seed + args.seeds.max(1)).collect();
+    let inputs: Vec<&Path> = [&args.pod_list, &args.node_list].into_iter().flatten().map(PathBuf::as_path).collect();
+    let trace_files: Vec<PathBuf> = args.trace_dir.iter().flat_map(|d| [d.join("openb_node_list_gpu_node.csv"), d.join(format!("openb_pod_list_{}.csv", args.trace))]).collect();
+    let inputs: Vec<&Path> = inputs.into_iter().chain(trace_files.iter().map(PathBuf::as_path)).collect();
+    prepare_out(&args.out, &inputs, &report::FILES.map(String::from))?;
+    let seeds: Vec<u64> = (args.first_seed..=last_seed).collect();
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let total = (policies.len() * seeds.len()) as u64;
     let bar = if args.no_progress { ProgressBar::hidden() } else { ProgressBar::new(total) };
@@ -274,29 +336,34 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         bail!("policy {} returned {} placements the cluster refused: this is a bug, please report it", bad.policy, bad.invalid);
     }
     let summary = report::write_all(&args.out, &t.name, &source, args.inflation, elapsed, &runs).context("writing the report")?;
-    println!("{}", report::summary_table(&t.name, &summary));
-    println!("{} runs in {elapsed:.1} s; report in {}", runs.len(), args.out.display());
-    Ok(())
+    say(&format!("{}\n{} runs in {elapsed:.1} s; report in {}", report::summary_table(&t.name, &summary), runs.len(), args.out.display()))
 }
 
-fn read(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))
+/// A trace file's text: plain or gzip; with `lenient`, lines that are not
+/// UTF-8 are skipped (and said), else they are an error naming the line.
+fn read(path: &Path, lenient: bool) -> Result<String> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let (text, bad) = crate::text::decode(&bytes, lenient).map_err(|(line, msg)| trace::TraceError { file: path.display().to_string(), line, msg })?;
+    if bad > 0 {
+        eprintln!("warning: {}: {bad} lines that are not UTF-8 text skipped", path.display());
+    }
+    Ok(text)
 }
 
 fn load_trace(args: &SimulateArgs) -> Result<(Trace, String)> {
     let (nodes_name, nodes_text) = match (&args.node_list, &args.trace_dir) {
-        (Some(p), _) => (p.display().to_string(), read(p)?),
+        (Some(p), _) => (p.display().to_string(), read(p, args.lenient)?),
         (None, Some(d)) => {
             let p = d.join("openb_node_list_gpu_node.csv");
-            (p.display().to_string(), read(&p)?)
+            (p.display().to_string(), read(&p, args.lenient)?)
         }
         (None, None) => ("embedded openb_node_list_gpu_node.csv".to_string(), data::OPENB_NODES.to_string()),
     };
     let (pods_name, pods_text, name) = match (&args.pod_list, &args.trace_dir) {
-        (Some(p), _) => (p.display().to_string(), read(p)?, p.file_stem().map_or("pods".into(), |s| s.to_string_lossy().into_owned())),
+        (Some(p), _) => (p.display().to_string(), read(p, args.lenient)?, p.file_stem().map_or("pods".into(), |s| s.to_string_lossy().into_owned())),
         (None, Some(d)) => {
             let p = d.join(format!("openb_pod_list_{}.csv", args.trace));
-            (p.display().to_string(), read(&p)?, args.trace.clone())
+            (p.display().to_string(), read(&p, args.lenient)?, args.trace.clone())
         }
         (None, None) => {
             if args.trace != "default" {
@@ -307,10 +374,16 @@ fn load_trace(args: &SimulateArgs) -> Result<(Trace, String)> {
     };
     let (cluster, skipped_nodes) = trace::load_nodes(&nodes_name, &nodes_text, args.lenient)?;
     let (mut pods, skipped_pods) = trace::load_pods(&pods_name, &pods_text, &cluster, args.lenient)?;
+    let skipped = skipped_pods.count;
     for s in [skipped_nodes, skipped_pods] {
         if s.count > 0 {
             eprintln!("warning: {s}");
         }
+    }
+    if !pods.iter().any(|p| p.pod.gpu_count() > 0) {
+        let why = if pods.is_empty() { "no pods" } else { "no pod that asks for a GPU" };
+        let skipped = if skipped > 0 { format!(" ({skipped} rows skipped)") } else { String::new() };
+        bail!("{pods_name}: {why}{skipped}: the simulation fills the cluster's GPUs with the pod list's GPU pods, so it needs at least one");
     }
     let mut name = name;
     if args.gpu_spec_fraction > 0.0 {
@@ -338,10 +411,10 @@ fn default_genai_dir() -> Option<PathBuf> {
 fn read_usage(path: &Path, lenient: bool) -> Result<elastic::load::Metric> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let name = path.display().to_string();
-    let text = elastic::load::maybe_gunzip(&name, &bytes)?;
+    let (text, bad) = elastic::load::decode(&name, &bytes, lenient)?;
     let m = elastic::load::parse_usage_file(&name, &text, lenient)?;
-    if m.skipped > 0 {
-        eprintln!("warning: {name}: {} rows or samples skipped", m.skipped);
+    if m.skipped + bad > 0 {
+        eprintln!("warning: {name}: {} rows or samples skipped", m.skipped + bad);
     }
     if m.series_without_pod > 0 {
         eprintln!("note: {name}: {} series without a pod (GPUs no pod holds) left out", m.series_without_pod);
@@ -423,15 +496,19 @@ fn load_usage(args: &SimulateArgs) -> Result<(elastic::Usage, String)> {
 }
 
 fn run_elastic(args: &SimulateArgs) -> Result<()> {
+    if let Some(g) = args.gpu_mem_gib.iter().enumerate().find_map(|(i, g)| args.gpu_mem_gib[..i].contains(g).then_some(g)) {
+        usage!("--gpu-mem-gib lists {g} twice: list each GPU size once");
+    }
     let (usage, source) = load_usage(args)?;
     if usage.dropped_samples > 0 {
         let what = format!(
-            "{} pods × {}-second periods from the first timestamp ({}) to the last ({}) is more than {} cells: {} samples past period {} would be left out",
+            "{} pods × {}-second periods from the first timestamp ({}) to the last ({}) is more than {} cells or {} periods: {} samples past period {} would be left out",
             usage.pods.len(),
             usage.step_s,
-            usage.first_s,
-            usage.last_s,
+            elastic::load::short(usage.first_s),
+            elastic::load::short(usage.last_s),
             elastic::load::MAX_CELLS,
+            elastic::load::MAX_PERIODS,
             usage.dropped_samples,
             usage.minutes
         );
@@ -452,9 +529,11 @@ fn run_elastic(args: &SimulateArgs) -> Result<()> {
     let moves = match args.moves.as_str() {
         "none" => elastic::Moves::None,
         "evict" => elastic::Moves::Evict,
-        "repack" => elastic::Moves::Repack,
-        m => bail!("unknown --moves '{m}': use none, evict or repack"),
+        _ => elastic::Moves::Repack,
     };
+    let inputs: Vec<&Path> = [&args.usage_duty, &args.usage_memory].into_iter().flatten().map(PathBuf::as_path).collect();
+    let writes: Vec<String> = ["elastic.md".to_string(), "elastic.json".to_string()].into_iter().chain(args.gpu_mem_gib.iter().map(|g| elastic::chart_file(*g))).collect();
+    prepare_out(&args.out, &inputs, &writes)?;
     // One setting for every strategy, the fleet's included.
     let carry_unserved = args.unserved_compute == "carry";
     let fleet = (!args.no_fleet).then(|| elastic::FleetConfig {
@@ -483,6 +562,5 @@ fn run_elastic(args: &SimulateArgs) -> Result<()> {
         .map(|&g| elastic::evaluate(&usage, ElasticConfig { gpu_mem_gib: g, resize_every: args.resize_every, window: args.window, headroom: args.headroom, compute_floor: args.compute_floor, mem_floor_gib: args.mem_floor_gib, moves, compute_quantile: (args.compute_quantile > 0.0).then_some(args.compute_quantile), compute_window: args.compute_window, gpu_risk: (args.gpu_risk_quantile > 0.0).then_some(elastic::GpuRisk { window: args.gpu_risk_window, quantile: args.gpu_risk_quantile }), repack_gain: args.repack_gain, mem_headroom: args.mem_headroom, fleet, carry_unserved }))
         .collect();
     let md = elastic::write_report(&args.out, &source, &evals).context("writing the elastic report")?;
-    println!("{md}\nreport in {}", args.out.display());
-    Ok(())
+    say(&format!("{md}\nreport in {}", args.out.display()))
 }

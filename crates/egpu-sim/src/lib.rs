@@ -19,5 +19,6 @@ pub mod gpuspec;
 pub mod report;
 pub mod sim;
 pub mod sweep;
+pub mod text;
 pub mod trace;
 pub mod workload;

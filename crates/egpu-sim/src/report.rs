@@ -125,6 +125,9 @@ struct JsonReport<'a> {
     runs: &'a [RunResult],
 }
 
+/// The files [`write_all`] writes into its directory.
+pub const FILES: [&str; 4] = ["summary.md", "results.json", "curves.csv", "allocation.svg"];
+
 /// Write `summary.md`, `results.json`, `curves.csv` and `allocation.svg` into `dir`.
 pub fn write_all(dir: &Path, trace: &str, source: &str, inflation: f64, elapsed_s: f64, runs: &[RunResult]) -> Result<Vec<PolicySummary>, ReportError> {
     std::fs::create_dir_all(dir).map_err(|source| ReportError::Io { path: dir.display().to_string(), source })?;

@@ -72,12 +72,16 @@ struct Table<'a> {
     columns: Vec<(&'static str, Option<usize>)>,
     header_len: usize,
     last_error_byte: Option<u64>,
+    lines: crate::text::Lines<'a>,
 }
 
 impl<'a> Table<'a> {
     fn open(file: &'a str, text: &'a str, required: &[&'static str], optional: &[&'static str]) -> Result<Table<'a>, TraceError> {
         let mut reader = csv::ReaderBuilder::new().flexible(true).trim(csv::Trim::All).from_reader(text.as_bytes());
         let err = |msg: String| TraceError { file: file.to_string(), line: 1, msg };
+        if text.trim().is_empty() {
+            return Err(err(format!("the file is empty: it needs a header naming the columns {}", required.join(","))));
+        }
         let headers = reader.headers().map_err(|e| err(format!("cannot read the header: {e}")))?.clone();
         let find = |name: &str| headers.iter().position(|h| h.eq_ignore_ascii_case(name));
         let mut columns = Vec::new();
@@ -88,7 +92,7 @@ impl<'a> Table<'a> {
         for &name in optional {
             columns.push((name, find(name)));
         }
-        Ok(Table { file, reader, columns, header_len: headers.len(), last_error_byte: None })
+        Ok(Table { file, reader, columns, header_len: headers.len(), last_error_byte: None, lines: crate::text::Lines::new(text) })
     }
 
     /// Next row as (line, fields by column order), or an error for that row.
@@ -97,7 +101,7 @@ impl<'a> Table<'a> {
         match self.reader.read_record(&mut rec) {
             Ok(false) => None,
             Ok(true) => {
-                let line = rec.position().map_or(0, |p| p.line());
+                let line = rec.position().map_or(0, |p| self.lines.line(p.byte()));
                 // A field too many is a value split by a comma (several GPU
                 // types are written `A|B`), not something to drop quietly.
                 if rec.len() > self.header_len {
@@ -114,7 +118,7 @@ impl<'a> Table<'a> {
                 Some(Ok((line, out)))
             }
             Err(e) => {
-                let line = e.position().map_or(0, |p| p.line());
+                let line = e.position().map_or(0, |p| self.lines.line(p.byte()));
                 let byte = e.position().map(|p| p.byte());
                 if byte.is_some() && byte == self.last_error_byte {
                     return None; // no progress: stop rather than loop

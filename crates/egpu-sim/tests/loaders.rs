@@ -144,7 +144,7 @@ fn a_grid_too_large_is_cut_and_the_samples_past_it_are_counted() {
 #[test]
 fn values_no_gpu_could_have_are_refused_with_their_line() {
     let e = usage::parse_metric("m", "value,timestamp,pod\n1e9,0,a\n1e40,60,a\n", false).unwrap_err();
-    assert!(e.to_string().starts_with("m:3: value must be a number from 0 to 1e18"), "{e}");
+    assert!(e.to_string().starts_with("m:3: value 1e40 is not a number from 0 to 1e18"), "{e}");
     assert_eq!(usage::parse_metric("m", "value,timestamp,pod\n1e9,0,a\n1e40,60,a\n", true).unwrap().1, 1);
 }
 
@@ -242,4 +242,63 @@ proptest! {
             }
         }
     }
+
+    /// Whatever the line ends (`\n` or `\r\n`) and however many blank
+    /// lines sit between rows, an error names the bad row's own line, in
+    /// the pod list and in a usage CSV alike.
+    #[test]
+    fn errors_name_the_bad_row_s_own_line(
+        rows in prop::collection::vec((any::<bool>(), 0usize..3), 1..12),
+        bad in any::<prop::sample::Index>(),
+    ) {
+        let bad = bad.index(rows.len());
+        let (mut pods, mut duty) = (String::new(), String::new());
+        let mut want = 0;
+        let mut line = 1;
+        for (k, &(crlf, blanks)) in rows.iter().enumerate() {
+            let end = if crlf { "\r\n" } else { "\n" };
+            if k == 0 {
+                pods.push_str(&format!("name,cpu_milli,memory_mib,num_gpu,gpu_milli{end}"));
+                duty.push_str(&format!("pod,timestamp,value{end}"));
+            }
+            for _ in 0..blanks {
+                pods.push_str(end);
+                duty.push_str(end);
+                line += 1;
+            }
+            line += 1;
+            if k == bad {
+                want = line;
+                pods.push_str(&format!("p{k},y,1,1,500{end}"));
+                duty.push_str(&format!("a,{k},y{end}"));
+            } else {
+                pods.push_str(&format!("p{k},1,1,1,500{end}"));
+                duty.push_str(&format!("a,{k},1{end}"));
+            }
+        }
+        let (c, _) = load_nodes("nodes.csv", NODES, false).unwrap();
+        let e = load_pods("pods.csv", &pods, &c, false).unwrap_err();
+        prop_assert_eq!(e.line, want, "{}", e);
+        let e = usage::parse_metric("duty.csv", &duty, false).unwrap_err();
+        prop_assert_eq!(e.line, want, "{}", e);
+    }
+}
+
+#[test]
+fn usage_csv_files_concatenated_with_their_headers_load() {
+    let text = "Pod,Timestamp,Value\na,0,10\nb,0,20\npod,timestamp,value\na,60,30\n";
+    let (rows, skipped) = usage::parse_metric("cat.csv", text, false).unwrap();
+    assert_eq!((rows.len(), skipped), (3, 0), "the repeated header is no row, and header names are not case-sensitive");
+    let e = usage::parse_metric("empty.csv", " \n", false).unwrap_err();
+    assert!(e.to_string().starts_with("empty.csv:1: the file is empty"), "{e}");
+    let e = load_nodes("empty.csv", "", false).unwrap_err();
+    assert!(e.to_string().starts_with("empty.csv:1: the file is empty"), "{e}");
+}
+
+#[test]
+fn a_stray_timestamp_cannot_stretch_the_grid_past_its_period_bound() {
+    let duty = vec![("a".to_string(), 0.0, 10.0), ("a".to_string(), 60.0, 10.0), ("a".to_string(), 1e15, 10.0)];
+    let mem = vec![("a".to_string(), 0.0, 1e9), ("a".to_string(), 60.0, 1e9)];
+    let u = usage::align(&duty, &mem);
+    assert_eq!((u.minutes, u.dropped_samples), (usage::MAX_PERIODS, 1));
 }

@@ -15,44 +15,44 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Devices(o) => {
             let n = output::node_out(get_node(&mut connect(socket).await?).await?);
-            print_out(o.format, &n, output::devices_table);
+            print_out(o.format, &n, output::devices_table)?;
         }
         Command::Ls(o) => {
             let mut c = connect(socket).await?;
             let list = c.list_slices(proto::ListSlicesRequest {}).await.map_err(exit::status)?.into_inner();
             let slices: Vec<_> = list.slices.into_iter().map(output::slice_out).collect();
-            print_out(o.format, &slices, |s| output::slices_table(s));
+            print_out(o.format, &slices, |s| output::slices_table(s))?;
         }
         Command::Get { name, out } => {
             let mut c = connect(socket).await?;
             let s = output::slice_out(c.get_slice(proto::GetSliceRequest { name }).await.map_err(exit::status)?.into_inner());
-            print_out(out.format, &s, |s| output::slices_table(std::slice::from_ref(s)));
+            print_out(out.format, &s, |s| output::slices_table(std::slice::from_ref(s)))?;
         }
         Command::Create { name, limits } => {
             let mut c = connect(socket).await?;
             let s = create(&mut c, name, &limits, false).await?;
-            println!("{}", s.id);
+            output::print(&format!("{}\n", s.id))?;
         }
         Command::Resize { name, limits } => {
             let mut c = connect(socket).await?;
             let s = c.resize_slice(resize_request(name, &limits)?).await.map_err(exit::status)?.into_inner();
             let limits: Vec<String> = s.devices.iter().map(|d| format!("device {}: {}", d.device, egpu_core::Bytes(d.memory_limit_bytes))).collect();
-            println!("resized {} ({})", s.name, limits.join(", "));
+            output::print(&format!("resized {} ({})\n", s.name, limits.join(", ")))?;
         }
         Command::Rm { name, force } => {
             let mut c = connect(socket).await?;
             let r = c.delete_slice(proto::DeleteSliceRequest { name: name.clone(), force }).await.map_err(exit::status)?.into_inner();
             if r.attached_pids.is_empty() {
-                println!("removed {name}");
+                output::print(&format!("removed {name}\n"))?;
             } else {
-                println!("removed {name}; processes {:?} keep running but can no longer allocate", r.attached_pids);
+                output::print(&format!("removed {name}; processes {:?} keep running but can no longer allocate\n", r.attached_pids))?;
             }
         }
         Command::Env { name } => {
             let mut c = connect(socket).await?;
             for e in launch_env(&mut c, &name).await? {
                 let v = egpu_node::launch::combine(&e, std::env::var(&e.name).ok().as_deref());
-                println!("export {}='{}'", e.name, v.replace('\'', "'\\''"));
+                output::print(&format!("export {}='{}'\n", e.name, v.replace('\'', "'\\''")))?;
             }
         }
         Command::Exec { name, cmd } => {
@@ -73,11 +73,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn print_out<T: serde::Serialize>(format: Format, v: &T, table: impl Fn(&T) -> String) {
-    match format {
-        Format::Json => print!("{}", output::json(v)),
-        Format::Table => print!("{}", table(v)),
-    }
+fn print_out<T: serde::Serialize>(format: Format, v: &T, table: impl Fn(&T) -> String) -> std::io::Result<()> {
+    output::print(&match format {
+        Format::Json => output::json(v),
+        Format::Table => table(v),
+    })
 }
 
 pub async fn connect(socket: &Path) -> anyhow::Result<Client> {

@@ -69,6 +69,9 @@ pub fn code_of(e: &anyhow::Error) -> i32 {
     if let Some(f) = e.downcast_ref::<Failure>() {
         return f.code;
     }
+    if e.downcast_ref::<egpu_sim::cli::UsageError>().is_some() {
+        return USAGE;
+    }
     if e.downcast_ref::<egpu_node::client::ClientError>().is_some() {
         return UNREACHABLE;
     }

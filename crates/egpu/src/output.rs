@@ -2,6 +2,16 @@
 //! are stable: fields are only ever added.
 
 use egpu_core::{Bytes, Percent};
+use std::io::Write;
+
+/// Write `text` to standard output. A reader that has gone away
+/// (`egpu ls | head -1`) is no error: the command did its work.
+pub fn print(text: &str) -> std::io::Result<()> {
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r,
+    }
+}
 use egpu_node::proto;
 use serde::Serialize;
 

@@ -135,3 +135,44 @@ fn stale_socket_is_replaced_but_other_files_are_not() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("is not a socket; refusing to replace it"));
 }
+
+#[test]
+fn simulate_flag_errors_exit_2_and_a_closed_stdout_is_no_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let (nodes, pods, out) = (dir.path().join("nodes.csv"), dir.path().join("pods.csv"), dir.path().join("report"));
+    std::fs::write(&nodes, "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\n").unwrap();
+    std::fs::write(&pods, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,4000,8192,1,500\n").unwrap();
+    let sim = |extra: &[&str]| {
+        let mut c = std::process::Command::new(EGPU);
+        c.arg("simulate").arg("--node-list").arg(&nodes).arg("--pod-list").arg(&pods).arg("--out").arg(&out).args(["--no-progress", "--seeds", "1"]).args(extra);
+        c
+    };
+    // Refused by the flag parser, and by the checks after it: both exit 2.
+    assert_fails(&sim(&["--threads", "0"]).output().unwrap(), 2, &["--threads"]);
+    assert_fails(&sim(&["--policies", "fgd,fgd"]).output().unwrap(), 2, &["'fgd' is listed twice"]);
+    // A reader that went away before the summary is printed: the report is
+    // written and the run succeeds, with no panic.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let o = sim(&["--policies", "fgd"]).stdout(writer).stderr(Stdio::piped()).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "stderr: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+    assert!(out.join("summary.md").exists());
+}
+
+#[test]
+fn a_listing_to_a_reader_that_went_away_is_no_error() {
+    let node = Node::start("1x16GiB");
+    node.ok(&["create", "--name", "x", "--gpu-memory", "1GiB"]);
+    for args in [&["ls", "-o", "json"][..], &["devices"], &["create", "--name", "y", "--gpu-memory", "1GiB"]] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let o = node.cli().args(args).stdout(writer).stderr(Stdio::piped()).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+    // The create did its work although nobody read its output.
+    assert_eq!(node.slices().len(), 2);
+}

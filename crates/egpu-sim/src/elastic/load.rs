@@ -3,7 +3,6 @@
 //! `container_ip`, in any column order), optionally gzip-compressed.
 
 use std::collections::HashMap;
-use std::io::Read;
 
 /// A loading error with the file and 1-based line (0: the message says
 /// where, as for a JSON series).
@@ -33,7 +32,7 @@ pub struct Usage {
     /// GPU memory used, bytes, `[pod][period]`.
     pub mem: Vec<Vec<f32>>,
     pub skipped_rows: usize,
-    /// Samples past the grid's size bound ([`MAX_CELLS`]), not used.
+    /// Samples past the grid's size bound ([`MAX_CELLS`], [`MAX_PERIODS`]), not used.
     pub dropped_samples: usize,
 }
 
@@ -48,20 +47,26 @@ impl Default for Usage {
 /// the evaluation runs (f64 copies), so the bound is about 1.2 GB.
 pub const MAX_CELLS: usize = 50_000_000;
 
+/// Most periods a grid may have, whatever its pods: a million (1.9 years
+/// at one sample a minute). It bounds a one-pod trace whose stray
+/// timestamp [`MAX_CELLS`] alone would let run to 50 million periods.
+pub const MAX_PERIODS: usize = 1_000_000;
+
 /// Largest value a sample may have (bytes of memory, or percent): beyond
 /// it, it is no GPU's usage, and it would not survive the f32 grid.
 pub const MAX_VALUE: f64 = 1e18;
 
-/// Decompress if the bytes start with the gzip magic.
-pub fn maybe_gunzip(file: &str, bytes: &[u8]) -> Result<String, UsageError> {
-    let err = |msg: String| UsageError { file: file.to_string(), line: 0, msg };
-    if bytes.starts_with(&[0x1f, 0x8b]) {
-        let mut s = String::new();
-        flate2::read::MultiGzDecoder::new(bytes).read_to_string(&mut s).map_err(|e| err(format!("cannot decompress: {e}")))?;
-        Ok(s)
-    } else {
-        String::from_utf8(bytes.to_vec()).map_err(|e| err(format!("not UTF-8 text: {e}")))
-    }
+/// The file's text ([`crate::text::decode`]: gzip or plain, a byte-order
+/// mark dropped), and with `lenient` how many lines were blanked for
+/// bytes that are not UTF-8.
+pub fn decode(file: &str, bytes: &[u8], lenient: bool) -> Result<(String, usize), UsageError> {
+    crate::text::decode(bytes, lenient).map_err(|(line, msg)| UsageError { file: file.to_string(), line, msg })
+}
+
+/// A number for a message: as written when short, else in `e` notation
+/// (`1e40`, not forty digits).
+pub fn short(x: f64) -> String {
+    if x.is_finite() && x.abs() >= 1e15 { format!("{x:e}") } else { x.to_string() }
 }
 
 /// One sample: (pod, timestamp in seconds, value).
@@ -71,25 +76,37 @@ pub type Sample = (String, f64, f64);
 pub fn parse_metric(file: &str, text: &str, lenient: bool) -> Result<(Vec<Sample>, usize), UsageError> {
     let mut rd = csv::ReaderBuilder::new().flexible(true).trim(csv::Trim::All).from_reader(text.as_bytes());
     let err = |line: u64, msg: String| UsageError { file: file.to_string(), line, msg };
+    if text.trim().is_empty() {
+        return Err(err(1, "the file is empty: it needs a header (value, timestamp, pod) and one row per sample".into()));
+    }
     let headers = rd.headers().map_err(|e| err(1, format!("cannot read the header: {e}")))?.clone();
-    let col = |name: &str| headers.iter().position(|h| h == name).ok_or_else(|| err(1, format!("missing column '{name}'")));
+    let col = |name: &str| headers.iter().position(|h| h.eq_ignore_ascii_case(name)).ok_or_else(|| err(1, format!("missing column '{name}'")));
     // genai-2026 names, or the plain ones of a trace of your own.
     let either = |a: &str, b: &str| col(a).or_else(|_| col(b)).map_err(|_| err(1, format!("missing column '{b}' (or '{a}'): the header needs value, timestamp and pod")));
     let (vi, ti, pi) = (col("value")?, either("timestamp_anon", "timestamp")?, either("container_ip", "pod")?);
     let mut out = Vec::new();
     let mut skipped = 0;
     let mut last_err_byte = None;
+    let mut lines = crate::text::Lines::new(text);
     for rec in rd.records() {
         let row = match rec {
+            // The header again: files concatenated with their headers.
+            Ok(r) if r.len() == headers.len() && r.iter().zip(headers.iter()).all(|(a, b)| a.eq_ignore_ascii_case(b)) => continue,
             Ok(r) => {
-                let line = r.position().map_or(0, |p| p.line());
+                let line = r.position().map_or(0, |p| lines.line(p.byte()));
                 let get = |i: usize, what: &str| r.get(i).ok_or_else(|| err(line, format!("truncated row: no {what}")));
                 (|| {
                     let v: f64 = get(vi, "value")?.parse().map_err(|_| err(line, "value is not a number".into()))?;
                     let t: f64 = get(ti, "timestamp")?.parse().map_err(|_| err(line, "timestamp is not a number".into()))?;
                     let p = get(pi, "pod")?.to_string();
-                    if !v.is_finite() || !(0.0..=MAX_VALUE).contains(&v) || !t.is_finite() || p.is_empty() {
-                        return Err(err(line, format!("value must be a number from 0 to {MAX_VALUE:e}, with a timestamp and a pod")));
+                    if !t.is_finite() {
+                        return Err(err(line, format!("timestamp {} is not a finite number of seconds", short(t))));
+                    }
+                    if p.is_empty() {
+                        return Err(err(line, "no pod name".into()));
+                    }
+                    if !(0.0..=MAX_VALUE).contains(&v) {
+                        return Err(err(line, format!("value {} is not a number from 0 to {MAX_VALUE:e}", short(v))));
                     }
                     Ok((p, t, v))
                 })()
@@ -100,7 +117,7 @@ pub fn parse_metric(file: &str, text: &str, lenient: bool) -> Result<(Vec<Sample
                     break;
                 }
                 last_err_byte = b;
-                Err(err(e.position().map_or(0, |p| p.line()), format!("unreadable row: {e}")))
+                Err(err(e.position().map_or(0, |p| lines.line(p.byte())), format!("unreadable row: {e}")))
             }
         };
         match row {
@@ -263,7 +280,7 @@ fn parse_prometheus(file: &str, text: &str, lenient: bool) -> Result<Metric, Usa
             let bad = |what: String| err(0, format!("series {} ({pod}), sample {}: {what} (pass --lenient to skip such samples)", k + 1, j + 1));
             let r = match v.parse::<f64>() {
                 Ok(x) if (0.0..=MAX_VALUE).contains(&x) && t.is_finite() => Ok((pod.clone(), *t, x)),
-                Ok(x) => Err(bad(format!("value {x} at time {t} is not a number from 0 to {MAX_VALUE:e}"))),
+                Ok(x) => Err(bad(format!("value {} at time {} is not a number from 0 to {MAX_VALUE:e}", short(x), short(*t)))),
                 Err(_) => Err(bad(format!("value '{v}' is not a number"))),
             };
             match r {
@@ -282,7 +299,7 @@ fn parse_prometheus(file: &str, text: &str, lenient: bool) -> Result<Metric, Usa
 /// trace has a period of its own. Samples of one pod that fall in the same
 /// period (a trace sampled faster than its usual step, or with jitter) are
 /// combined: duty cycle averaged, memory its largest. A grid above
-/// [`MAX_CELLS`] is cut short and the samples past it are counted in
+/// [`MAX_CELLS`] or [`MAX_PERIODS`] is cut short and the samples past it are counted in
 /// [`Usage::dropped_samples`].
 pub fn align(duty: &[Sample], mem: &[Sample]) -> Usage {
     align_with(duty, mem, None, MAX_CELLS)
@@ -307,7 +324,7 @@ pub fn align_with(duty: &[Sample], mem: &[Sample], step: Option<f64>, max_cells:
     }
     // Bound the grid (pods × periods) so hostile timestamps cannot exhaust memory.
     let span = ((t1 - t0) / step).round().min(1e15) as usize;
-    let minutes = span.min((max_cells / pods.len().max(1)).saturating_sub(1)) + 1;
+    let minutes = span.min((max_cells / pods.len().max(1)).saturating_sub(1)).min(MAX_PERIODS - 1) + 1;
     let n = pods.len();
     let mut u = Usage { minutes, step_s: step, first_s: t0, last_s: t1, duty: vec![vec![f32::NAN; minutes]; n], mem: vec![vec![f32::NAN; minutes]; n], pods, skipped_rows: 0, dropped_samples: 0 };
     // Duty: a running mean per cell (its sample count beside it).

@@ -52,6 +52,31 @@ pub fn severity(evals: &[Evaluation]) -> String {
     s
 }
 
+/// Most points a chart line gets: a long trace is drawn by its envelope.
+const CHART_POINTS: usize = 2_000;
+
+/// A per-period series as chart points (`x(period)`, value): as is up to
+/// [`CHART_POINTS`] periods, else the largest value of each of
+/// [`CHART_POINTS`] equal runs of periods (GPUs in use: the peaks stay
+/// visible), so a chart stays small whatever the trace's length.
+fn envelope(values: impl ExactSizeIterator<Item = f64>, x: impl Fn(usize) -> f64) -> Vec<(f64, f64)> {
+    let per = values.len().div_ceil(CHART_POINTS).max(1);
+    let mut out: Vec<(f64, f64)> = Vec::with_capacity(values.len().min(CHART_POINTS));
+    for (t, v) in values.enumerate() {
+        if t % per == 0 {
+            out.push((x(t), v));
+        } else if let Some(last) = out.last_mut() {
+            last.1 = last.1.max(v);
+        }
+    }
+    out
+}
+
+/// The chart's file name for GPUs of `gpu_mem_gib`.
+pub fn chart_file(gpu_mem_gib: f64) -> String {
+    format!("elastic-{gpu_mem_gib}GiB.svg")
+}
+
 /// Write `elastic.md`, `elastic.json` and one `elastic-<size>GiB.svg` per GPU size.
 pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<String, ReportError> {
     std::fs::create_dir_all(dir).map_err(|e| ReportError::Io { path: dir.display().to_string(), source: e })?;
@@ -100,11 +125,28 @@ pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<St
     for e in evals {
         // Hours of trace time: a period lasts the trace's own step.
         let hours = |t: usize| t as f64 * e.step_s / 3600.0;
-        let mut series: Vec<(String, Vec<(f64, f64)>)> = e.outcomes.iter().map(|o| (o.strategy.clone(), o.in_use.iter().enumerate().map(|(t, &g)| (hours(t), f64::from(g))).collect())).collect();
-        series.push(("lower bound".into(), e.lower_bound_series.iter().enumerate().map(|(t, &g)| (hours(t), g)).collect()));
+        let mut series: Vec<(String, Vec<(f64, f64)>)> = e.outcomes.iter().map(|o| (o.strategy.clone(), envelope(o.in_use.iter().map(|&g| f64::from(g)), hours))).collect();
+        series.push(("lower bound".into(), envelope(e.lower_bound_series.iter().copied(), hours)));
         let ymax = e.outcomes.iter().map(|o| o.gpus).max().unwrap_or(1) as f64 * 1.1;
-        let path = dir.join(format!("elastic-{}GiB.svg", e.config.gpu_mem_gib));
+        let path = dir.join(chart_file(e.config.gpu_mem_gib));
         line_chart(&path, &format!("GPUs in use, {} GiB GPUs", e.config.gpu_mem_gib), "hours", "GPUs", (0.0, hours(e.minutes)), (0.0, ymax.max(1.0)), &series, false)?;
     }
     Ok(md)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_series_is_charted_by_its_envelope() {
+        let short: Vec<f64> = (0..10).map(f64::from).collect();
+        assert_eq!(envelope(short.iter().copied(), |t| t as f64), short.iter().enumerate().map(|(t, &v)| (t as f64, v)).collect::<Vec<_>>());
+        // A million periods with one peak: 2,000 points, and the peak kept.
+        let long = (0..1_000_000).map(|t| if t == 777_777 { 9.0 } else { 1.0 });
+        let pts = envelope(long, |t| t as f64);
+        assert_eq!(pts.len(), CHART_POINTS);
+        assert_eq!(pts.iter().filter(|p| p.1 == 9.0).count(), 1);
+        assert_eq!(pts.iter().find(|p| p.1 == 9.0).map(|p| p.0), Some(777_500.0), "at the start of its run of periods");
+    }
 }

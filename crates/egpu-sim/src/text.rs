@@ -1,0 +1,123 @@
+//! Turning a trace file's bytes into text the CSV and JSON readers take,
+//! and finding the line a reader's byte offset is on.
+//!
+//! Shared by the openb loaders ([`crate::trace`]) and the usage loaders
+//! ([`crate::elastic::load`]), so both accept the same files: plain or
+//! gzip, with or without a UTF-8 byte-order mark, and with a bad byte
+//! pointed at by its line.
+
+use std::io::Read;
+
+/// Text of a file: gunzipped if it starts with the gzip magic, without a
+/// leading byte-order mark. Bytes that are not UTF-8 are an error naming
+/// the first such line (1-based) unless `lenient`: then every line that
+/// holds one is blanked (the readers skip blank lines, and the other lines
+/// keep their numbers) and counted in the second value.
+pub fn decode(bytes: &[u8], lenient: bool) -> Result<(String, usize), (u64, String)> {
+    let mut unpacked = Vec::new();
+    let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
+        flate2::read::MultiGzDecoder::new(bytes).read_to_end(&mut unpacked).map_err(|e| (0, format!("cannot decompress: {e}")))?;
+        &unpacked[..]
+    } else {
+        bytes
+    };
+    let bytes = bytes.strip_prefix("\u{feff}".as_bytes()).unwrap_or(bytes);
+    match std::str::from_utf8(bytes) {
+        Ok(s) => Ok((s.to_string(), 0)),
+        Err(e) if !lenient => {
+            let at = e.valid_up_to();
+            Err((line_at(bytes, at), "not UTF-8 text: save the file as UTF-8, or pass --lenient to skip the lines that are not".to_string()))
+        }
+        Err(_) => {
+            let mut out = String::with_capacity(bytes.len());
+            let mut bad = 0;
+            for line in bytes.split_inclusive(|&b| b == b'\n') {
+                match std::str::from_utf8(line) {
+                    Ok(s) => out.push_str(s),
+                    Err(_) => {
+                        bad += 1;
+                        if line.ends_with(b"\n") {
+                            out.push('\n');
+                        }
+                    }
+                }
+            }
+            Ok((out, bad))
+        }
+    }
+}
+
+/// The 1-based line that byte `at` of `bytes` is on.
+fn line_at(bytes: &[u8], at: usize) -> u64 {
+    1 + bytes[..at.min(bytes.len())].iter().filter(|&&b| b == b'\n').count() as u64
+}
+
+/// Lines of a text by byte offset, for readers whose own line count is off
+/// (the `csv` crate miscounts after `\r\n` and blank lines). Offsets are
+/// asked in increasing order, as a reader goes, so the whole file is
+/// scanned once; an offset behind the last one is counted from the start.
+pub struct Lines<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    line: u64,
+}
+
+impl<'a> Lines<'a> {
+    pub fn new(text: &'a str) -> Lines<'a> {
+        Lines { bytes: text.as_bytes(), at: 0, line: 1 }
+    }
+
+    /// The 1-based line of the record that starts at byte `byte`. The
+    /// reader may give a record's start before the line ends it passed
+    /// over (the `\n` of a `\r\n`, blank lines), so those are skipped.
+    pub fn line(&mut self, byte: u64) -> u64 {
+        let mut byte = (byte as usize).min(self.bytes.len());
+        while matches!(self.bytes.get(byte), Some(b'\r' | b'\n')) {
+            byte += 1;
+        }
+        if byte < self.at {
+            (self.at, self.line) = (0, 1);
+        }
+        self.line += self.bytes[self.at..byte].iter().filter(|&&b| b == b'\n').count() as u64;
+        self.at = byte;
+        self.line
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_are_counted_by_byte_whatever_the_line_ends() {
+        let text = "a\r\nb\n\n\nc\r\n";
+        let mut l = Lines::new(text);
+        assert_eq!(l.line(0), 1);
+        assert_eq!(l.line(3), 2);
+        assert_eq!(l.line(2), 2, "a start before a line's end is the next line's");
+        assert_eq!(l.line(5), 5, "blank lines are passed over");
+        assert_eq!(l.line(text.find('c').unwrap() as u64), 5);
+        assert_eq!(l.line(3), 2, "backwards recounts");
+        assert_eq!(l.line(1_000), 6, "past the end: the last line");
+    }
+
+    #[test]
+    fn bad_bytes_name_their_line_or_blank_it() {
+        let bytes = b"h\nok\nb\xffd\nok\n";
+        assert_eq!(decode(bytes, false).unwrap_err().0, 3);
+        let (text, bad) = decode(bytes, true).unwrap();
+        assert_eq!((text.as_str(), bad), ("h\nok\n\nok\n", 1));
+        let (text, bad) = decode("\u{feff}x,y\n".as_bytes(), false).unwrap();
+        assert_eq!((text.as_str(), bad), ("x,y\n", 0));
+    }
+
+    #[test]
+    fn gzip_is_unpacked() {
+        use std::io::Write;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(b"x,y\n1,2\n").unwrap();
+        let (text, _) = decode(&gz.finish().unwrap(), false).unwrap();
+        assert_eq!(text, "x,y\n1,2\n");
+        assert!(decode(&[0x1f, 0x8b, 0, 1], false).unwrap_err().1.contains("cannot decompress"));
+    }
+}
