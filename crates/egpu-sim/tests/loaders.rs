@@ -289,6 +289,11 @@ fn usage_csv_files_concatenated_with_their_headers_load() {
     let text = "Pod,Timestamp,Value\na,0,10\nb,0,20\npod,timestamp,value\na,60,30\n";
     let (rows, skipped) = usage::parse_metric("cat.csv", text, false).unwrap();
     assert_eq!((rows.len(), skipped), (3, 0), "the repeated header is no row, and header names are not case-sensitive");
+    let e = usage::parse_metric("x.csv", "pod,timestamp,value\na,0,10,5\n", false).unwrap_err();
+    assert!(e.to_string().starts_with("x.csv:2: 4 fields but the header has 3"), "{e}");
+    assert_eq!(usage::parse_metric("x.csv", "pod,timestamp,value\n\"a,b\",0,10\n", false).unwrap().0[0].0, "a,b", "a quoted comma is fine");
+    let e = usage::parse_metric("x.csv", "pod,container_ip,timestamp,value\na,b,0,10\n", false).unwrap_err();
+    assert!(e.to_string().contains("both a 'container_ip' and a 'pod' column"), "{e}");
     let e = usage::parse_metric("empty.csv", " \n", false).unwrap_err();
     assert!(e.to_string().starts_with("empty.csv:1: the file is empty"), "{e}");
     let e = load_nodes("empty.csv", "", false).unwrap_err();

@@ -82,7 +82,11 @@ pub fn parse_metric(file: &str, text: &str, lenient: bool) -> Result<(Vec<Sample
     let headers = rd.headers().map_err(|e| err(1, format!("cannot read the header: {e}")))?.clone();
     let col = |name: &str| headers.iter().position(|h| h.eq_ignore_ascii_case(name)).ok_or_else(|| err(1, format!("missing column '{name}'")));
     // genai-2026 names, or the plain ones of a trace of your own.
-    let either = |a: &str, b: &str| col(a).or_else(|_| col(b)).map_err(|_| err(1, format!("missing column '{b}' (or '{a}'): the header needs value, timestamp and pod")));
+    let either = |a: &str, b: &str| match (col(a), col(b)) {
+        (Ok(_), Ok(_)) => Err(err(1, format!("both a '{a}' and a '{b}' column: keep one, so that it is clear which is meant"))),
+        (Ok(i), _) | (_, Ok(i)) => Ok(i),
+        _ => Err(err(1, format!("missing column '{b}' (or '{a}'): the header needs value, timestamp and pod"))),
+    };
     let (vi, ti, pi) = (col("value")?, either("timestamp_anon", "timestamp")?, either("container_ip", "pod")?);
     let mut out = Vec::new();
     let mut skipped = 0;
@@ -96,6 +100,10 @@ pub fn parse_metric(file: &str, text: &str, lenient: bool) -> Result<(Vec<Sample
                 let line = r.position().map_or(0, |p| lines.line(p.byte()));
                 let get = |i: usize, what: &str| r.get(i).ok_or_else(|| err(line, format!("truncated row: no {what}")));
                 (|| {
+                    // A field too many is most often a pod name with a comma in it.
+                    if r.len() > headers.len() {
+                        return Err(err(line, format!("{} fields but the header has {}: quote a value that holds a comma", r.len(), headers.len())));
+                    }
                     let v: f64 = get(vi, "value")?.parse().map_err(|_| err(line, "value is not a number".into()))?;
                     let t: f64 = get(ti, "timestamp")?.parse().map_err(|_| err(line, "timestamp is not a number".into()))?;
                     let p = get(pi, "pod")?.to_string();
