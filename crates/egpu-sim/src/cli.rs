@@ -556,11 +556,16 @@ fn run_elastic(args: &SimulateArgs) -> Result<()> {
         hindsight: args.fleet_hindsight,
         carry_unserved,
     });
+    // Long traces take minutes: a line says what is being evaluated.
+    let bar = if args.no_progress { ProgressBar::hidden() } else { ProgressBar::new_spinner() };
+    bar.enable_steady_tick(std::time::Duration::from_millis(200));
+    let note = |what: &str| bar.set_message(what.to_string());
     let evals: Vec<_> = args
         .gpu_mem_gib
         .iter()
-        .map(|&g| elastic::evaluate(&usage, ElasticConfig { gpu_mem_gib: g, resize_every: args.resize_every, window: args.window, headroom: args.headroom, compute_floor: args.compute_floor, mem_floor_gib: args.mem_floor_gib, moves, compute_quantile: (args.compute_quantile > 0.0).then_some(args.compute_quantile), compute_window: args.compute_window, gpu_risk: (args.gpu_risk_quantile > 0.0).then_some(elastic::GpuRisk { window: args.gpu_risk_window, quantile: args.gpu_risk_quantile }), repack_gain: args.repack_gain, mem_headroom: args.mem_headroom, fleet, carry_unserved }))
+        .map(|&g| elastic::evaluate_with(&usage, ElasticConfig { gpu_mem_gib: g, resize_every: args.resize_every, window: args.window, headroom: args.headroom, compute_floor: args.compute_floor, mem_floor_gib: args.mem_floor_gib, moves, compute_quantile: (args.compute_quantile > 0.0).then_some(args.compute_quantile), compute_window: args.compute_window, gpu_risk: (args.gpu_risk_quantile > 0.0).then_some(elastic::GpuRisk { window: args.gpu_risk_window, quantile: args.gpu_risk_quantile }), repack_gain: args.repack_gain, mem_headroom: args.mem_headroom, fleet, carry_unserved }, &note))
         .collect();
+    bar.finish_and_clear();
     let md = elastic::write_report(&args.out, &source, &evals).context("writing the elastic report")?;
     say(&format!("{md}\nreport in {}", args.out.display()))
 }

@@ -390,3 +390,29 @@ fn severity_says_how_much_time_the_cuts_cost_and_what_no_split_could_avoid() {
     assert_eq!(s.floors.len(), s.tried.len());
     assert!((s.floors[0] - 3.0 / 122.0).abs() < 1e-9, "{s:?}");
 }
+
+#[test]
+fn the_evaluation_says_each_strategy_and_each_fleet_size_it_tries() {
+    let u = noisy(12, 80);
+    let cfg = elastic::ElasticConfig { gpu_mem_gib: 80.0, fleet: Some(FleetConfig { hindsight: true, ..Default::default() }), ..Default::default() };
+    let notes = std::cell::RefCell::new(Vec::<String>::new());
+    let e = elastic::evaluate_with(&u, cfg, &|s| notes.borrow_mut().push(s.to_string()));
+    let notes = notes.into_inner();
+    assert!(e.fleet.as_ref().unwrap().tried.len() >= 2, "the search tries more than one size here");
+    for s in ["80 GiB: exclusive and static-peak", "80 GiB: elastic and elastic-no-migration", "80 GiB: oracle-next-period"] {
+        assert!(notes.iter().any(|n| n == s), "{s} not said: {notes:?}");
+    }
+    for (name, search) in [("elastic-fleet", e.fleet.as_ref().unwrap()), ("fleet-hindsight-static", e.hindsight.as_ref().unwrap())] {
+        let said: Vec<&String> = notes.iter().filter(|n| n.starts_with(&format!("{name}: "))).collect();
+        assert_eq!(said.len(), search.tried.len(), "{name}: {notes:?}");
+        for (note, (n, _)) in said.iter().zip(&search.tried) {
+            assert!(note.starts_with(&format!("{name}: {n} GPUs of 80 GiB")), "{note}");
+        }
+        // From the second size on, the line says what the one before gave.
+        if let (Some(second), Some(&(first, v))) = (said.get(1), search.tried.first()) {
+            assert!(second.contains(&format!("({first}: {:.3}% violations", 100.0 * v)), "{second}");
+        }
+    }
+    // The plain evaluation gives the same result.
+    assert_eq!(elastic::evaluate(&u, cfg).fleet.unwrap().tried, e.fleet.unwrap().tried);
+}

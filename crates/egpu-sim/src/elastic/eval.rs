@@ -646,6 +646,13 @@ fn finish(mut o: Outcome, total_duty: &[f64]) -> Outcome {
 
 /// Evaluate the three strategies and the lower bound for one GPU size.
 pub fn evaluate(u: &Usage, cfg: ElasticConfig) -> Evaluation {
+    evaluate_with(u, cfg, &|_| {})
+}
+
+/// [`evaluate`], telling `note` what it is doing: each strategy as it
+/// starts, and each fleet size as the search tries it (for a progress
+/// line; a long trace takes minutes).
+pub fn evaluate_with(u: &Usage, cfg: ElasticConfig, note: &dyn Fn(&str)) -> Evaluation {
     let f = fill(u);
     let n = f.life.len();
     let g = cfg.gpu_mem_gib;
@@ -659,6 +666,7 @@ pub fn evaluate(u: &Usage, cfg: ElasticConfig) -> Evaluation {
     let lb_exact = lb_series.iter().copied().fold(0.0, f64::max);
 
     let carry = cfg.carry_unserved;
+    note(&format!("{g} GiB: exclusive and static-peak"));
     let exclusive = run_slices(&f, u.minutes, g, usize::MAX, Moves::Evict, carry, |_, _, _| Slice { c: 1.0, m: g }, "exclusive");
     let peak: Vec<Slice> = (0..n)
         .map(|i| match f.life[i] {
@@ -685,10 +693,12 @@ pub fn evaluate(u: &Usage, cfg: ElasticConfig) -> Evaluation {
         Slice { c: (c * (1.0 + cfg.headroom) + cfg.compute_floor).min(1.0), m: (m * (1.0 + cfg.mem_headroom.unwrap_or(cfg.headroom)) + cfg.mem_floor_gib).min(g) }
     };
     let mut online = online;
+    note(&format!("{g} GiB: elastic and elastic-no-migration"));
     let elastic = run_slices_with(&f, u.minutes, g, every, cfg.moves, cfg.gpu_risk, cfg.repack_gain, carry, &mut online, "elastic");
     let pinned = run_slices(&f, u.minutes, g, every, Moves::None, carry, online, "elastic-no-migration");
     // Not a policy: it sees the coming period. Memory exactly its peak,
     // compute its mean, re-packed like (c).
+    note(&format!("{g} GiB: oracle-next-period"));
     let oracle = run_slices(
         &f,
         u.minutes,
@@ -707,9 +717,9 @@ pub fn evaluate(u: &Usage, cfg: ElasticConfig) -> Evaluation {
     let exclusive = finish(exclusive, &total_duty);
     let top = exclusive.gpus.max(lb);
     let fleet_cfg = cfg.fleet.map(|fc| FleetConfig { carry_unserved: carry, ..fc });
-    let (fleet_outcome, fleet_search) = fleet_cfg.map(|fc| fleet::evaluate(&f, u.minutes, g, every, lb, top, &fc, false)).unzip();
+    let (fleet_outcome, fleet_search) = fleet_cfg.map(|fc| fleet::evaluate(&f, u.minutes, g, every, lb, top, &fc, false, note)).unzip();
     // The same fleet with a placement chosen knowing the whole day.
-    let hindsight = fleet_cfg.filter(|fc| fc.hindsight).map(|fc| fleet::evaluate(&f, u.minutes, g, every, lb, top, &fc, true));
+    let hindsight = fleet_cfg.filter(|fc| fc.hindsight).map(|fc| fleet::evaluate(&f, u.minutes, g, every, lb, top, &fc, true, note));
     let (hindsight_outcome, hindsight_search) = hindsight.unzip();
     let mut outcomes: Vec<Outcome> = [exclusive, static_peak, elastic, pinned, oracle].into_iter().chain(fleet_outcome).chain(hindsight_outcome).map(|o| finish(o, &total_duty)).collect();
     let base = outcomes[0].gpus as f64;

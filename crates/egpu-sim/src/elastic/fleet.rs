@@ -677,22 +677,27 @@ fn run_hindsight(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usiz
 /// the answer is the smallest even where violations are not monotone in
 /// N); `to` if none is. Returns that size's run and the sizes tried.
 pub(super) fn search(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, from: usize, to: usize, cfg: &FleetConfig) -> (FleetRun, FleetSearch) {
-    search_with(from, to, cfg, |n| run(f, minutes, gpu_mem, every, n, cfg))
+    search_with(from, to, cfg, &|_, _| {}, |n| run(f, minutes, gpu_mem, every, n, cfg))
 }
 
 /// The fleet (or with `hindsight` [`run_hindsight`]) at `cfg.gpus` GPUs,
-/// or the smallest in `from..=to` within budget, as [`search`] finds it.
+/// or the smallest in `from..=to` within budget, as [`search`] finds it,
+/// telling `note` each size as it tries it.
 #[allow(clippy::too_many_arguments)]
-pub(super) fn evaluate(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, from: usize, to: usize, cfg: &FleetConfig, hindsight: bool) -> (Outcome, FleetSearch) {
+pub(super) fn evaluate(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, from: usize, to: usize, cfg: &FleetConfig, hindsight: bool, note: &dyn Fn(&str)) -> (Outcome, FleetSearch) {
     let (from, to) = cfg.gpus.map_or((from, to), |n| (n, n));
-    let (r, s) = search_with(from, to, cfg, |n| if hindsight { run_hindsight(f, minutes, gpu_mem, every, n, cfg).0 } else { run(f, minutes, gpu_mem, every, n, cfg) });
+    let name = if hindsight { "fleet-hindsight-static" } else { "elastic-fleet" };
+    let (r, s) = search_with(from, to, cfg, &|n, last| note(&format!("{name}: {n} GPUs of {gpu_mem} GiB{last}")), |n| if hindsight { run_hindsight(f, minutes, gpu_mem, every, n, cfg).0 } else { run(f, minutes, gpu_mem, every, n, cfg) });
     (r.outcome, s)
 }
 
-fn search_with(from: usize, to: usize, cfg: &FleetConfig, run: impl Fn(usize) -> FleetRun) -> (FleetRun, FleetSearch) {
+/// Try each size from `from` up; `note(n, what the last size gave)` is
+/// told each size before its run.
+fn search_with(from: usize, to: usize, cfg: &FleetConfig, note: &dyn Fn(usize, &str), run: impl Fn(usize) -> FleetRun) -> (FleetRun, FleetSearch) {
     let (mut tried, mut floors, mut first_come_tried, mut first_come_gpus) = (Vec::new(), Vec::new(), Vec::new(), None);
     let to = to.max(from.max(1));
     for n in from.max(1)..=to {
+        note(n, &tried.last().map_or(String::new(), |&(m, v): &(usize, f64)| format!(" ({m}: {:.3}% violations, budget {:.3}%)", 100.0 * v, 100.0 * cfg.budget)));
         let r = run(n);
         let pod_minutes = r.outcome.pod_minutes.max(1) as f64;
         let frac = r.outcome.violation_minutes as f64 / pod_minutes;

@@ -10,7 +10,7 @@ pub mod eval;
 pub mod fleet;
 pub mod load;
 
-pub use eval::{ElasticConfig, Evaluation, GpuRisk, Moves, Outcome, evaluate};
+pub use eval::{ElasticConfig, Evaluation, GpuRisk, Moves, Outcome, evaluate, evaluate_with};
 pub use fleet::{FleetConfig, FleetRun, FleetSearch, Share, run_fleet, run_fleet_hindsight, search_fleet};
 pub use load::{Usage, UsageError};
 
