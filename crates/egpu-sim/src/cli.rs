@@ -276,18 +276,33 @@ fn say(text: &str) -> Result<()> {
 }
 
 /// Make the report directory before the run, so that a bad `--out` fails
-/// at once, and refuse to write a report file over one of the inputs.
+/// at once (a file, a broken link, a directory it cannot write, a report
+/// name taken by a directory), and refuse to write a report file over one
+/// of the inputs (by file identity: a symbolic or hard link is caught too).
 fn prepare_out(out: &Path, inputs: &[&Path], writes: &[String]) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    if out.symlink_metadata().is_ok() && !out.exists() {
+        usage!("--out {} is a broken symbolic link: point it at a directory, or name another", out.display());
+    }
     if out.exists() && !out.is_dir() {
         usage!("--out {} is a file: name a directory for the report", out.display());
     }
     std::fs::create_dir_all(out).with_context(|| format!("cannot create the report directory {}", out.display()))?;
+    let id = |p: &Path| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let inputs: Vec<(&Path, (u64, u64))> = inputs.iter().filter_map(|p| id(p).map(|i| (*p, i))).collect();
     for name in writes {
-        let Ok(target) = out.join(name).canonicalize() else { continue };
-        if let Some(input) = inputs.iter().find(|p| p.canonicalize().is_ok_and(|c| c == target)) {
+        let target = out.join(name);
+        if target.is_dir() {
+            usage!("{} is a directory, where the report writes its {name}: choose another --out", target.display());
+        }
+        if let Some((input, _)) = id(&target).and_then(|t| inputs.iter().find(|(_, i)| *i == t)) {
             usage!("the report would overwrite the input {} (its {name}): choose another --out", input.display());
         }
     }
+    // Can the report be written there at all?
+    let probe = out.join(format!(".egpu-write-check-{}", std::process::id()));
+    std::fs::write(&probe, b"").with_context(|| format!("cannot write in the report directory {}: choose another --out", out.display()))?;
+    let _ = std::fs::remove_file(&probe);
     Ok(())
 }
 

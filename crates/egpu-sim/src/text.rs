@@ -31,9 +31,11 @@ pub fn decode(bytes: &[u8], lenient: bool) -> Result<(String, usize), (u64, Stri
         Err(_) => {
             let mut out = String::with_capacity(bytes.len());
             let mut bad = 0;
-            for line in bytes.split_inclusive(|&b| b == b'\n') {
+            for (k, line) in bytes.split_inclusive(|&b| b == b'\n').enumerate() {
                 match std::str::from_utf8(line) {
                     Ok(s) => out.push_str(s),
+                    // Without its header no row could be read.
+                    Err(_) if k == 0 => return Err((1, "the header line is not UTF-8 text: save the file as UTF-8".to_string())),
                     Err(_) => {
                         bad += 1;
                         if line.ends_with(b"\n") {
@@ -49,7 +51,13 @@ pub fn decode(bytes: &[u8], lenient: bool) -> Result<(String, usize), (u64, Stri
 
 /// The 1-based line that byte `at` of `bytes` is on.
 fn line_at(bytes: &[u8], at: usize) -> u64 {
-    1 + bytes[..at.min(bytes.len())].iter().filter(|&&b| b == b'\n').count() as u64
+    1 + line_ends(&bytes[..at.min(bytes.len())])
+}
+
+/// Line ends in `bytes`: `\n`, `\r\n`, or a `\r` alone (as the CSV reader
+/// and editors take them).
+fn line_ends(bytes: &[u8]) -> u64 {
+    bytes.iter().enumerate().filter(|&(i, &b)| b == b'\n' || (b == b'\r' && bytes.get(i + 1) != Some(&b'\n'))).count() as u64
 }
 
 /// Lines of a text by byte offset, for readers whose own line count is off
@@ -78,7 +86,9 @@ impl<'a> Lines<'a> {
         if byte < self.at {
             (self.at, self.line) = (0, 1);
         }
-        self.line += self.bytes[self.at..byte].iter().filter(|&&b| b == b'\n').count() as u64;
+        // Both ends sit on a record's first byte (or the end), never
+        // inside a `\r\n`, so each line end is counted once.
+        self.line += line_ends(&self.bytes[self.at..byte]);
         self.at = byte;
         self.line
     }
@@ -98,7 +108,11 @@ mod tests {
         assert_eq!(l.line(5), 5, "blank lines are passed over");
         assert_eq!(l.line(text.find('c').unwrap() as u64), 5);
         assert_eq!(l.line(3), 2, "backwards recounts");
-        assert_eq!(l.line(1_000), 6, "past the end: the last line");
+        assert_eq!(l.line(1_000), 6, "past the end: the line after the last line end");
+        // A `\r` alone ends a line too, as the CSV reader takes it.
+        let mut l = Lines::new("h\ra\rb\r");
+        assert_eq!(l.line(2), 2);
+        assert_eq!(l.line(4), 3);
     }
 
     #[test]
@@ -107,6 +121,7 @@ mod tests {
         assert_eq!(decode(bytes, false).unwrap_err().0, 3);
         let (text, bad) = decode(bytes, true).unwrap();
         assert_eq!((text.as_str(), bad), ("h\nok\n\nok\n", 1));
+        assert_eq!(decode(b"h\xff\nok\n", true).unwrap_err().0, 1, "no file without its header");
         let (text, bad) = decode("\u{feff}x,y\n".as_bytes(), false).unwrap();
         assert_eq!((text.as_str(), bad), ("x,y\n", 0));
     }

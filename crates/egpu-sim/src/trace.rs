@@ -98,7 +98,12 @@ impl<'a> Table<'a> {
     /// Next row as (line, fields by column order), or an error for that row.
     fn next_row(&mut self) -> Option<Result<(u64, Vec<String>), TraceError>> {
         let mut rec = csv::StringRecord::new();
-        match self.reader.read_record(&mut rec) {
+        // A line of spaces is as blank as an empty one.
+        let mut read = self.reader.read_record(&mut rec);
+        while matches!(read, Ok(true)) && rec.iter().all(str::is_empty) {
+            read = self.reader.read_record(&mut rec);
+        }
+        match read {
             Ok(false) => None,
             Ok(true) => {
                 let line = rec.position().map_or(0, |p| self.lines.line(p.byte()));

@@ -159,6 +159,22 @@ fn the_report_directory_is_checked_before_the_run_and_never_overwrites_an_input(
     let e = usage_error(run(&d, &["--pod-list", pods.to_str().unwrap(), "--out", out.to_str().unwrap()]));
     assert!(e.contains("would overwrite the input") && e.contains("curves.csv"), "{e}");
     assert_eq!(std::fs::read_to_string(&pods).unwrap(), PODS, "the input is untouched");
+    // A hard link to the pod list is the same file under a report name.
+    let linked = d.join("linked");
+    std::fs::create_dir_all(&linked).unwrap();
+    std::fs::hard_link(&pods, linked.join("summary.md")).unwrap();
+    let e = usage_error(run(&d, &["--pod-list", pods.to_str().unwrap(), "--out", linked.to_str().unwrap()]));
+    assert!(e.contains("would overwrite the input") && e.contains("summary.md"), "{e}");
+    assert_eq!(std::fs::read_to_string(&pods).unwrap(), PODS, "the input is untouched");
+    // A report name taken by a directory, and a broken link, fail at once.
+    let taken = d.join("taken");
+    std::fs::create_dir_all(taken.join("results.json")).unwrap();
+    let e = usage_error(run(&d, &["--out", taken.to_str().unwrap()]));
+    assert!(e.contains("is a directory, where the report writes its results.json"), "{e}");
+    let broken = d.join("broken");
+    std::os::unix::fs::symlink(d.join("nowhere"), &broken).unwrap();
+    let e = usage_error(run(&d, &["--out", broken.to_str().unwrap()]));
+    assert!(e.contains("is a broken symbolic link"), "{e}");
     // The same with the elastic report's files.
     let duty = out.join("elastic.json");
     std::fs::write(&duty, "pod,timestamp,value\na,0,10\na,60,20\n").unwrap();

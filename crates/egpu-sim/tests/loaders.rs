@@ -286,9 +286,14 @@ proptest! {
 
 #[test]
 fn usage_csv_files_concatenated_with_their_headers_load() {
-    let text = "Pod,Timestamp,Value\na,0,10\nb,0,20\npod,timestamp,value\na,60,30\n";
+    let text = "Pod,Timestamp,Value\na,0,10\nb,0,20\n\u{feff}pod,timestamp,value\na,60,30\n   \n";
     let (rows, skipped) = usage::parse_metric("cat.csv", text, false).unwrap();
-    assert_eq!((rows.len(), skipped), (3, 0), "the repeated header is no row, and header names are not case-sensitive");
+    assert_eq!((rows.len(), skipped), (3, 0), "the repeated header (with its byte-order mark) is no row, header names are not case-sensitive, a line of spaces is blank");
+    let e = usage::parse_metric("cr.csv", "pod,timestamp,value\ra,0,10\rc,60,y\r", false).unwrap_err();
+    assert!(e.to_string().starts_with("cr.csv:3:"), "a \\r alone ends a line: {e}");
+    let (c, _) = load_nodes("nodes.csv", NODES, false).unwrap();
+    let (p, _) = load_pods("p.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n  \np0,1,1,1,500\n \t \n", &c, false).unwrap();
+    assert_eq!(p.len(), 1);
     let e = usage::parse_metric("x.csv", "pod,timestamp,value\na,0,10,5\n", false).unwrap_err();
     assert!(e.to_string().starts_with("x.csv:2: 4 fields but the header has 3"), "{e}");
     assert_eq!(usage::parse_metric("x.csv", "pod,timestamp,value\n\"a,b\",0,10\n", false).unwrap().0[0].0, "a,b", "a quoted comma is fine");

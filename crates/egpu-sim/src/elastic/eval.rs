@@ -459,8 +459,7 @@ fn run_slices_with(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, moves
     let n = f.life.len();
     let mut backlog = Backlog::new(n, carry);
     let mut sl = vec![Slice::default(); n];
-    // A window longer than the trace holds nothing more.
-    let w = risk.map_or(0, |r| r.window.clamp(1, minutes.max(1)));
+    let w = risk.map_or(0, |r| r.window.max(1));
     let mut pk = Packer { gpu_mem, gpus: Vec::new(), gpu_of: vec![None; n], risk: risk.map(|r| r.quantile), trace: vec![vec![0.0; w]; n], repack_gain };
     let mut out = Outcome::new(name, 0, minutes);
     for t in 0..minutes {

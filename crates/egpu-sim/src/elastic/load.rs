@@ -94,8 +94,10 @@ pub fn parse_metric(file: &str, text: &str, lenient: bool) -> Result<(Vec<Sample
     let mut lines = crate::text::Lines::new(text);
     for rec in rd.records() {
         let row = match rec {
+            // A line of spaces is as blank as an empty one.
+            Ok(r) if r.iter().all(str::is_empty) => continue,
             // The header again: files concatenated with their headers.
-            Ok(r) if r.len() == headers.len() && r.iter().zip(headers.iter()).all(|(a, b)| a.eq_ignore_ascii_case(b)) => continue,
+            Ok(r) if r.len() == headers.len() && r.iter().zip(headers.iter()).all(|(a, b)| a.trim_start_matches('\u{feff}').eq_ignore_ascii_case(b)) => continue,
             Ok(r) => {
                 let line = r.position().map_or(0, |p| lines.line(p.byte()));
                 let get = |i: usize, what: &str| r.get(i).ok_or_else(|| err(line, format!("truncated row: no {what}")));
