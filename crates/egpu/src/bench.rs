@@ -61,14 +61,14 @@ pub async fn resize(_socket: &std::path::Path, args: ResizeBenchArgs) -> anyhow:
     if args.json {
         let v = serde_json::json!({"gpu": simulate.unwrap_or_else(|| "real".into()), "step": args.step.0, "retry_us": args.retry_us,
             "from_return": a, "from_call": b, "call": k});
-        println!("{v}");
+        say!("{v}");
     } else {
         let ms = |ns: u64| ns as f64 / 1e6;
-        println!("resize latency over {} resizes ({} GPU, step {}):", a.count, simulate.as_deref().unwrap_or("real"), args.step);
-        println!("  resize call returned -> blocked allocation succeeds: median {:.3} ms, p99 {:.3} ms, max {:.3} ms", ms(a.median_ns), ms(a.p99_ns), ms(a.max_ns));
-        println!("  resize call issued   -> blocked allocation succeeds: median {:.3} ms, p99 {:.3} ms, max {:.3} ms", ms(b.median_ns), ms(b.p99_ns), ms(b.max_ns));
-        println!("  the resize call itself (gRPC + durable store write + publish): median {:.3} ms, p99 {:.3} ms", ms(k.median_ns), ms(k.p99_ns));
-        println!("  (the probe retries a refused allocation every {} us, which the first two include)", args.retry_us);
+        say!("resize latency over {} resizes ({} GPU, step {}):", a.count, simulate.as_deref().unwrap_or("real"), args.step);
+        say!("  resize call returned -> blocked allocation succeeds: median {:.3} ms, p99 {:.3} ms, max {:.3} ms", ms(a.median_ns), ms(a.p99_ns), ms(a.max_ns));
+        say!("  resize call issued   -> blocked allocation succeeds: median {:.3} ms, p99 {:.3} ms, max {:.3} ms", ms(b.median_ns), ms(b.p99_ns), ms(b.max_ns));
+        say!("  the resize call itself (gRPC + durable store write + publish): median {:.3} ms, p99 {:.3} ms", ms(k.median_ns), ms(k.p99_ns));
+        say!("  (the probe retries a refused allocation every {} us, which the first two include)", args.retry_us);
     }
     Ok(0)
 }

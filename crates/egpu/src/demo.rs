@@ -28,14 +28,14 @@ pub struct DemoArgs {
 const T: Duration = Duration::from_secs(60);
 
 fn step(n: u32, text: &str) {
-    println!("\n[{n}] {text}");
+    say!("\n[{n}] {text}");
 }
 
 async fn show_slices(c: &mut Client) -> anyhow::Result<()> {
     let list = c.list_slices(proto::ListSlicesRequest {}).await.map_err(crate::exit::status)?.into_inner();
     let slices: Vec<_> = list.slices.into_iter().map(output::slice_out).collect();
     for line in output::slices_table(&slices).lines() {
-        println!("    {line}");
+        say!("    {line}");
     }
     Ok(())
 }
@@ -43,7 +43,7 @@ async fn show_slices(c: &mut Client) -> anyhow::Result<()> {
 pub async fn run(args: DemoArgs) -> anyhow::Result<i32> {
     let real = !args.force_simulated && real_gpu_present();
     let simulate = (!real).then(|| args.simulate.clone());
-    println!("eGPU demo: GPU slices with hard memory limits, resized while the workload runs.");
+    say!("eGPU demo: GPU slices with hard memory limits, resized while the workload runs.");
     step(1, &match &simulate {
         Some(s) => format!("No NVIDIA GPU here: starting egpud on simulated GPUs ({s}) in a temporary directory."),
         None => "NVIDIA GPU found: starting egpud on the real GPU(s) in a temporary directory.".into(),
@@ -53,15 +53,15 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<i32> {
     step(12, "Cleaning up: stopping egpud and removing the temporary directory.");
     node.stop().await;
     result?;
-    println!("\nDone. Try it yourself: see `egpu --help` and docs/cli.md.");
+    say!("\nDone. Try it yourself: see `egpu --help` and docs/cli.md.");
     Ok(0)
 }
 
 async fn tour(node: &LocalNode, c: &mut Client) -> anyhow::Result<()> {
     let n = cmd::get_node(c).await?;
-    println!("    egpud pid {} serves {} ({} device(s)):", node.daemon_pid().unwrap_or(0), node.socket.display(), n.devices.len());
+    say!("    egpud pid {} serves {} ({} device(s)):", node.daemon_pid().unwrap_or(0), node.socket.display(), n.devices.len());
     for d in &n.devices {
-        println!("      GPU {}: {} with {}", d.index, d.name, Bytes(d.memory_bytes));
+        say!("      GPU {}: {} with {}", d.index, d.name, Bytes(d.memory_bytes));
     }
     let second = if n.devices.len() > 1 { 1 } else { 0 };
 
@@ -78,7 +78,7 @@ async fn tour(node: &LocalNode, c: &mut Client) -> anyhow::Result<()> {
     step(3, "Workload A (in `steady`) allocates 1GiB in 64MiB pieces and holds it.");
     let mut a = Workload::probe(c, "steady", &["alloc", "--family", "mem", "--size", "64MiB", "--count", "16", "--hold"]).await?;
     let held = a.wait_event(&["holding"], T).await?;
-    println!("    A holds {} allocations: fine, it is within its 2GiB.", held["allocated"]);
+    say!("    A holds {} allocations: fine, it is within its 2GiB.", held["allocated"]);
 
     step(4, "Workload B (in `small`) wants 2GiB, 256MiB at a time, but its slice allows 1GiB.");
     let mut b = Workload::probe(c, "small", &["grow", "--step", "256MiB", "--until", "2GiB", "--hold"]).await?;
@@ -86,12 +86,12 @@ async fn tour(node: &LocalNode, c: &mut Client) -> anyhow::Result<()> {
     if blocked["event"] != "blocked" {
         anyhow::bail!("workload B was never limited: {blocked}");
     }
-    println!(
+    say!(
         "    B reached its limit: the next cuMemAlloc was refused with CUDA_ERROR_OUT_OF_MEMORY after {} ({} free in its view).",
         Bytes(blocked["total"].as_u64().unwrap_or(0)),
         Bytes(blocked["mem"]["free"].as_u64().unwrap_or(0))
     );
-    println!("    B keeps running and retries every millisecond; nothing was killed, A is unaffected.");
+    say!("    B keeps running and retries every millisecond; nothing was killed, A is unaffected.");
     show_slices(c).await?;
 
     step(5, "Raising `small` to 3GiB live (`egpu resize small --gpu-memory 3GiB`).");
@@ -101,19 +101,19 @@ async fn tour(node: &LocalNode, c: &mut Client) -> anyhow::Result<()> {
     let t1 = egpu_abi::monotonic_ns();
     let un = b.wait_event(&["unblocked"], T).await?;
     let seen = un["t_ns"].as_u64().unwrap_or(t1);
-    println!(
+    say!(
         "    The resize call took {:.3} ms; B's next allocation succeeded {:.3} ms after it returned (B retries every ~1 ms).",
         (t1 - t0) as f64 / 1e6,
         seen.saturating_sub(t1) as f64 / 1e6
     );
     b.wait_event(&["holding"], T).await?;
-    println!("    B now holds its 2GiB, no restart needed.");
+    say!("    B now holds its 2GiB, no restart needed.");
 
     step(6, "Slices now:");
     show_slices(c).await?;
     let n = cmd::get_node(c).await?;
     for d in &n.devices {
-        println!("    GPU {}: driver reports {} used, slices reserve {}.", d.index, Bytes(d.driver_used_bytes), Bytes(d.allocated_memory_bytes));
+        say!("    GPU {}: driver reports {} used, slices reserve {}.", d.index, Bytes(d.driver_used_bytes), Bytes(d.allocated_memory_bytes));
     }
 
     step(7, "Burst memory: slice `bursty` guarantees 1GiB and may burst to 4GiB (`--gpu-memory 1GiB --gpu-memory-burst 4GiB`).");
@@ -125,22 +125,22 @@ async fn tour(node: &LocalNode, c: &mut Client) -> anyhow::Result<()> {
     c.create_slice(burst).await.map_err(crate::exit::status)?;
     let mut w = Workload::probe(c, "bursty", &["grow", "--step", "256MiB", "--until", "3GiB", "--hold"]).await?;
     w.wait_event(&["holding"], T).await?;
-    println!("    Workload C grew to 3GiB with no resize: past its 1GiB guarantee, egpud lent it memory no slice reserves.");
+    say!("    Workload C grew to 3GiB with no resize: past its 1GiB guarantee, egpud lent it memory no slice reserves.");
     show_slices(c).await?;
     let cw = w.finish().await?;
     c.delete_slice(proto::DeleteSliceRequest { name: "bursty".into(), force: false }).await.map_err(crate::exit::status)?;
-    println!("    C exited {cw}; what it borrowed is back in GPU 0's pool for any bursting slice.");
+    say!("    C exited {cw}; what it borrowed is back in GPU 0's pool for any bursting slice.");
 
     step(8, "Stopping the workloads and removing the slices.");
     let (ca, cb) = (a.finish().await?, b.finish().await?);
-    println!("    workload A exited {ca}, workload B exited {cb}.");
+    say!("    workload A exited {ca}, workload B exited {cb}.");
     for name in ["steady", "small"] {
         c.delete_slice(proto::DeleteSliceRequest { name: name.into(), force: false }).await.map_err(crate::exit::status)?;
     }
-    println!("\nSummary: 2 slices (steady 2GiB, small 1GiB -> 3GiB); B was refused at its limit, then a live resize");
-    println!("let it continue {:.3} ms after the resize returned.", seen.saturating_sub(t1) as f64 / 1e6);
+    say!("\nSummary: 2 slices (steady 2GiB, small 1GiB -> 3GiB); B was refused at its limit, then a live resize");
+    say!("let it continue {:.3} ms after the resize returned.", seen.saturating_sub(t1) as f64 / 1e6);
     let (before, after) = compute_tour(c).await?;
-    println!(
+    say!(
         "Compute: A's share of the kernels was {:.1}% at shares 30/70 and {:.1}% after the live resize to 60/40 (A:B ratio {:.2} -> {:.2}).",
         before.share_a() * 100.0,
         after.share_a() * 100.0,
@@ -229,7 +229,7 @@ async fn measure(a: &mut Burner, b: &mut Burner, secs: u32) -> anyhow::Result<Ra
         let (ka, kb, t) = (a.kernels(), b.kernels(), Instant::now());
         let dt = t.duration_since(pt).as_secs_f64();
         let r = Rates { a: (ka - pa) as f64 / dt, b: (kb - pb) as f64 / dt };
-        println!("    A {:>9.0} kernels/s   B {:>9.0} kernels/s   A's share {:>5.1}%", r.a, r.b, r.share_a() * 100.0);
+        say!("    A {:>9.0} kernels/s   B {:>9.0} kernels/s   A's share {:>5.1}%", r.a, r.b, r.share_a() * 100.0);
         (pa, pb, pt) = (ka, kb, t);
     }
     let dt = pt.duration_since(t0).as_secs_f64();
@@ -259,7 +259,7 @@ async fn compute_tour(c: &mut Client) -> anyhow::Result<(Rates, Rates)> {
         c.create_slice(req).await.map_err(crate::exit::status)?;
     }
     show_slices(c).await?;
-    println!("    Workloads A and B each run egpu-burn --mode saturate: they would take the whole GPU if they could.");
+    say!("    Workloads A and B each run egpu-burn --mode saturate: they would take the whole GPU if they could.");
     let mut a = Burner::start(c, "compute-a", 30).await?;
     let mut b = Burner::start(c, "compute-b", 30).await?;
     let result = async {
@@ -289,7 +289,7 @@ async fn compute_tour(c: &mut Client) -> anyhow::Result<(Rates, Rates)> {
     for name in ["compute-a", "compute-b"] {
         c.delete_slice(proto::DeleteSliceRequest { name: name.into(), force: false }).await.map_err(crate::exit::status)?;
     }
-    println!(
+    say!(
         "    kernels/s A:B was {:.0}:{:.0} ({:.1}% for A) at 30/70, {:.0}:{:.0} ({:.1}% for A) at 60/40.",
         before.a,
         before.b,

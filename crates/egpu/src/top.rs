@@ -182,7 +182,7 @@ pub async fn run(socket: &Path, args: TopArgs) -> anyhow::Result<i32> {
     let mut c = crate::cmd::connect(socket).await?;
     let snap = fetch(&mut c, args.interval).await?;
     if args.once {
-        print!("{}", render_text(&snap, args.width));
+        crate::output::print(&render_text(&snap, args.width))?;
         return Ok(0);
     }
     let guard = TermGuard::enter()?;

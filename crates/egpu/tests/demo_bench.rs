@@ -25,6 +25,16 @@ fn demo_runs_and_cleans_up() {
 }
 
 #[test]
+fn demo_to_a_reader_that_went_away_runs_to_its_end() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let o = std::process::Command::new(EGPU).args(["demo", "--force-simulated"]).stdout(writer).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
 fn resize_bench_measures_every_resize() {
     let o = std::process::Command::new(EGPU).args(["bench", "resize", "--count", "50", "--json"]).output().unwrap();
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
