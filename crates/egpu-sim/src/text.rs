@@ -8,15 +8,29 @@
 
 use std::io::Read;
 
+/// Most bytes a gzip file may unpack to (a few hundred times any trace the
+/// evaluation's grid bound lets through), so a small hostile file cannot
+/// exhaust memory.
+const MAX_UNPACKED: u64 = 4 << 30;
+
 /// Text of a file: gunzipped if it starts with the gzip magic, without a
 /// leading byte-order mark. Bytes that are not UTF-8 are an error naming
 /// the first such line (1-based) unless `lenient`: then every line that
 /// holds one is blanked (the readers skip blank lines, and the other lines
 /// keep their numbers) and counted in the second value.
 pub fn decode(bytes: &[u8], lenient: bool) -> Result<(String, usize), (u64, String)> {
+    decode_within(bytes, lenient, MAX_UNPACKED)
+}
+
+/// [`decode`] with a gzip file unpacking to at most `max` bytes.
+fn decode_within(bytes: &[u8], lenient: bool, max: u64) -> Result<(String, usize), (u64, String)> {
     let mut unpacked = Vec::new();
     let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
-        flate2::read::MultiGzDecoder::new(bytes).read_to_end(&mut unpacked).map_err(|e| (0, format!("cannot decompress: {e}")))?;
+        flate2::read::MultiGzDecoder::new(bytes).take(max + 1).read_to_end(&mut unpacked).map_err(|e| (0, format!("cannot decompress: {e}")))?;
+        if unpacked.len() as u64 > max {
+            let bound = if max >= 1 << 30 { format!("{} GiB", max >> 30) } else { format!("{max} bytes") };
+            return Err((0, format!("decompresses to more than {bound}: split the trace, or give it a shorter range")));
+        }
         &unpacked[..]
     } else {
         bytes
@@ -134,5 +148,12 @@ mod tests {
         let (text, _) = decode(&gz.finish().unwrap(), false).unwrap();
         assert_eq!(text, "x,y\n1,2\n");
         assert!(decode(&[0x1f, 0x8b, 0, 1], false).unwrap_err().1.contains("cannot decompress"));
+        // A file that unpacks past the bound is refused, not read on.
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&[b'0'; 4096]).unwrap();
+        let small = gz.finish().unwrap();
+        assert_eq!(decode_within(&small, false, 4096).unwrap().0.len(), 4096);
+        let e = decode_within(&small, false, 4095).unwrap_err().1;
+        assert!(e.contains("decompresses to more than"), "{e}");
     }
 }
