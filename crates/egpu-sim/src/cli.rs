@@ -547,7 +547,7 @@ fn run_elastic(args: &SimulateArgs) -> Result<()> {
         _ => elastic::Moves::Repack,
     };
     let inputs: Vec<&Path> = [&args.usage_duty, &args.usage_memory].into_iter().flatten().map(PathBuf::as_path).collect();
-    let writes: Vec<String> = ["elastic.md".to_string(), "elastic.json".to_string()].into_iter().chain(args.gpu_mem_gib.iter().map(|g| elastic::chart_file(*g))).collect();
+    let writes: Vec<String> = ["elastic.md".to_string(), "elastic.json".to_string()].into_iter().chain(args.gpu_mem_gib.iter().flat_map(|g| [elastic::chart_file(*g), elastic::fleet_chart_file(*g)])).collect();
     prepare_out(&args.out, &inputs, &writes)?;
     // One setting for every strategy, the fleet's included.
     let carry_unserved = args.unserved_compute == "carry";

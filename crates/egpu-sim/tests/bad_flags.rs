@@ -189,6 +189,14 @@ fn the_report_directory_is_checked_before_the_run_and_never_overwrites_an_input(
     let ok = ["--elastic", "--usage-duty", duty.to_str().unwrap(), "--usage-memory", mem.to_str().unwrap(), "--out", other.to_str().unwrap(), "--no-progress", "--gpu-mem-gib", "80"];
     egpu_sim::cli::run(parse(&ok).unwrap()).expect("runs");
     assert!(other.join("elastic-80GiB.svg").exists());
+    let fleet = std::fs::read_to_string(other.join("elastic-fleet-80GiB.svg")).expect("the fleet search's chart");
+    assert!(fleet.contains("violations by fleet size") && fleet.contains("budget 1.00%"), "{fleet}");
+    // The fleet chart's name is a report file too: an input by that name is kept.
+    let chart_named = other.join("elastic-fleet-80GiB.svg");
+    std::fs::write(&chart_named, "pod,timestamp,value\na,0,1e9\na,60,1e9\n").unwrap();
+    let clash = ["--elastic", "--usage-duty", duty.to_str().unwrap(), "--usage-memory", chart_named.to_str().unwrap(), "--out", other.to_str().unwrap(), "--gpu-mem-gib", "80"];
+    let e = usage_error(egpu_sim::cli::run(parse(&clash).unwrap()));
+    assert!(e.contains("elastic-fleet-80GiB.svg"), "{e}");
     let twice = ["--elastic", "--usage-duty", duty.to_str().unwrap(), "--usage-memory", mem.to_str().unwrap(), "--out", other.to_str().unwrap(), "--gpu-mem-gib", "80,80"];
     let e = usage_error(egpu_sim::cli::run(parse(&twice).unwrap()));
     assert!(e.contains("lists 80 twice"), "{e}");

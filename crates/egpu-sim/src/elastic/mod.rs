@@ -77,7 +77,57 @@ pub fn chart_file(gpu_mem_gib: f64) -> String {
     format!("elastic-{gpu_mem_gib}GiB.svg")
 }
 
-/// Write `elastic.md`, `elastic.json` and one `elastic-<size>GiB.svg` per GPU size.
+/// The fleet search's chart for GPUs of `gpu_mem_gib`: violations against
+/// fleet size.
+pub fn fleet_chart_file(gpu_mem_gib: f64) -> String {
+    format!("elastic-fleet-{gpu_mem_gib}GiB.svg")
+}
+
+/// Draw what the fleet search found: violation pod-minutes (% of all)
+/// at each size tried, counted both ways, the floor under any compute
+/// split, and the budget, on a log scale (from the bound, violations fall
+/// by orders of magnitude; the sizes around the budget stay readable).
+fn fleet_chart(path: &Path, gpu_mem_gib: f64, budget: f64, f: &fleet::FleetSearch) -> Result<(), ReportError> {
+    use plotters::prelude::*;
+    let err = |e: String| ReportError::Chart { path: path.display().to_string(), msg: e };
+    // The axis' foot: half the smallest value above zero (a zero, at
+    // minus infinity on this scale, is drawn there).
+    let positive = f.tried.iter().map(|t| t.1).chain(f.first_come_tried.iter().copied()).chain(f.floors.iter().copied()).chain([budget]).filter(|&x| x > 0.0);
+    let bottom = (100.0 * positive.fold(f64::INFINITY, f64::min) / 2.0).clamp(1e-4, 1.0);
+    let pct = |v: &[f64]| -> Vec<(f64, f64)> { f.tried.iter().zip(v).map(|(&(n, _), &x)| (n as f64, (100.0 * x).max(bottom))).collect() };
+    let violations: Vec<f64> = f.tried.iter().map(|t| t.1).collect();
+    let (lo, hi) = (f.tried.first().map_or(0, |t| t.0) as f64 - 0.5, f.tried.last().map_or(1, |t| t.0) as f64 + 0.5);
+    let mut series = vec![("violations (every borrower of an overflowing pool refused)".to_string(), pct(&violations))];
+    if !f.first_come_tried.is_empty() {
+        series.push(("violations, memory refused first come".to_string(), pct(&f.first_come_tried)));
+    }
+    series.push(("floor under any compute split".to_string(), pct(&f.floors)));
+    series.push((format!("budget {:.2}%", 100.0 * budget), vec![(lo, (100.0 * budget).max(bottom)), (hi, (100.0 * budget).max(bottom))]));
+    let top = series.iter().flat_map(|s| s.1.iter().map(|p| p.1)).fold(1.0, f64::max) * 1.5;
+    let root = SVGBackend::new(path, (960, 600)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(format!("elastic fleet: violations by fleet size, {gpu_mem_gib} GiB GPUs"), ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(44)
+        .y_label_area_size(64)
+        .build_cartesian_2d(lo..hi, (bottom..top).log_scale())
+        .map_err(|e| err(e.to_string()))?;
+    chart.configure_mesh().max_light_lines(1).x_desc("GPUs in the fleet").y_desc("violation pod-minutes (% of all, log scale)").x_label_formatter(&|x| format!("{x:.0}")).draw().map_err(|e| err(e.to_string()))?;
+    for (i, (name, pts)) in series.iter().enumerate() {
+        let color = Palette99::pick(i).to_rgba();
+        chart
+            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
+            .map_err(|e| err(e.to_string()))?
+            .label(name.as_str())
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+    }
+    chart.configure_series_labels().position(SeriesLabelPosition::UpperRight).border_style(BLACK).background_style(WHITE.mix(0.9)).draw().map_err(|e| err(e.to_string()))?;
+    root.present().map_err(|e| err(e.to_string()))
+}
+
+/// Write `elastic.md`, `elastic.json`, one `elastic-<size>GiB.svg` per GPU
+/// size and, with the fleet, one `elastic-fleet-<size>GiB.svg`.
 pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<String, ReportError> {
     std::fs::create_dir_all(dir).map_err(|e| ReportError::Io { path: dir.display().to_string(), source: e })?;
     let mut md = format!("# Elastic sharing on {source}\n\n");
@@ -130,6 +180,9 @@ pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<St
         let ymax = e.outcomes.iter().map(|o| o.gpus).max().unwrap_or(1) as f64 * 1.1;
         let path = dir.join(chart_file(e.config.gpu_mem_gib));
         line_chart(&path, &format!("GPUs in use, {} GiB GPUs", e.config.gpu_mem_gib), "hours", "GPUs", (0.0, hours(e.minutes)), (0.0, ymax.max(1.0)), &series, false)?;
+        if let (Some(f), Some(c)) = (&e.fleet, e.config.fleet) {
+            fleet_chart(&dir.join(fleet_chart_file(e.config.gpu_mem_gib)), e.config.gpu_mem_gib, c.budget, f)?;
+        }
     }
     Ok(md)
 }
