@@ -191,6 +191,8 @@ fn the_report_directory_is_checked_before_the_run_and_never_overwrites_an_input(
     assert!(other.join("elastic-80GiB.svg").exists());
     let fleet = std::fs::read_to_string(other.join("elastic-fleet-80GiB.svg")).expect("the fleet search's chart");
     assert!(fleet.contains("violations by fleet size") && fleet.contains("budget 1.00%"), "{fleet}");
+    let md = std::fs::read_to_string(other.join("elastic.md")).unwrap();
+    assert!(md.contains("Charts of this run: elastic-80GiB.svg, elastic-fleet-80GiB.svg\n"), "{md}");
     // The fleet chart's name is a report file too: an input by that name is kept.
     let chart_named = other.join("elastic-fleet-80GiB.svg");
     std::fs::write(&chart_named, "pod,timestamp,value\na,0,1e9\na,60,1e9\n").unwrap();

@@ -169,6 +169,10 @@ pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<St
             let _ = write!(md, "\nfleet-hindsight-static, {} GiB (a reference, not a policy: pods never move, placed knowing the whole trace): {} GPUs ({verdict}; {} GPU-minutes with summed duty above 100%); sizes tried: {}\n", e.config.gpu_mem_gib, h.gpus, h.saturated_gpu_minutes, tried.join(", "));
         }
     }
+    // Name the charts of this run: an earlier run with other sizes may have
+    // left others in the directory.
+    let charts: Vec<String> = evals.iter().flat_map(|e| std::iter::once(chart_file(e.config.gpu_mem_gib)).chain(e.fleet.as_ref().map(|_| fleet_chart_file(e.config.gpu_mem_gib)))).collect();
+    let _ = write!(md, "\nCharts of this run: {}\n", charts.join(", "));
     let w = |p: &Path, t: &str| std::fs::write(p, t).map_err(|e| ReportError::Io { path: p.display().to_string(), source: e });
     w(&dir.join("elastic.md"), &md)?;
     w(&dir.join("elastic.json"), &serde_json::to_string_pretty(evals)?)?;
