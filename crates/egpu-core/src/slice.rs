@@ -120,7 +120,16 @@ pub fn validate_name(name: &str) -> Result<(), SliceError> {
         && name
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.'));
-    if ok { Ok(()) } else { Err(SliceError::BadName(name.to_string())) }
+    if ok { Ok(()) } else { Err(SliceError::BadName(shown(name))) }
+}
+
+/// A name as an error message shows it: at most 80 characters, then `…`
+/// (a request may carry megabytes, and a gRPC status must fit in a header).
+pub fn shown(name: &str) -> String {
+    match name.char_indices().nth(80) {
+        Some((at, _)) => format!("{}…", &name[..at]),
+        None => name.to_string(),
+    }
 }
 
 impl DeviceShare {
@@ -182,6 +191,13 @@ mod tests {
             compute_share: Percent::from_pct(s),
             compute_limit: Percent::from_pct(l),
         }
+    }
+
+    #[test]
+    fn a_long_bad_name_is_shown_shortened() {
+        let e = validate_name(&"é".repeat(20_000)).unwrap_err().to_string();
+        assert!(e.contains(&format!("'{}…'", "é".repeat(80))) && e.len() < 400, "{e}");
+        assert_eq!(shown("short"), "short");
     }
 
     #[test]

@@ -33,6 +33,8 @@ pub enum AgentError {
     SimEnv { spec: String },
     #[error(transparent)]
     Simlib(#[from] SimlibError),
+    #[error("the interposer library {path} does not exist: workloads would run without their limits; build it (cargo build --release -p egpu-hook) or pass --hook-lib PATH")]
+    HookLib { path: PathBuf },
     #[error(transparent)]
     Devices(Box<DeviceError>),
     #[error(transparent)]
@@ -110,6 +112,10 @@ pub struct Agent {
 impl Agent {
     /// Starts on the node's GPUs (NVML, real or simulated per `config.simulate`).
     pub fn start(config: NodeConfig) -> Result<Agent, AgentError> {
+        // Every workload gets it preloaded: without it nothing is enforced.
+        if !config.hook_lib.is_file() {
+            return Err(AgentError::HookLib { path: config.hook_lib.clone() });
+        }
         let lock = lock_run_dir(&config.run_dir)?;
         let (lib, sm_counts) = match &config.simulate {
             Some(spec) => {

@@ -339,6 +339,50 @@ mod tests {
     }
 
     #[test]
+    fn a_slice_left_bigger_than_its_device_can_still_shrink() {
+        // 8 GiB on a 10 GiB device; the node comes back with 4 GiB devices
+        // (a smaller GPU, or another --simulate spec): the slice is adopted
+        // as stored, and now exceeds its device.
+        let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (mut m, _) = SliceManager::adopt(run.path(), FakeGpus::new(1, 10 * G).devices, Store::open(state.path()).unwrap()).unwrap();
+        create(&mut m, "a", 8, 0);
+        drop(m);
+        let (mut m, _) = SliceManager::adopt(run.path(), FakeGpus::new(1, 4 * G).devices, Store::open(state.path()).unwrap()).unwrap();
+        // Growing stays refused; what grows nothing is allowed: the priority,
+        // the cap, and shrinking to fit.
+        assert!(m.resize("a", ResizeRequest { memory: Some(Bytes::gib(9)), ..Default::default() }).is_err());
+        m.resize("a", ResizeRequest { priority: Some(Priority::High), compute_limit: Some(Percent::FULL), ..Default::default() }).expect("grows nothing");
+        m.resize("a", ResizeRequest { memory: Some(Bytes::gib(3)), ..Default::default() }).expect("a shrink");
+        assert_eq!(m.get("a").unwrap().record.spec.devices[0].memory, Bytes::gib(3));
+        // Still checked: a cap below the share is refused whatever the room.
+        if let Err(e) = m.resize("a", ResizeRequest { compute_share: Some(Percent::ZERO), compute_limit: Some(Percent(1)), ..Default::default() }) {
+            panic!("a 0.01% cap over no share: {e}");
+        }
+        assert!(m.resize("a", ResizeRequest { memory: Some(Bytes::gib(3)), compute_share: Some(Percent(0)), compute_limit: Some(Percent(0)), ..Default::default() }).is_err(), "a zero cap is refused");
+    }
+
+    #[test]
+    fn a_name_shaped_like_an_id_is_refused() {
+        let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (mut m, _) = SliceManager::adopt(run.path(), FakeGpus::new(1, 10 * G).devices, Store::open(state.path()).unwrap()).unwrap();
+        create(&mut m, "victim", 1, 0);
+        let id = m.get("victim").unwrap().record.id.clone();
+        let d = DeviceShare { device: 0, memory: Bytes::gib(1), memory_burst: Bytes(0), compute_share: Percent::ZERO, compute_limit: Percent::FULL };
+        for name in [id.as_str(), "s-0123456789ab"] {
+            let Err(e) = m.create(CreateRequest { spec: SliceSpec { name: name.into(), priority: Priority::Normal, devices: vec![d] }, ephemeral: false, owner_pid: None }) else { panic!("{name} accepted") };
+            assert!(matches!(e, SliceOpError::BadRequest(ref msg) if msg.contains("form of a slice id")), "{e}");
+        }
+        // Near misses are ordinary names.
+        create(&mut m, "s-0123456789a", 1, 0);
+        create(&mut m, "s-0123456789abc", 1, 0);
+        assert_eq!(m.get(&id).unwrap().name(), "victim", "the id still finds its slice");
+        // A long unknown name comes back shortened in the error.
+        let Err(e) = m.get(&"x".repeat(20_000)) else { panic!("found") };
+        let e = e.to_string();
+        assert!(e.len() < 200 && e.contains("…"), "{e}");
+    }
+
+    #[test]
     fn grants_from_the_pool_take_back_unused_memory_and_keep_guarantees() {
         let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         let store = Store::open(state.path()).unwrap();

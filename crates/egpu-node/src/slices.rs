@@ -188,6 +188,11 @@ fn now_unix() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
+/// Whether `name` has the form [`new_id`] gives ids: `s-` and 12 hex digits.
+fn looks_like_id(name: &str) -> bool {
+    name.strip_prefix("s-").is_some_and(|h| h.len() == 12 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 fn new_id() -> String {
     use std::sync::atomic::AtomicU64;
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -376,7 +381,7 @@ impl SliceManager {
         self.slices
             .get(name_or_id)
             .or_else(|| self.slices.values().find(|s| s.record.id == name_or_id))
-            .ok_or_else(|| SliceOpError::NotFound(name_or_id.into()))
+            .ok_or_else(|| SliceOpError::NotFound(egpu_core::slice::shown(name_or_id)))
     }
 
     /// Per-device sums over all slices.
@@ -386,6 +391,11 @@ impl SliceManager {
 
     pub fn create(&mut self, req: CreateRequest) -> Result<&Slice, SliceOpError> {
         let name = req.spec.name.clone();
+        // Slices are found by name or id: a name shaped like an id would
+        // make `egpu rm s-…` ambiguous.
+        if looks_like_id(&name) {
+            return Err(SliceOpError::BadRequest(format!("slice name '{name}' has the form of a slice id (s- and 12 hex digits): pick another name")));
+        }
         if self.slices.contains_key(&name) {
             return Err(SliceOpError::Exists(name));
         }
@@ -457,8 +467,16 @@ impl SliceManager {
         if let Some(p) = req.priority {
             spec.priority = p;
         }
-        capacity::check(&self.devices, self.slices.values().filter(|s| s.name() != name).map(|s| &s.record.spec), &spec)?;
-        crate::burst::check_lent(self, Some(&name), &spec)?;
+        // A resize that grows no guarantee and no burst cap commits the node
+        // no further, so it is never refused for room: a slice left too big
+        // (its device shrank across a restart) can still be shrunk.
+        let grows = spec.devices.iter().zip(&old.devices).any(|(n, o)| n.memory > o.memory || n.memory_burst > o.memory_burst || n.compute_share > o.compute_share);
+        if grows {
+            capacity::check(&self.devices, self.slices.values().filter(|s| s.name() != name).map(|s| &s.record.spec), &spec)?;
+            crate::burst::check_lent(self, Some(&name), &spec)?;
+        } else {
+            spec.validate().map_err(capacity::CapacityError::Spec)?;
+        }
         let slice = self.slices.get_mut(&name).expect("looked up above");
         let old_limits = slice.mem_limits();
         let mut record = slice.record.clone();

@@ -15,8 +15,8 @@ use std::time::Duration;
 
 #[derive(Debug, clap::Args)]
 pub struct ResizeBenchArgs {
-    /// Number of resizes.
-    #[arg(long, default_value_t = 1000)]
+    /// Number of resizes (at least 1).
+    #[arg(long, default_value_t = 1000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
     pub count: usize,
     /// How much each resize adds (and the probe's allocation size).
     #[arg(long, default_value = "2MiB")]

@@ -44,8 +44,8 @@ pub struct LimitArgs {
     /// Guaranteed share of each device's time, e.g. 30%.
     #[arg(long = "gpu-compute", value_name = "PERCENT")]
     pub compute_share: Option<Percent>,
-    /// Cap on each device's time (at least the share), e.g. 100%.
-    #[arg(long = "gpu-compute-limit", value_name = "PERCENT")]
+    /// Cap on each device's time (at least the share, above 0%), e.g. 100%.
+    #[arg(long = "gpu-compute-limit", value_name = "PERCENT", value_parser = compute_cap)]
     pub compute_limit: Option<Percent>,
     /// Priority class: high, normal or best-effort.
     #[arg(long)]
@@ -131,4 +131,14 @@ pub enum Command {
 pub enum BenchCommand {
     /// Resize latency: from the resize call returning to a blocked workload's next allocation succeeding.
     Resize(crate::bench::ResizeBenchArgs),
+}
+
+/// `--gpu-compute-limit`: a percentage above 0 (a cap of 0% would stop
+/// the slice, and 0 means "no cap" to egpud).
+fn compute_cap(s: &str) -> Result<Percent, String> {
+    let p: Percent = s.parse().map_err(|e: egpu_core::QuantityError| e.to_string())?;
+    if p.0 == 0 {
+        return Err("a cap of 0% would never let the slice run: give a cap above 0%, or leave the flag out for no cap".into());
+    }
+    Ok(p)
 }

@@ -180,8 +180,13 @@ async fn run_ephemeral(socket: &Path, name: Option<String>, limits: &LimitArgs, 
     }
     .await;
     // Remove the slice whatever happened; egpud also collects it if we die first.
-    let removed = c.delete_slice(proto::DeleteSliceRequest { name: slice.name.clone(), force: true }).await;
-    if let Err(s) = removed {
+    // By id: if the slice was removed meanwhile and another took its name,
+    // that one is not ours to remove.
+    let removed = c.delete_slice(proto::DeleteSliceRequest { name: slice.id.clone(), force: true }).await;
+    // Not found: somebody removed it already.
+    if let Err(s) = removed
+        && s.code() != tonic::Code::NotFound
+    {
         eprintln!("egpu: could not remove slice {}: {} (egpud removes it once this process is gone)", slice.name, s.message());
     }
     result

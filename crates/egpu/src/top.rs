@@ -24,7 +24,7 @@ use std::time::Duration;
 #[derive(Debug, clap::Args)]
 pub struct TopArgs {
     /// Refresh interval, e.g. 1s or 500ms.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = interval)]
     pub interval: Duration,
     /// Print one frame as plain text and exit (no raw mode; for scripts).
     #[arg(long)]
@@ -175,6 +175,16 @@ pub fn render_text(s: &Snapshot, width: u16) -> String {
     let mut t = Terminal::new(TestBackend::new(width, s.height())).expect("TestBackend never fails");
     t.draw(|f| render(f, s)).expect("TestBackend never fails");
     buffer_text(t.backend().buffer())
+}
+
+/// `--interval`: at least 100 ms (a shorter one would keep egpud busy
+/// answering).
+fn interval(s: &str) -> Result<Duration, String> {
+    let d = humantime::parse_duration(s).map_err(|e| e.to_string())?;
+    if d < Duration::from_millis(100) {
+        return Err(format!("{s} is too short: give at least 100ms"));
+    }
+    Ok(d)
 }
 
 pub async fn run(socket: &Path, args: TopArgs) -> anyhow::Result<i32> {

@@ -176,3 +176,43 @@ fn a_listing_to_a_reader_that_went_away_is_no_error() {
     // The create did its work although nobody read its output.
     assert_eq!(node.slices().len(), 2);
 }
+
+#[test]
+fn zero_caps_short_intervals_and_a_missing_interposer_are_refused() {
+    let node = Node::start("1x16GiB");
+    let o = node.egpu(&["create", "--name", "x", "--gpu-memory", "1GiB", "--gpu-compute-limit", "0"]);
+    assert_fails(&o, 2, &["a cap of 0% would never let the slice run"]);
+    node.ok(&["create", "--name", "x", "--gpu-memory", "1GiB", "--gpu-compute", "30%", "--gpu-compute-limit", "30%"]);
+    let o = node.egpu(&["resize", "x", "--gpu-compute-limit", "0%"]);
+    assert_fails(&o, 2, &["a cap of 0%"]);
+    assert_eq!(node.slice("x")["devices"][0]["compute_limit_percent"], 30.0, "the cap is unchanged");
+    assert_fails(&node.egpu(&["top", "--interval", "0s"]), 2, &["at least 100ms"]);
+    assert_fails(&node.egpu(&["bench", "resize", "--count", "0"]), 2, &["--count"]);
+    // A name shaped like a slice id would make `rm s-…` ambiguous.
+    let o = node.egpu(&["create", "--name", "s-0123456789ab", "--gpu-memory", "1GiB"]);
+    assert_fails(&o, 2, &["has the form of a slice id"]);
+    // egpud does not start without the library that enforces the limits.
+    let dir = tempfile::tempdir().unwrap();
+    let o = std::process::Command::new(EGPUD)
+        .args(["--simulate", "1x1GiB", "--hook-lib", "/nonexistent/libegpu.so"])
+        .arg("--run-dir")
+        .arg(dir.path().join("run"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("/nonexistent/libegpu.so does not exist") && err.contains("--hook-lib"), "{err}");
+}
+
+#[test]
+fn egpu_run_removes_its_own_slice_not_one_that_took_its_name() {
+    let node = Node::start("1x16GiB");
+    // The program removes the run's slice and creates another by the same
+    // name; when it exits, `egpu run` must leave that one alone.
+    let script = format!("{EGPU} rm eph && {EGPU} create --name eph --gpu-memory 2GiB >/dev/null");
+    let o = node.egpu(&["run", "--name", "eph", "--gpu-memory", "1GiB", "--", "sh", "-c", &script]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!String::from_utf8_lossy(&o.stderr).contains("could not remove"), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(node.slice("eph")["devices"][0]["memory_limit_bytes"], 2u64 << 30);
+}
