@@ -17,11 +17,18 @@ pub enum ClientError {
 
 pub type Client = NodeClient<Channel>;
 
+/// How long a request may wait for egpud's answer. Every call is a quick
+/// unary one; an agent that accepts connections but never answers
+/// (stopped, wedged) must not hang the CLI.
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Connects to the agent serving `socket`.
 pub async fn connect(socket: &Path) -> Result<Client, ClientError> {
     let path = socket.to_path_buf();
     let p = path.clone();
     let channel = Endpoint::from_static("http://egpud.local")
+        .connect_timeout(std::time::Duration::from_secs(10))
+        .timeout(REQUEST_TIMEOUT)
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let p = p.clone();
             async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(p).await?)) }

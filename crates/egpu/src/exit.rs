@@ -7,7 +7,7 @@
 //! | 2 | usage error: bad flag or value (also a request egpud calls invalid) |
 //! | 3 | not found: unknown slice or device |
 //! | 4 | rejected: would overcommit a device, name taken, slice busy |
-//! | 5 | cannot reach egpud |
+//! | 5 | cannot reach egpud, or it did not answer within 30 s |
 //!
 //! `egpu run` and `egpu exec` exit with the program's status instead
 //! (128 + N when it was killed by signal N; 127 when it could not be started).
@@ -49,8 +49,15 @@ pub fn code_of_status(s: &tonic::Status) -> i32 {
         Code::NotFound => NOT_FOUND,
         Code::ResourceExhausted | Code::AlreadyExists | Code::FailedPrecondition => REJECTED,
         Code::Unavailable => UNREACHABLE,
+        _ if timed_out(s) => UNREACHABLE,
         _ => FAILURE,
     }
+}
+
+/// Whether the request ran past the client's timeout
+/// ([`egpu_node::client::REQUEST_TIMEOUT`]): egpud accepted it but never answered.
+fn timed_out(s: &tonic::Status) -> bool {
+    s.code() == Code::Cancelled && s.message().to_ascii_lowercase().contains("timeout")
 }
 
 /// Turns an egpud status into an error with the right exit code and egpud's message.
@@ -58,6 +65,8 @@ pub fn status(s: tonic::Status) -> anyhow::Error {
     let code = code_of_status(&s);
     let msg = if s.code() == Code::Unavailable {
         format!("egpud stopped answering ({}); is it still running?", s.message())
+    } else if timed_out(&s) {
+        format!("egpud did not answer within {} s; is it stopped or stuck? (check its log, or restart it: slices and workloads survive a restart)", egpu_node::client::REQUEST_TIMEOUT.as_secs())
     } else {
         s.message().to_string()
     };
@@ -79,4 +88,21 @@ pub fn code_of(e: &anyhow::Error) -> i32 {
         return code_of_status(s);
     }
     FAILURE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unanswered_request_is_unreachable_and_says_so() {
+        // What tonic gives when the channel's timeout fires.
+        let s = tonic::Status::cancelled("Timeout expired");
+        assert_eq!(code_of_status(&s), UNREACHABLE);
+        let e = status(s);
+        assert_eq!(code_of(&e), UNREACHABLE);
+        assert!(e.to_string().contains("did not answer within 30 s"), "{e}");
+        // Any other cancellation stays a plain failure.
+        assert_eq!(code_of_status(&tonic::Status::cancelled("client went away")), FAILURE);
+    }
 }
