@@ -37,6 +37,8 @@ pub enum AgentError {
     HookLib { path: PathBuf },
     #[error(transparent)]
     Devices(Box<DeviceError>),
+    #[error("the simulated GPUs for --simulate {spec} did not start (the simulated driver's reason is on the line above); if {state} was made for another --simulate spec, remove it while egpud is stopped, or use another --run-dir")]
+    SimStart { spec: String, state: String },
     #[error(transparent)]
     Store(Box<StoreError>),
     #[error("adopting the stored slices failed")]
@@ -128,7 +130,15 @@ impl Agent {
             }
             None => (PathBuf::from("libnvidia-ml.so.1"), Vec::new()),
         };
-        let gpus = NvmlGpus::load(&lib, sm_counts).map_err(|e| AgentError::Devices(Box::new(e)))?;
+        let gpus = NvmlGpus::load(&lib, sm_counts).map_err(|e| match (&config.simulate, e) {
+            // NVML's own error says nothing useful here ("an internal
+            // driver error"); the simulated driver has said why.
+            (Some(spec), DeviceError::Load { .. }) => {
+                let state = std::env::var_os(SIM_STATE_ENV).map_or_else(|| "the simulated GPUs' state file".to_string(), |p| std::path::PathBuf::from(p).display().to_string());
+                AgentError::SimStart { spec: spec.clone(), state }
+            }
+            (_, e) => AgentError::Devices(Box::new(e)),
+        })?;
         Self::start_locked(config, Box::new(gpus), lock)
     }
 

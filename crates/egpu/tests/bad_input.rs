@@ -216,3 +216,15 @@ fn egpu_run_removes_its_own_slice_not_one_that_took_its_name() {
     assert!(!String::from_utf8_lossy(&o.stderr).contains("could not remove"), "{}", String::from_utf8_lossy(&o.stderr));
     assert_eq!(node.slice("eph")["devices"][0]["memory_limit_bytes"], 2u64 << 30);
 }
+
+#[test]
+fn a_restart_with_another_simulate_spec_says_why_it_cannot_start() {
+    let mut node = Node::start("1x1GiB");
+    node.terminate();
+    node.spec = "2x1GiB".into();
+    let o = node.daemon_cmd().output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "{err}");
+    assert!(err.contains("did not start") && err.contains("simgpu.state was made for another --simulate spec"), "{err}");
+    assert!(!err.contains("is an NVIDIA driver installed"), "the hint for a machine without --simulate: {err}");
+}
