@@ -163,6 +163,13 @@ pub fn line_chart(path: &Path, caption: &str, xlabel: &str, ylabel: &str, xr: (f
         let pts = vec![(0.0, 0.0), (100.0, 100.0), (xr.1, 100.0)];
         chart.draw_series(LineSeries::new(pts, BLACK.mix(0.3))).map_err(|e| err(e.to_string()))?.label("ideal").legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], BLACK.mix(0.3)));
     }
+    lines(&mut chart, series, SeriesLabelPosition::LowerRight, &err)?;
+    root.present().map_err(|e| err(e.to_string()))?;
+    Ok(())
+}
+
+/// Draw one coloured line per series on a chart, and their legend at `at`.
+pub(crate) fn lines<'a, DB: DrawingBackend + 'a, CT: plotters::coord::CoordTranslate<From = (f64, f64)>>(chart: &mut ChartContext<'a, DB, CT>, series: &[(String, Vec<(f64, f64)>)], at: SeriesLabelPosition, err: &dyn Fn(String) -> ReportError) -> Result<(), ReportError> {
     for (i, (name, pts)) in series.iter().enumerate() {
         let color = Palette99::pick(i).to_rgba();
         chart
@@ -171,7 +178,6 @@ pub fn line_chart(path: &Path, caption: &str, xlabel: &str, ylabel: &str, xr: (f
             .label(name.as_str())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
     }
-    chart.configure_series_labels().position(SeriesLabelPosition::LowerRight).border_style(BLACK).background_style(WHITE.mix(0.9)).draw().map_err(|e| err(e.to_string()))?;
-    root.present().map_err(|e| err(e.to_string()))?;
+    chart.configure_series_labels().position(at).border_style(BLACK).background_style(WHITE.mix(0.9)).draw().map_err(|e| err(e.to_string()))?;
     Ok(())
 }

@@ -114,15 +114,7 @@ fn fleet_chart(path: &Path, gpu_mem_gib: f64, budget: f64, f: &fleet::FleetSearc
         .build_cartesian_2d(lo..hi, (bottom..top).log_scale())
         .map_err(|e| err(e.to_string()))?;
     chart.configure_mesh().max_light_lines(1).x_desc("GPUs in the fleet").y_desc("violation pod-minutes (% of all, log scale)").x_label_formatter(&|x| format!("{x:.0}")).draw().map_err(|e| err(e.to_string()))?;
-    for (i, (name, pts)) in series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        chart
-            .draw_series(LineSeries::new(pts.iter().copied(), color.stroke_width(2)))
-            .map_err(|e| err(e.to_string()))?
-            .label(name.as_str())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
-    }
-    chart.configure_series_labels().position(SeriesLabelPosition::UpperRight).border_style(BLACK).background_style(WHITE.mix(0.9)).draw().map_err(|e| err(e.to_string()))?;
+    crate::report::lines(&mut chart, &series, SeriesLabelPosition::UpperRight, &err)?;
     root.present().map_err(|e| err(e.to_string()))
 }
 
