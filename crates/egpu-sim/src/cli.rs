@@ -330,10 +330,8 @@ pub fn run(args: SimulateArgs) -> Result<()> {
         usage!("--first-seed {} with --seeds {} runs past the largest seed ({}): start lower", args.first_seed, args.seeds, u64::MAX);
     };
     let (t, source) = load_trace(&args)?;
-    let inputs: Vec<&Path> = [&args.pod_list, &args.node_list].into_iter().flatten().map(PathBuf::as_path).collect();
-    let trace_files: Vec<PathBuf> = args.trace_dir.iter().flat_map(|d| [d.join("openb_node_list_gpu_node.csv"), d.join(format!("openb_pod_list_{}.csv", args.trace))]).collect();
-    let inputs: Vec<&Path> = inputs.into_iter().chain(trace_files.iter().map(PathBuf::as_path)).collect();
-    prepare_out(&args.out, &inputs, &report::FILES.map(String::from))?;
+    let inputs: Vec<PathBuf> = [node_file(&args), pod_file(&args)].into_iter().flatten().collect();
+    prepare_out(&args.out, &inputs.iter().map(PathBuf::as_path).collect::<Vec<_>>(), &report::FILES.map(String::from))?;
     let seeds: Vec<u64> = (args.first_seed..=last_seed).collect();
     let threads = args.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let total = (policies.len() * seeds.len()) as u64;
@@ -365,22 +363,30 @@ fn read(path: &Path, lenient: bool) -> Result<String> {
     Ok(text)
 }
 
+/// The node list file to read: `--node-list`, else the one in
+/// `--trace-dir`; `None` for the embedded one.
+fn node_file(args: &SimulateArgs) -> Option<PathBuf> {
+    args.node_list.clone().or_else(|| args.trace_dir.as_ref().map(|d| d.join("openb_node_list_gpu_node.csv")))
+}
+
+/// The pod list file to read: `--pod-list`, else `--trace`'s in
+/// `--trace-dir`; `None` for the embedded default.
+fn pod_file(args: &SimulateArgs) -> Option<PathBuf> {
+    args.pod_list.clone().or_else(|| args.trace_dir.as_ref().map(|d| d.join(format!("openb_pod_list_{}.csv", args.trace))))
+}
+
 fn load_trace(args: &SimulateArgs) -> Result<(Trace, String)> {
-    let (nodes_name, nodes_text) = match (&args.node_list, &args.trace_dir) {
-        (Some(p), _) => (p.display().to_string(), read(p, args.lenient)?),
-        (None, Some(d)) => {
-            let p = d.join("openb_node_list_gpu_node.csv");
-            (p.display().to_string(), read(&p, args.lenient)?)
-        }
-        (None, None) => ("embedded openb_node_list_gpu_node.csv".to_string(), data::OPENB_NODES.to_string()),
+    let (nodes_name, nodes_text) = match node_file(args) {
+        Some(p) => (p.display().to_string(), read(&p, args.lenient)?),
+        None => ("embedded openb_node_list_gpu_node.csv".to_string(), data::OPENB_NODES.to_string()),
     };
-    let (pods_name, pods_text, name) = match (&args.pod_list, &args.trace_dir) {
-        (Some(p), _) => (p.display().to_string(), read(p, args.lenient)?, p.file_stem().map_or("pods".into(), |s| s.to_string_lossy().into_owned())),
-        (None, Some(d)) => {
-            let p = d.join(format!("openb_pod_list_{}.csv", args.trace));
-            (p.display().to_string(), read(&p, args.lenient)?, args.trace.clone())
+    let (pods_name, pods_text, name) = match pod_file(args) {
+        Some(p) => {
+            // A file of your own is named by its stem, one of --trace-dir by --trace.
+            let name = if args.pod_list.is_some() { p.file_stem().map_or("pods".into(), |s| s.to_string_lossy().into_owned()) } else { args.trace.clone() };
+            (p.display().to_string(), read(&p, args.lenient)?, name)
         }
-        (None, None) => {
+        None => {
             if args.trace != "default" {
                 bail!("only the default trace is embedded; pass --trace-dir for '{}'", args.trace);
             }
