@@ -23,6 +23,10 @@ pub enum QuantityError {
     BadPercent { input: String },
     #[error("'{input}' is out of range: a percentage must be between 0% and 100%")]
     PercentRange { input: String },
+    #[error("'{input}' is finer than 0.01%: give at most two decimals, e.g. 12.34%")]
+    PercentPrecision { input: String },
+    #[error("'{input}' is not a whole number of bytes: a byte count has no decimals (1.5KiB and 1536 are both fine)")]
+    Fraction { input: String },
 }
 
 /// A number of bytes.
@@ -91,6 +95,12 @@ impl FromStr for Bytes {
             }
             let digits: u128 = frac.parse().map_err(|_| bad())?;
             let scale = 10u128.pow(frac.len() as u32);
+            // A fraction of a larger unit is rounded down to a whole byte
+            // (what Display prints must parse back); a fraction of a byte
+            // itself is a mistake.
+            if factor == 1 && digits != 0 {
+                return Err(QuantityError::Fraction { input: input.to_string() });
+            }
             let part = digits * factor as u128 / scale;
             total = total.checked_add(part as u64).ok_or_else(overflow)?;
         }
@@ -151,10 +161,15 @@ impl FromStr for Percent {
             return Err(bad());
         }
         let (int, frac) = num.split_once('.').unwrap_or((num, ""));
-        if int.is_empty() || frac.len() > 2 && frac[2..].chars().any(|c| c != '0') {
+        if int.is_empty() {
             return Err(bad());
         }
-        let int: u32 = int.parse().map_err(|_| QuantityError::PercentRange { input: input.to_string() })?;
+        let range = || QuantityError::PercentRange { input: input.to_string() };
+        let int: u32 = int.parse().map_err(|_| range())?;
+        if frac.len() > 2 && frac[2..].chars().any(|c| c != '0') {
+            // 100.0001% is out of range before it is too fine.
+            return Err(if int >= 100 { range() } else { QuantityError::PercentPrecision { input: input.to_string() } });
+        }
         let frac2 = format!("{:0<2}", &frac[..frac.len().min(2)]);
         let frac: u32 = frac2.parse().map_err(|_| bad())?;
         let bps = int.checked_mul(100).and_then(|v| v.checked_add(frac));
@@ -202,6 +217,10 @@ mod tests {
         assert!(matches!("1.2.3GiB".parse::<Bytes>(), Err(QuantityError::BadSize { .. })));
         assert!(matches!("8XB".parse::<Bytes>(), Err(QuantityError::BadUnit { .. })));
         assert!(matches!("99999999999TiB".parse::<Bytes>(), Err(QuantityError::Overflow { .. })));
+        assert!(matches!("1.5B".parse::<Bytes>(), Err(QuantityError::Fraction { .. })));
+        assert!(matches!("1.5".parse::<Bytes>(), Err(QuantityError::Fraction { .. })));
+        assert_eq!("1.0B".parse::<Bytes>(), Ok(Bytes(1)));
+        assert_eq!("1.5KiB".parse::<Bytes>(), Ok(Bytes(1536)));
         let msg = "8XB".parse::<Bytes>().unwrap_err().to_string();
         assert!(msg.contains("GiB"), "error should say which units exist: {msg}");
     }
@@ -215,7 +234,9 @@ mod tests {
         assert!(matches!("101%".parse::<Percent>(), Err(QuantityError::PercentRange { .. })));
         assert!(matches!("-5%".parse::<Percent>(), Err(QuantityError::BadPercent { .. })));
         assert!(matches!("%".parse::<Percent>(), Err(QuantityError::BadPercent { .. })));
-        assert!(matches!("12.345%".parse::<Percent>(), Err(QuantityError::BadPercent { .. })));
+        assert!(matches!("12.345%".parse::<Percent>(), Err(QuantityError::PercentPrecision { .. })));
+        assert!(matches!("100.0001%".parse::<Percent>(), Err(QuantityError::PercentRange { .. })));
+        assert_eq!("12.340%".parse::<Percent>(), Ok(Percent(1234)));
         assert_eq!(Percent(1250).to_string(), "12.5%");
         assert_eq!(Percent(3000).to_string(), "30%");
     }

@@ -401,6 +401,13 @@ impl SliceManager {
         }
         capacity::check(&self.devices, self.slices.values().map(|s| &s.record.spec), &req.spec)?;
         crate::burst::check_lent(self, None, &req.spec)?;
+        // With no owner the collector could never tell when an ephemeral
+        // slice is done with, and it would stay for ever.
+        if req.ephemeral && req.owner_pid.is_none() {
+            return Err(SliceOpError::BadRequest(format!(
+                "ephemeral slice '{name}' needs owner_pid: the process whose exit ends it (egpu run sends its own pid)"
+            )));
+        }
         let owner: Option<Owner> = match req.owner_pid {
             Some(pid) => Some(crate::owner::owner_of(pid).ok_or_else(|| SliceOpError::BadRequest(format!("owner process {pid} does not exist")))?),
             None => None,

@@ -54,7 +54,8 @@ pub enum StoreError {
     #[error(
         "state store {path} cannot be opened ({detail}). egpud refuses to start rather than lose slices. \
          If the file is damaged, move it aside (`mv {path} {path}.broken`) and start egpud again: it then starts \
-         with no slices, and workloads still running keep the limits already in their slice files"
+         with no slices; a workload still running keeps the memory it holds but can allocate no more, so restart \
+         it in a new slice"
     )]
     Corrupt { path: PathBuf, detail: String },
     #[error("state store {path} is open in another process (another egpud with the same --state-dir?); stop it, or give this egpud its own --state-dir")]
@@ -81,6 +82,11 @@ impl Store {
         std::fs::create_dir_all(state_dir).map_err(|source| StoreError::Dir { path: state_dir.into(), source })?;
         let path = state_dir.join(STORE_FILE);
         let corrupt = |detail: String| StoreError::Corrupt { path: path.clone(), detail };
+        // redb would silently start an empty file afresh; a store cut to
+        // nothing (a full disk, a bad copy) must not pass for a new node.
+        if std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == 0) {
+            return Err(corrupt("the file is empty (0 bytes)".into()));
+        }
         // redb may panic (debug builds) on files it did not write; treat that as corruption too.
         let opened = std::panic::catch_unwind(|| redb::Database::create(&path));
         let db = match opened {
@@ -220,6 +226,15 @@ mod tests {
         let msg = e.to_string();
         assert!(matches!(e, StoreError::InUse { .. }), "{msg}");
         assert!(!msg.contains("move it aside"), "{msg}");
+    }
+
+    #[test]
+    fn empty_file_is_refused_not_started_afresh() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(STORE_FILE), b"").unwrap();
+        let e = Store::open(dir.path()).err().expect("must refuse");
+        assert!(matches!(e, StoreError::Corrupt { .. }) && e.to_string().contains("empty (0 bytes)"), "{e}");
+        assert_eq!(std::fs::metadata(dir.path().join(STORE_FILE)).unwrap().len(), 0, "the file is left as it was");
     }
 
     #[test]

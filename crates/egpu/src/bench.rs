@@ -19,7 +19,7 @@ pub struct ResizeBenchArgs {
     #[arg(long, default_value_t = 1000, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
     pub count: usize,
     /// How much each resize adds (and the probe's allocation size).
-    #[arg(long, default_value = "2MiB")]
+    #[arg(long, default_value = "2MiB", value_parser = crate::cli::nonzero_size)]
     pub step: Bytes,
     /// Simulated GPUs to use when the machine has no NVIDIA GPU.
     #[arg(long, default_value = "1x16GiB")]

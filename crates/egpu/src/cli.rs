@@ -142,3 +142,12 @@ fn compute_cap(s: &str) -> Result<Percent, String> {
     }
     Ok(p)
 }
+
+/// A size above 0 bytes (`egpu bench resize --step`).
+pub fn nonzero_size(s: &str) -> Result<Bytes, String> {
+    let b: Bytes = s.parse().map_err(|e: egpu_core::QuantityError| e.to_string())?;
+    if b.0 == 0 {
+        return Err("must be above 0 bytes, e.g. 2MiB".into());
+    }
+    Ok(b)
+}

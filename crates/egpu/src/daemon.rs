@@ -27,7 +27,7 @@ pub struct DaemonArgs {
     #[arg(long)]
     pub sim_lib: Option<PathBuf>,
     /// Log filter: error, warn, info, debug, trace (or a tracing EnvFilter).
-    #[arg(long, default_value = "info", env = "EGPU_LOG")]
+    #[arg(long, default_value = "info", env = "EGPU_LOG", value_parser = log_filter)]
     pub log: String,
     /// Serve Prometheus metrics over HTTP at ADDR (e.g. 127.0.0.1:9400; port 0 picks a free one).
     /// The bound address is logged and written to <run-dir>/metrics.addr.
@@ -36,6 +36,14 @@ pub struct DaemonArgs {
     /// Sweep period in milliseconds (dead-process reclaim, heartbeat).
     #[arg(long, default_value_t = 200, hide = true)]
     pub sweep_ms: u64,
+}
+
+/// `--log`: refused when tracing cannot parse it, rather than silently
+/// logging at another level than the one asked for.
+fn log_filter(s: &str) -> Result<String, String> {
+    tracing_subscriber::EnvFilter::try_new(s)
+        .map(|_| s.to_string())
+        .map_err(|e| format!("{e}: give a level (error, warn, info, debug, trace) or directives such as info,egpu_node=debug"))
 }
 
 fn next_to_exe(name: &str) -> PathBuf {

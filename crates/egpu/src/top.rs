@@ -188,6 +188,15 @@ fn interval(s: &str) -> Result<Duration, String> {
 }
 
 pub async fn run(socket: &Path, args: TopArgs) -> anyhow::Result<i32> {
+    use std::io::IsTerminal;
+    let terminal = std::io::stdout().is_terminal() && std::io::stdin().is_terminal();
+    if !args.once && !terminal {
+        return Err(crate::exit::Failure::new(
+            crate::exit::USAGE,
+            "egpu top draws a live view and needs a terminal on stdin and stdout; for scripts and pipes use `egpu top --once` (one plain-text frame) or `egpu ls -o json`",
+        )
+        .into());
+    }
     // Connect first, so an unreachable egpud is a plain error (exit 5), not a blank screen.
     let mut c = crate::cmd::connect(socket).await?;
     let snap = fetch(&mut c, args.interval).await?;

@@ -102,6 +102,18 @@ fn corrupted_store_stops_egpud_and_names_the_file() {
     assert!(err.contains(&store.display().to_string()) && err.contains("move it aside") && err.contains("refuses to start"), "{err}");
     // Nothing was discarded: the slice's files are where they were.
     assert!(node.run_dir().join("slices/keep/limits").exists());
+
+    // A store cut to 0 bytes is refused too while slices exist beside it.
+    std::fs::write(&store, b"").unwrap();
+    let o = node.daemon_cmd().stdout(Stdio::null()).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("empty (0 bytes)") && err.contains("move it aside"), "{err}");
+    assert!(node.run_dir().join("slices/keep/limits").exists());
+    // With no slice left, an empty store is a first start that died early: it starts afresh.
+    std::fs::remove_dir_all(node.run_dir().join("slices/keep")).unwrap();
+    node.restart();
+    assert!(node.slices().is_empty());
+    assert!(node.log().contains("started it afresh"), "{}", node.log());
 }
 
 #[test]
@@ -188,6 +200,13 @@ fn zero_caps_short_intervals_and_a_missing_interposer_are_refused() {
     assert_eq!(node.slice("x")["devices"][0]["compute_limit_percent"], 30.0, "the cap is unchanged");
     assert_fails(&node.egpu(&["top", "--interval", "0s"]), 2, &["at least 100ms"]);
     assert_fails(&node.egpu(&["bench", "resize", "--count", "0"]), 2, &["--count"]);
+    assert_fails(&node.egpu(&["bench", "resize", "--step", "0"]), 2, &["above 0 bytes"]);
+    // The live view needs a terminal; a pipe gets the plain-text alternative named.
+    assert_fails(&node.egpu(&["top"]), 2, &["needs a terminal", "egpu top --once"]);
+    // Quantities that cannot be what was meant are refused, not rounded.
+    assert_fails(&node.egpu(&["create", "--name", "q", "--gpu-memory", "1.5B"]), 2, &["not a whole number of bytes"]);
+    assert_fails(&node.egpu(&["create", "--name", "q", "--gpu-memory", "1GiB", "--gpu-compute", "12.345%"]), 2, &["finer than 0.01%"]);
+    assert_fails(&node.egpu(&["create", "--name", "q", "--gpu-memory", "1GiB", "--gpu-compute", "100.0001%"]), 2, &["between 0% and 100%"]);
     // A name shaped like a slice id would make `rm s-…` ambiguous.
     let o = node.egpu(&["create", "--name", "s-0123456789ab", "--gpu-memory", "1GiB"]);
     assert_fails(&o, 2, &["has the form of a slice id"]);
@@ -203,6 +222,9 @@ fn zero_caps_short_intervals_and_a_missing_interposer_are_refused() {
         .unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("/nonexistent/libegpu.so does not exist") && err.contains("--hook-lib"), "{err}");
+    // A log filter tracing cannot read is refused, not replaced by another level.
+    let o = std::process::Command::new(EGPUD).args(["--simulate", "1x1GiB", "--log", "info,a=b=c"]).output().unwrap();
+    assert_fails(&o, 2, &["--log", "give a level"]);
 }
 
 #[test]

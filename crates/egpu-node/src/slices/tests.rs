@@ -100,6 +100,17 @@ fn orphaned_ephemeral_slices_are_collected() {
 }
 
 #[test]
+fn an_ephemeral_slice_without_an_owner_is_refused() {
+    let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut m, _) = manager(run.path(), state.path());
+    let mut r = req("eph", vec![share(0, 1)]);
+    r.ephemeral = true;
+    let Err(SliceOpError::BadRequest(msg)) = m.create(r) else { panic!("an ephemeral slice nothing could end was accepted") };
+    assert!(msg.contains("owner_pid"), "{msg}");
+    assert!(m.get("eph").is_err() && m.store.load_all().unwrap().is_empty(), "nothing is left of the refused request");
+}
+
+#[test]
 fn ephemeral_slice_survives_its_owner_while_the_reported_workload_lives() {
     let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (mut m, _) = manager(run.path(), state.path());

@@ -19,7 +19,7 @@ fn main() -> ExitCode {
         }
     }
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_new(&args.log).unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")))
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log))
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
