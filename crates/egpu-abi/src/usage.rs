@@ -166,6 +166,10 @@ pub struct UsageFile {
     /// takeover would take one of them for a dead process's and, unlocking
     /// it, drop our own record lock.
     own: [AtomicU64; MAX_PROCS / 64],
+    /// The device count, validated once at open. The word in the file is
+    /// never read again: workloads may write the whole region, and a count
+    /// they changed must not send `egpud` past the end of a per-device array.
+    n_devices: usize,
 }
 
 impl UsageFile {
@@ -208,12 +212,11 @@ impl UsageFile {
         if size != std::mem::size_of::<UsageRegion>() || len < size {
             return Err(AbiError::Corrupt(path.into(), "region size does not match this ABI version"));
         }
-        let uf = UsageFile { map, file, path: path.into(), own: [const { AtomicU64::new(0) }; MAX_PROCS / 64] };
-        let n = uf.region().n_devices.load(Ordering::Relaxed) as usize;
+        let n = map.view::<UsageRegion>().n_devices.load(Ordering::Relaxed) as usize;
         if n == 0 || n > MAX_DEVICES {
             return Err(AbiError::Corrupt(path.into(), "device count out of range"));
         }
-        Ok(uf)
+        Ok(UsageFile { map, file, path: path.into(), own: [const { AtomicU64::new(0) }; MAX_PROCS / 64], n_devices: n })
     }
 
     pub fn region(&self) -> &UsageRegion {
@@ -225,7 +228,7 @@ impl UsageFile {
     }
 
     pub fn n_devices(&self) -> usize {
-        self.region().n_devices.load(Ordering::Relaxed) as usize
+        self.n_devices
     }
 
     /// Byte of the file whose record lock marks record `i` as owned.

@@ -156,3 +156,90 @@ fn samples_integrate_into_monotonic_per_slice_time() {
     t.add(0, &[sample(20, 31_000, 250)]);
     assert_eq!(t.totals["b"][&0], 7_000_000 + 20_000_000, "20 ms since its last sample, at most 100%");
 }
+
+/// The usage file is the workloads' to write (mode 0666; `docs/threat-model.md`).
+/// Whatever a hostile process of slice `a` writes there, anywhere and at any
+/// alignment, `egpud`'s readers of it (sweep, orphan collection, the burst
+/// and compute ticks, listings, metrics) must not panic, and must not hand
+/// `a` memory past its burst cap or change another slice's limits.
+#[test]
+fn hostile_writes_to_a_usage_file_never_panic_egpud_nor_leak_past_caps() {
+    use proptest::prelude::*;
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir().unwrap();
+    let a = agent(dir.path());
+    let node = a.node().clone();
+    let share = |gib: u64, burst: u64, pct: u32| DeviceShare {
+        device: 0,
+        memory: Bytes::gib(gib),
+        memory_burst: Bytes::gib(burst),
+        compute_share: Percent(pct),
+        compute_limit: Percent(10_000),
+    };
+    for (name, d) in [("a", share(1, 4, 3000)), ("b", share(2, 0, 7000))] {
+        let spec = SliceSpec { name: name.into(), priority: Priority::Normal, devices: vec![d] };
+        node.slices().create(CreateRequest { spec, ephemeral: false, owner_pid: None }).unwrap();
+    }
+    let (usage, limits) = {
+        let m = node.slices();
+        let s = m.get("a").unwrap();
+        (paths::usage_path(&s.dir), (LimitsReader::open(&paths::limits_path(&s.dir)).unwrap(), LimitsReader::open(&paths::limits_path(&m.get("b").unwrap().dir)).unwrap()))
+    };
+    let file = std::fs::OpenOptions::new().write(true).open(&usage).unwrap();
+    let len = file.metadata().unwrap().len();
+    let registry = crate::metrics::registry(node.clone());
+    let lp = std::cell::RefCell::new(ComputeLoop::new(ArbiterConfig::default()));
+    let now = std::cell::Cell::new(1_000u64);
+    let words = prop_oneof![Just(0u64), Just(u64::MAX), Just(1u64 << 40), any::<u64>(), 0u64..64];
+    // Anywhere, and most often on the words egpud reads: the header, the
+    // per-device words of device 0 and 1, and the first records.
+    use egpu_abi::usage::{ProcRecord, UsageRegion};
+    use std::mem::{offset_of, size_of};
+    let rec = |i: usize, field: usize| (offset_of!(UsageRegion, procs) + i * size_of::<ProcRecord>() + field) as u64;
+    let mut hot: Vec<u64> = [
+        offset_of!(UsageRegion, n_devices),
+        offset_of!(UsageRegion, high_water),
+        offset_of!(UsageRegion, charge_locks),
+        offset_of!(UsageRegion, refused),
+        offset_of!(UsageRegion, consumed_ns),
+        offset_of!(UsageRegion, throttle_waits),
+        offset_of!(UsageRegion, mem_want),
+    ]
+    .iter()
+    .flat_map(|&o| [o as u64, o as u64 + 8])
+    .collect();
+    for i in 0..3 {
+        for f in [offset_of!(ProcRecord, pid), offset_of!(ProcRecord, state), offset_of!(ProcRecord, charged), offset_of!(ProcRecord, gpu_time_ns), offset_of!(ProcRecord, caps)] {
+            hot.push(rec(i, f));
+        }
+    }
+    let offsets = prop_oneof![0..len, prop::sample::select(hot)];
+    let writes = prop::collection::vec((offsets, words), 1..48);
+    proptest!(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() }, |(w in writes)| {
+        for (off, v) in &w {
+            let bytes = v.to_le_bytes();
+            let n = (len - off).min(8) as usize;
+            file.write_at(&bytes[..n], *off).unwrap();
+        }
+        {
+            let mut m = node.slices();
+            m.sweep();
+            m.collect_orphans();
+        }
+        let mut lp = lp.borrow_mut();
+        now.set(now.get() + lp.period().as_nanos() as u64);
+        lp.tick(&node, now.get());
+        for s in node.slices().slices() {
+            let _ = crate::wire::slice_to_wire(s);
+        }
+        let _ = crate::metrics::render(&registry);
+        let (la, lb) = (limits.0.snapshot(), limits.1.snapshot());
+        let a_limit = la.devices()[0].mem_limit;
+        prop_assert!((1u64 << 30..=4u64 << 30).contains(&a_limit), "a's limit {a_limit} left [guarantee, burst cap]");
+        prop_assert_eq!(lb.devices()[0].mem_limit, 2u64 << 30, "b's limit changed");
+        // Nor can a's demand words take b's guaranteed compute.
+        let period = lp.period().as_nanos() as u64;
+        let b_allowance = limits.1.region().devices[0].allowance_ns.load(Ordering::Relaxed);
+        prop_assert!(b_allowance >= 7 * period / 10, "b's allowance {b_allowance} ns fell below its 70% share of {period} ns");
+    });
+}
