@@ -112,13 +112,21 @@ pub fn unlock_byte(file: &File, offset: u64) -> io::Result<()> {
 /// Whether another process holds a lock on byte `offset` of `file`.
 /// Locks held by the calling process are not reported (POSIX semantics).
 pub fn byte_locked_by_other(file: &File, offset: u64) -> io::Result<bool> {
+    Ok(byte_lock_owner(file, offset)?.is_some())
+}
+
+/// The process that holds a lock on byte `offset` of `file`, if another
+/// does: `Some(pid)` with the pid as the *calling* process's pid namespace
+/// sees it (the kernel translates it; 0 when the owner is outside that
+/// namespace's view). Locks held by the calling process are not reported.
+pub fn byte_lock_owner(file: &File, offset: u64) -> io::Result<Option<u32>> {
     let mut fl = flock_struct(libc::F_WRLCK as libc::c_short, offset);
     // SAFETY: F_GETLK writes into the valid, exclusively borrowed flock struct.
     let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETLK, &mut fl) };
     if r != 0 {
         return Err(io::Error::last_os_error());
     }
-    Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
+    Ok((fl.l_type != libc::F_UNLCK as libc::c_short).then(|| u32::try_from(fl.l_pid).unwrap_or(0)))
 }
 
 pub(crate) fn monotonic_ns() -> u64 {

@@ -144,7 +144,11 @@ pub struct Reclaimed {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProcView {
     pub index: usize,
+    /// The process as the reader's pid namespace sees it: the owner of the
+    /// record's lock while it is alive (`F_GETLK`), else [`ProcView::record_pid`].
     pub pid: u32,
+    /// The pid the process wrote into its record (its own namespace's view).
+    pub record_pid: u32,
     pub alive: bool,
     pub charged: Vec<u64>,
     pub gpu_time_ns: Vec<u64>,
@@ -525,10 +529,17 @@ impl UsageFile {
             .filter(|&i| r.procs[i].state.load(Ordering::Acquire) != 0)
             .map(|i| {
                 let p = &r.procs[i];
+                let record_pid = p.pid.load(Ordering::Relaxed);
+                // Like `owned_by_other`, an error counts as alive.
+                let owner = map::byte_lock_owner(&self.file, Self::lock_offset(i)).unwrap_or(Some(0));
                 ProcView {
                     index: i,
-                    pid: p.pid.load(Ordering::Relaxed),
-                    alive: self.owned_by_other(i),
+                    // The lock owner's pid is in the reader's pid namespace
+                    // (the one NVML's host pids match when the reader runs on
+                    // the host); the record's is the process's own view.
+                    pid: owner.filter(|&pid| pid != 0).unwrap_or(record_pid),
+                    record_pid,
+                    alive: owner.is_some(),
                     charged: load(&p.charged),
                     gpu_time_ns: load(&p.gpu_time_ns),
                     launches: load(&p.launches),

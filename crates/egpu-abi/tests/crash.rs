@@ -85,3 +85,43 @@ fn lock_held_by_dead_process_is_taken_over() {
     assert_eq!(rec.len(), 1);
     assert_eq!(u.used(0), 300);
 }
+
+/// A workload in a container writes its own namespace's pid into its record;
+/// a reader outside (egpud on the host, where NVML's pids come from) gets the
+/// record lock owner's pid as its own namespace sees it. Run in a new user +
+/// pid namespace (`unshare -Urp --fork`), the child is pid 1 to itself.
+#[test]
+fn a_process_in_another_pid_namespace_is_listed_by_the_readers_pid() {
+    let probe = Command::new("unshare").args(["-Urp", "--fork", "true"]).output();
+    if !probe.as_ref().is_ok_and(|o| o.status.success()) {
+        // Not every machine lets an unprivileged test make namespaces (a
+        // container without user namespaces); there is nothing to compare then.
+        eprintln!("skipped: `unshare -Urp --fork` does not work here: {probe:?}");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("usage");
+    let u = UsageFile::create(&p, 1).unwrap();
+    let mut c = Command::new("unshare")
+        .args(["-Urp", "--fork"])
+        .arg(std::env::current_exe().unwrap())
+        .args(["--exact", "child_entry", "--nocapture"])
+        .env(ROLE, format!("{}|false", p.display()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(c.stdout.take().unwrap()).lines();
+    while !lines.next().expect("child exited before ready").unwrap().starts_with("ready") {}
+    let procs = u.processes();
+    assert_eq!(procs.len(), 1, "{procs:?}");
+    let v = &procs[0];
+    assert!(v.alive);
+    assert_eq!(v.record_pid, 1, "the child sees itself as pid 1: {v:?}");
+    assert_ne!(v.pid, 1, "the reader must see the child by its own pid: {v:?}");
+    let status = std::fs::read_to_string(format!("/proc/{}/status", v.pid)).unwrap();
+    let nspid = status.lines().find(|l| l.starts_with("NSpid:")).unwrap();
+    assert_eq!(nspid.split_whitespace().skip(1).collect::<Vec<_>>(), [v.pid.to_string(), "1".into()], "{nspid}");
+    drop(c.stdin.take());
+    assert!(c.wait().unwrap().success());
+}

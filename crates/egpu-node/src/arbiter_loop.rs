@@ -194,7 +194,11 @@ impl ComputeLoop {
                     .iter()
                     .map(|d| {
                         let dev = d.device as usize;
-                        (dev < ndev && self.truth.supported[dev]).then(|| totals.and_then(|t| t.get(&d.device)).copied().unwrap_or(0))
+                        // Truth once a sample of one of the slice's processes
+                        // was seen on the device. Before that (an idle slice,
+                        // or pids NVML reports from another pid namespace than
+                        // egpud's, which then never match) the measured time.
+                        (dev < ndev && self.truth.supported[dev]).then(|| totals.and_then(|t| t.get(&d.device)).copied()).flatten()
                     })
                     .collect(),
             );
