@@ -114,14 +114,49 @@ finish() {
 }
 X() { local s=$1; shift; E exec "$s" -- "$@"; }
 
+# --- environment: what the first real run needs to know ----------------------
+# The binaries need glibc 2.34 or newer; a GPU in MIG mode reports instance
+# UUIDs that match no slice device. Both stop the run here with the reason.
+env_json=$(python3 - "$SIM" <<'PY'
+import json, os, platform, subprocess, sys
+def sh(*a):
+    try:
+        return subprocess.run(a, capture_output=True, text=True, timeout=20).stdout.strip()
+    except Exception as e:
+        return f"unavailable: {e}"
+glibc = platform.libc_ver()[1]
+d = {"glibc": glibc, "kernel": platform.release(), "pid_namespace": os.readlink("/proc/self/ns/pid"),
+     "pid1": sh("cat", "/proc/1/comm")}
+if sys.argv[1] == "0":
+    d["gpus"] = sh("nvidia-smi", "--query-gpu=name,driver_version,mig.mode.current,memory.total", "--format=csv,noheader")
+problems = []
+if glibc and tuple(int(x) for x in glibc.split(".")[:2]) < (2, 34):
+    problems.append(f"glibc {glibc} is older than 2.34, which the prebuilt binaries need: build them on a machine with this glibc or older")
+if "Enabled" in d.get("gpus", ""):
+    problems.append("MIG mode is on: slices of MIG instances are not supported (the check leaves MIG settings as they are)")
+d["problems"] = problems
+print(json.dumps(d))
+PY
+)
+if [ "$(printf '%s' "$env_json" | python3 -c 'import json,sys; print(bool(json.load(sys.stdin)["problems"]))')" = True ]; then
+  record environment fail "$env_json"
+  ENV_FAILED=1
+else
+  record environment info "$env_json"
+fi
+
 # --- egpud -------------------------------------------------------------------
 args=(--run-dir "$RUN" --state-dir "$W/state" --socket "$SOCK" --hook-lib "$DIST/libegpu.so")
 if [ $SIM = 1 ]; then args+=(--simulate 1x16GiB --sim-lib "$DIST/libegpu_simgpu.so"); fi
 mkdir -p "$RUN"
-"$DIST/egpud" "${args[@]}" >"$W/egpud.log" 2>&1 &
-EGPUD=$!
-for _ in $(seq 300); do [ -S "$SOCK" ] && break; kill -0 "$EGPUD" 2>/dev/null || break; sleep 0.1; done
-if devs=$(E devices -o json 2>&1); then
+if [ -z "${ENV_FAILED:-}" ]; then
+  "$DIST/egpud" "${args[@]}" >"$W/egpud.log" 2>&1 &
+  EGPUD=$!
+  for _ in $(seq 300); do [ -S "$SOCK" ] && break; kill -0 "$EGPUD" 2>/dev/null || break; sleep 0.1; done
+fi
+if [ -n "${ENV_FAILED:-}" ]; then
+  EGPUD_FAILED=1
+elif devs=$(E devices -o json 2>&1); then
   record egpud-up pass "{\"devices\": $(printf '%s' "$devs" | python3 -c 'import json,sys; print(json.dumps(json.load(sys.stdin)))' 2>/dev/null || echo null)}"
 else
   record egpud-up fail "$(python3 -c 'import json,sys; print(json.dumps({"log": open(sys.argv[1]).read()[-3000:], "error": sys.argv[2]}))' "$W/egpud.log" "$devs")"
@@ -156,6 +191,10 @@ else: print('fail')")
   done
 
   # --- independent witness: the driver's own view of a holding process --------
+  # nvidia-smi names processes by host pid; in a container the probe's own
+  # pid differs, so the device's used memory against a baseline taken just
+  # before (nothing else runs then) stands in when no pid matches.
+  [ $SIM = 1 ] || base_mib=$(timeout 20 nvidia-smi -i 0 --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)
   bg hold X dc "$DIST/egpu-probe" alloc --size 256MiB --until-oom --hold
   if hold_line=$(wait_line hold '"holding"' 60); then
     pid=$(printf '%s\n' "$hold_line" | pyj "ev('holding').get('pid')")
@@ -165,6 +204,11 @@ else: print('fail')")
     else
       used=$(timeout 20 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | awk -F', *' -v p="$pid" '$1==p {print $2*1048576}')
       src=nvidia-smi-process-used
+      if [ -z "$used" ]; then
+        now_mib=$(timeout 20 nvidia-smi -i 0 --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)
+        used=$(python3 -c "import sys; b, n = sys.argv[1:]; print(int((float(n) - float(b)) * 1048576) if b and n else '')" "${base_mib:-}" "${now_mib:-}")
+        src="nvidia-smi-device-used-minus-baseline (pid $pid not among nvidia-smi's: another pid namespace)"
+      fi
     fi
     ok=$(python3 -c "u='$used'; print(u not in ('','null') and float(u) <= $LIMIT + 64*$MIB)")
     [ "$ok" = True ] && st=pass || st=fail

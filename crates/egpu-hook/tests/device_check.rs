@@ -28,6 +28,11 @@ fn device_check_passes_on_the_simulated_gpu() {
         let c = checks.iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("check {name} missing"));
         assert_eq!(c["status"], "pass", "{c}");
     }
+    // The environment the run found, for reading a real machine's result.
+    let c = checks.iter().find(|c| c["name"] == "environment").expect("environment missing");
+    assert_eq!(c["status"], "info", "{c}");
+    assert!(c["details"]["glibc"].as_str().is_some_and(|v| v.starts_with("2.")), "{c}");
+    assert!(c["details"]["pid_namespace"].as_str().is_some_and(|v| v.starts_with("pid:")), "{c}");
     let num = |c: &serde_json::Value, k: &str| c["details"][k].as_f64().unwrap_or_else(|| panic!("{k} not a number: {c}"));
     // Compute isolation with real targets on the simulated GPU (~0.4 ms
     // kernels): 30/70 within 3 points, a lone 30%/100% slice >= 95% of solo,
