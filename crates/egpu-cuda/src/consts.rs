@@ -63,6 +63,8 @@ pub const CU_MEMORYTYPE_UNIFIED: c_uint = 0x04;
 
 // --- CUmemLocationType ----------------------------------------------------
 pub const CU_MEM_LOCATION_TYPE_INVALID: c_uint = 0x0;
+/// CUDA 13: no preferred location (a managed memory pool's location).
+pub const CU_MEM_LOCATION_TYPE_NONE: c_uint = 0x0;
 pub const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 0x1;
 pub const CU_MEM_LOCATION_TYPE_HOST: c_uint = 0x2;
 pub const CU_MEM_LOCATION_TYPE_HOST_NUMA: c_uint = 0x3;
@@ -78,6 +80,9 @@ pub const CU_MEM_HANDLE_TYPE_FABRIC: c_uint = 0x8;
 // --- CUmemAllocationType --------------------------------------------------
 pub const CU_MEM_ALLOCATION_TYPE_INVALID: c_uint = 0x0;
 pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_uint = 0x1;
+/// CUDA 13: a memory pool of managed memory (`cuMemPoolCreate`); its
+/// location is only a preference (DEVICE, HOST or NONE).
+pub const CU_MEM_ALLOCATION_TYPE_MANAGED: c_uint = 0x2;
 
 // --- CUmemAllocationGranularity_flags / CUmulticastGranularity_flags -------
 pub const CU_MEM_ALLOC_GRANULARITY_MINIMUM: c_uint = 0x0;

@@ -8,7 +8,7 @@ mod common;
 
 use common::*;
 
-const FAMILIES: &[&str] = &["mem", "pitch", "managed", "array", "mipmap", "async", "pool", "vmm", "multicast", "graph"];
+const FAMILIES: &[&str] = &["mem", "pitch", "managed", "array", "mipmap", "async", "pool", "managedpool", "vmm", "multicast", "graph", "graph10"];
 const WAYS: &[&str] = &["direct", "dlopen", "procaddr"];
 
 /// Context cost of the simulated driver (EGPU_SIM_CTX_BYTES default).

@@ -95,6 +95,7 @@ api! {
     cuGraphAddMemAllocNode = "cuGraphAddMemAllocNode" @ 11040: fn(*mut CUgraphNode, CUgraph, *const CUgraphNode, usize, *mut CUDA_MEM_ALLOC_NODE_PARAMS);
     cuGraphAddMemFreeNode = "cuGraphAddMemFreeNode" @ 11040: fn(*mut CUgraphNode, CUgraph, *const CUgraphNode, usize, CUdeviceptr);
     cuGraphInstantiateWithFlags = "cuGraphInstantiate" @ 12000: fn(*mut CUgraphExec, CUgraph, u64);
+    cuGraphInstantiate = "cuGraphInstantiate" @ 10000: fn(*mut CUgraphExec, CUgraph, *mut CUgraphNode, *mut c_char, usize);
     cuGraphExecDestroy = "cuGraphExecDestroy" @ 10000: fn(CUgraphExec);
     cuGraphLaunch = "cuGraphLaunch" @ 10000: fn(CUgraphExec, CUstream);
     cuIpcGetMemHandle = "cuIpcGetMemHandle" @ 4010: fn(*mut CUipcMemHandle, CUdeviceptr);

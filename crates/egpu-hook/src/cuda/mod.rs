@@ -61,6 +61,8 @@ crate::detour::hooks! {
     fn cuGraphAddMemAllocNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, ndeps: usize, params: *mut CUDA_MEM_ALLOC_NODE_PARAMS) => graph::add_mem_alloc_node;
     fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) => graph::instantiate_with_flags;
     fn cuGraphInstantiate_v2(exec: *mut CUgraphExec, graph: CUgraph, err_node: *mut CUgraphNode, log: *mut c_char, log_size: usize) => graph::instantiate_v2;
+    // The CUDA 10 export: the same five arguments as `_v2`.
+    fn cuGraphInstantiate(exec: *mut CUgraphExec, graph: CUgraph, err_node: *mut CUgraphNode, log: *mut c_char, log_size: usize) => graph::instantiate_v2;
     fn cuGraphInstantiateWithParams(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) => graph::instantiate_with_params;
     fn cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) => graph::instantiate_with_params;
     fn cuGraphExecDestroy(exec: CUgraphExec) => graph::exec_destroy;

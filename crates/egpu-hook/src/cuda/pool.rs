@@ -12,7 +12,8 @@
 //!   depending on its release threshold). Refused allocations first settle
 //!   every pool, so memory a pool already gave back is not held against the
 //!   slice.
-//! - Pools located on the host are never charged.
+//! - Pools located on the host are never charged, unless they are managed
+//!   pools (CUDA 13), which are charged as `cuMemAllocManaged` is.
 
 use super::drv::real as drv;
 use super::hooked;
@@ -21,7 +22,7 @@ use crate::detour::Outcome;
 use crate::devmap;
 use crate::ledger::{Charge, LEDGER, PoolAcct, Ptr};
 use crate::state::{charge, uncharge};
-use egpu_cuda::{CU_MEM_LOCATION_TYPE_DEVICE, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY, CUdeviceptr, CUmemPoolProps, CUmemoryPool, CUresult, CUstream};
+use egpu_cuda::{CU_MEM_ALLOCATION_TYPE_MANAGED, CU_MEM_LOCATION_TYPE_DEVICE, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY, CUdeviceptr, CUmemPoolProps, CUmemoryPool, CUresult, CUstream};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Device index marking a host-located pool (never charged).
@@ -198,18 +199,23 @@ pub(crate) fn free_async(real: sig::cuMemFreeAsync, dptr: CUdeviceptr, stream: C
 }
 
 /// `cuMemPoolCreate`: device pools are tracked (charged as they reserve);
-/// host pools never.
+/// host pools never. A managed pool (CUDA 13) is charged like
+/// `cuMemAllocManaged`: to its preferred device, or to the current device
+/// when it prefers none or the host (its memory migrates to whichever GPU
+/// touches it, so a location preference must not exempt it).
 #[doc(alias = "cuMemPoolCreate")]
 pub(crate) fn create(real: sig::cuMemPoolCreate, pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> Outcome {
     // SAFETY: the caller's props, read once (null checked).
-    let loc = if props.is_null() { None } else { Some(unsafe { (*props).location }) };
-    let dev = match loc {
-        Some(l) if l.type_ == CU_MEM_LOCATION_TYPE_DEVICE => match devmap::slice_dev(l.id) {
-            Ok(d) => d,
-            Err(e) => return Outcome::Error(e),
-        },
-        Some(_) => HOST,
+    let props_in = if props.is_null() { None } else { Some(unsafe { *props }) };
+    let dev = match props_in {
+        Some(p) if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE => devmap::slice_dev(p.location.id),
+        Some(p) if p.allocType == CU_MEM_ALLOCATION_TYPE_MANAGED => devmap::current().map(|(_, d)| d),
+        Some(_) => Ok(HOST),
         None => return Outcome::Passthrough,
+    };
+    let dev = match dev {
+        Ok(d) => d,
+        Err(e) => return Outcome::Error(e),
     };
     // SAFETY: the real function with the caller's arguments.
     let r = unsafe { real(pool, props) };

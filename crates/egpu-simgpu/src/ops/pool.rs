@@ -145,12 +145,24 @@ pub fn mem_free_async(d: CUdeviceptr, s: CUstream, ptsz: bool) -> R<()> {
 pub fn pool_create(out: *mut CUmemoryPool, props: *const CUmemPoolProps) -> R<()> {
     let p = cu()?;
     let pr = read(props)?;
-    if out.is_null() || pr.allocType != CU_MEM_ALLOCATION_TYPE_PINNED || pr.location.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
+    let device = pr.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE;
+    // A managed pool (CUDA 13) takes any preferred location; the simulated
+    // GPU keeps its memory on the preferred device, or on the current
+    // context's device without a device preference (where the kernels that
+    // touch it run).
+    let managed = pr.allocType == CU_MEM_ALLOCATION_TYPE_MANAGED
+        && matches!(pr.location.type_, CU_MEM_LOCATION_TYPE_NONE | CU_MEM_LOCATION_TYPE_DEVICE | CU_MEM_LOCATION_TYPE_HOST);
+    if out.is_null() || !(managed || pr.allocType == CU_MEM_ALLOCATION_TYPE_PINNED && device) {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let phys = p.phys(pr.location.id)?;
     let mut g = p.lock();
-    let h = new_pool(&mut g, pr.location.id as usize, phys);
+    let (ord, phys) = if device {
+        (pr.location.id as usize, p.phys(pr.location.id)?)
+    } else {
+        let (_, ord, phys) = memory::cur(&g)?;
+        (ord, phys)
+    };
+    let h = new_pool(&mut g, ord, phys);
     g.pools.get_mut(&h).ok_or(CUDA_ERROR_UNKNOWN)?.max_size = pr.maxSize as u64;
     write(out, h as CUmemoryPool)
 }

@@ -16,9 +16,13 @@ pub enum Family {
     Mipmap,
     Async,
     Pool,
+    /// A CUDA 13 managed memory pool with no preferred location.
+    ManagedPool,
     Vmm,
     Multicast,
     Graph,
+    /// A graph instantiated through the CUDA 10 `cuGraphInstantiate` export.
+    Graph10,
     Ctx,
     /// Host memory (`cuMemAllocHost`): never charged.
     Host,
@@ -37,13 +41,15 @@ impl std::str::FromStr for Family {
             "mipmap" => Family::Mipmap,
             "async" => Family::Async,
             "pool" => Family::Pool,
+            "managedpool" => Family::ManagedPool,
             "vmm" => Family::Vmm,
             "multicast" => Family::Multicast,
             "graph" => Family::Graph,
+            "graph10" => Family::Graph10,
             "ctx" => Family::Ctx,
             "host" => Family::Host,
             "hostvmm" => Family::HostVmm,
-            _ => return Err(format!("unknown family '{s}': mem pitch managed array mipmap async pool vmm multicast graph ctx host hostvmm")),
+            _ => return Err(format!("unknown family '{s}': mem pitch managed array mipmap async pool managedpool vmm multicast graph graph10 ctx host hostvmm")),
         })
     }
 }
@@ -58,9 +64,11 @@ impl Family {
             Family::Mipmap => "mipmap",
             Family::Async => "async",
             Family::Pool => "pool",
+            Family::ManagedPool => "managedpool",
             Family::Vmm => "vmm",
             Family::Multicast => "multicast",
             Family::Graph => "graph",
+            Family::Graph10 => "graph10",
             Family::Ctx => "ctx",
             Family::Host => "host",
             Family::HostVmm => "hostvmm",
@@ -169,12 +177,17 @@ pub fn alloc(cu: &Cuda, st: &mut Ctx, f: Family, size: usize) -> Result<Held, Ca
             call!(a, cuStreamSynchronize(st.stream))?;
             Held::Async(p)
         }
-        Family::Pool => {
+        Family::Pool | Family::ManagedPool => {
             let pool = match st.pool {
                 Some(pl) => pl,
                 None => {
+                    let mut props = pool_props(cu.dev);
+                    if f == Family::ManagedPool {
+                        props.allocType = CU_MEM_ALLOCATION_TYPE_MANAGED;
+                        props.location = CUmemLocation { type_: CU_MEM_LOCATION_TYPE_NONE, id: 0 };
+                    }
                     let mut pl: CUmemoryPool = std::ptr::null_mut();
-                    call!(a, cuMemPoolCreate(&mut pl, &pool_props(cu.dev)))?;
+                    call!(a, cuMemPoolCreate(&mut pl, &props))?;
                     st.pool = Some(pl);
                     pl
                 }
@@ -222,7 +235,7 @@ pub fn alloc(cu: &Cuda, st: &mut Ctx, f: Family, size: usize) -> Result<Held, Ca
             let _ = call!(a, cuMulticastAddDevice(h, cu.dev));
             Held::Physical(h)
         }
-        Family::Graph => {
+        Family::Graph | Family::Graph10 => {
             let mut g: CUgraph = std::ptr::null_mut();
             call!(a, cuGraphCreate(&mut g, 0))?;
             let mut params = CUDA_MEM_ALLOC_NODE_PARAMS { poolProps: pool_props(cu.dev), accessDescs: std::ptr::null(), accessDescCount: 0, bytesize: size, dptr: 0 };
@@ -231,7 +244,10 @@ pub fn alloc(cu: &Cuda, st: &mut Ctx, f: Family, size: usize) -> Result<Held, Ca
             let mut exec: CUgraphExec = std::ptr::null_mut();
             let r = call!(a, cuGraphAddMemAllocNode(&mut node, g, std::ptr::null(), 0, &mut params))
                 .and_then(|_| call!(a, cuGraphAddMemFreeNode(&mut free_node, g, &node, 1, params.dptr)))
-                .and_then(|_| call!(a, cuGraphInstantiateWithFlags(&mut exec, g, 0)));
+                .and_then(|_| match f {
+                    Family::Graph10 => call!(a, cuGraphInstantiate(&mut exec, g, std::ptr::null_mut(), std::ptr::null_mut(), 0)),
+                    _ => call!(a, cuGraphInstantiateWithFlags(&mut exec, g, 0)),
+                });
             if let Err(e) = r {
                 let _ = call!(a, cuGraphDestroy(g));
                 return Err(e);
