@@ -235,3 +235,28 @@ fn a_crashed_process_is_swept_when_memory_runs_short() {
     assert_eq!(d.code, 0, "{:?}", d.lines);
     assert_eq!(s.used(0), 0);
 }
+
+/// `cuMemAllocAsync` takes memory from the pool of the *stream's* device. A
+/// stream of device 1 used while device 0's context is current is charged
+/// to slice device 1, where the simulated driver puts the memory.
+#[test]
+fn an_async_allocation_is_charged_to_its_streams_device_not_the_current_one() {
+    let w = World::new("2x4GiB");
+    let s = w.slice("streams", &[(0, GIB), (1, GIB)]);
+    for way in WAYS {
+        let args = ["--via", way, "--device", "1", "alloc", "--family", "async", "--size", "256MiB", "--count", "2", "--current-device", "0", "--hold"];
+        let mut p = Running::start(w.probe(&s, &args));
+        p.wait_for("holding");
+        let (on0, on1) = (s.used(0), s.used(1));
+        assert_eq!(on1, 512 * MIB + CTX, "{way}: slice device 1 holds the allocations and its context");
+        assert_eq!(on0, CTX, "{way}: slice device 0 holds only the current context");
+        assert!(w.sim_used(1) >= 512 * MIB, "{way}: the simulated driver put them on device 1");
+        let (code, rest) = p.finish();
+        assert_eq!(code, 0, "{way}: {rest:?}");
+        // The frees went to device 1; device 0's context was never released,
+        // so its charge goes when the dead process's record is swept (egpud's job).
+        assert_eq!((s.used(0), s.used(1)), (CTX, 0), "{way}: after the frees: {rest:?}");
+        s.usage.sweep(None);
+        assert_eq!(s.used(0), 0, "{way}");
+    }
+}

@@ -89,7 +89,7 @@ cooperative!(launch_cooperative, cuLaunchCooperativeKernel, false, "cuLaunchCoop
 cooperative!(launch_cooperative_ptsz, cuLaunchCooperativeKernel_ptsz, true, "cuLaunchCooperativeKernel_ptsz");
 
 /// Runs `f` with the context of `stream` current.
-fn in_stream_ctx<R>(stream: CUstream, f: impl FnOnce() -> R) -> Result<R, CUresult> {
+pub(crate) fn in_stream_ctx<R>(stream: CUstream, f: impl FnOnce() -> R) -> Result<R, CUresult> {
     use super::drv::real as d;
     let (Some(get), Some(push), Some(pop)) = (d::cuStreamGetCtx.get(), d::cuCtxPushCurrent_v2.get(), d::cuCtxPopCurrent_v2.get()) else {
         return Ok(f());

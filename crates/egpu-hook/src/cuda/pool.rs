@@ -141,10 +141,18 @@ fn alloc_in_pool(dptr: *mut CUdeviceptr, size: usize, pool: usize, dev: usize, s
     Outcome::Success
 }
 
-/// `cuMemAllocAsync` / `_ptsz`: from the current device's current pool.
+/// The device (driver ordinal, slice index) whose pool serves an
+/// allocation on `stream`: the null, legacy (0x1) and per-thread (0x2)
+/// streams belong to the current context; any other is asked for its own.
+fn stream_device(stream: CUstream) -> Result<(egpu_cuda::CUdevice, usize), CUresult> {
+    if (stream as usize) <= 2 { devmap::current() } else { super::launch::in_stream_ctx(stream, devmap::current).and_then(|r| r) }
+}
+
+/// `cuMemAllocAsync` / `_ptsz`: from the current pool of the *stream's*
+/// device (which may not be the current one).
 #[doc(alias = "cuMemAllocAsync")]
 pub(crate) fn alloc_async(real: sig::cuMemAllocAsync, dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> Outcome {
-    let (ord, dev) = match devmap::current() {
+    let (ord, dev) = match stream_device(stream) {
         Ok(d) => d,
         Err(e) => return Outcome::Error(e),
     };
@@ -166,8 +174,8 @@ pub(crate) fn alloc_from_pool(real: sig::cuMemAllocFromPoolAsync, dptr: *mut CUd
     let dev = match known {
         Some(HOST) => return Outcome::Passthrough,
         Some(d) => d,
-        // A device's default pool, never created through us: the current device's.
-        None => match devmap::current() {
+        // A device's default pool, never created through us: the stream's device's.
+        None => match stream_device(stream) {
             Ok((_, d)) => d,
             Err(e) => return Outcome::Error(e),
         },

@@ -44,6 +44,11 @@ pub struct AllocArgs {
     /// EGPU_HOOK_TEST_INIT_MARK); joined before "holding".
     #[arg(long)]
     pub racing_init: bool,
+    /// Allocate on a stream created in --device's context while device N's
+    /// primary context is current (async and pool families: the driver
+    /// takes the stream's device, not the current one).
+    #[arg(long, value_name = "N")]
+    current_device: Option<i32>,
 }
 
 /// `--drop-ctx`: ends the context that holds the allocations.
@@ -76,6 +81,15 @@ pub fn spawn_racer(g: &Global) -> std::thread::JoinHandle<bool> {
 pub fn run(api: Api, g: &Global, a: AllocArgs, racer: Option<std::thread::JoinHandle<bool>>) -> i32 {
     let cu = setup(api, g.device, g.own_ctx);
     let mut st = family::Ctx::default();
+    if let Some(n) = a.current_device {
+        use egpu_workloads::call;
+        let die = |e| crate::common::die(e, exit::FAILED);
+        call!(cu.api, cuStreamCreate(&mut st.stream, 0)).unwrap_or_else(die);
+        let (mut other, mut ctx) = (0, std::ptr::null_mut());
+        call!(cu.api, cuDeviceGet(&mut other, n)).unwrap_or_else(die);
+        call!(cu.api, cuDevicePrimaryCtxRetain(&mut ctx, other)).unwrap_or_else(die);
+        call!(cu.api, cuCtxSetCurrent(ctx)).unwrap_or_else(die);
+    }
     if a.wait_go {
         crate::common::wait_go();
     }
