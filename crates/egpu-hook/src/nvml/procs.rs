@@ -1,5 +1,5 @@
 //! `nvmlDeviceGetComputeRunningProcesses(_v2/_v3)`: the slice's processes on
-//! that device, from the usage records (pid as each process sees itself, and
+//! that device, from the usage records (pid as this process's pid namespace sees it, and
 //! the memory charged to it there), never other tenants' processes.
 
 use super::sig;
