@@ -153,7 +153,6 @@ impl Agent {
         for d in &inventory.devices {
             tracing::info!(index = d.index, uuid = %d.uuid, name = %d.name, memory = %egpu_core::Bytes(d.memory_bytes), "device");
         }
-        drop_empty_store_of_a_new_node(&config);
         let store = Store::open(&config.state_dir).map_err(|e| AgentError::Store(Box::new(e)))?;
         let (mgr, report) = SliceManager::adopt(&config.run_dir, inventory.devices.clone(), store).map_err(|e| AgentError::Adopt(Box::new(e)))?;
         tracing::info!(slices = report.adopted.len(), recreated_files = report.recreated.len(),
@@ -253,22 +252,5 @@ pub async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
         _ = int.recv() => tracing::info!("SIGINT: shutting down"),
-    }
-}
-
-/// An empty store file with no slice directory beside it is what a first
-/// start that died before redb wrote its header leaves: nothing can be lost,
-/// so it is removed and the store starts afresh. With slice directories
-/// present, [`Store::open`] refuses the empty file instead (the slices'
-/// records are gone, and starting empty would strand their workloads).
-fn drop_empty_store_of_a_new_node(config: &NodeConfig) {
-    let path = config.state_dir.join(crate::store::STORE_FILE);
-    if !std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == 0) {
-        return;
-    }
-    let slices = egpu_abi::paths::slices_dir(&config.run_dir);
-    let has_slices = std::fs::read_dir(&slices).is_ok_and(|mut d| d.any(|e| e.is_ok_and(|e| e.file_type().is_ok_and(|t| t.is_dir()))));
-    if !has_slices && std::fs::remove_file(&path).is_ok() {
-        tracing::warn!(path = %path.display(), "state store was an empty file and no slice exists; started it afresh");
     }
 }

@@ -82,8 +82,12 @@ impl Store {
         std::fs::create_dir_all(state_dir).map_err(|source| StoreError::Dir { path: state_dir.into(), source })?;
         let path = state_dir.join(STORE_FILE);
         let corrupt = |detail: String| StoreError::Corrupt { path: path.clone(), detail };
-        // redb would silently start an empty file afresh; a store cut to
-        // nothing (a full disk, a bad copy) must not pass for a new node.
+        if !path.exists() {
+            Self::create_new(state_dir, &path)?;
+        }
+        // A new store only ever appears whole (above), so an empty file is
+        // damage (a full disk, a bad copy), never a first start: redb would
+        // silently start it afresh and the node would pass for a new one.
         if std::fs::metadata(&path).is_ok_and(|m| m.is_file() && m.len() == 0) {
             return Err(corrupt("the file is empty (0 bytes)".into()));
         }
@@ -105,6 +109,29 @@ impl Store {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Makes a new store with its schema under a temporary name and links it
+    /// into place only then, so that `path` never exists half made. Another
+    /// egpud that made one meanwhile wins (`hard_link` never replaces).
+    fn create_new(state_dir: &Path, path: &Path) -> Result<(), StoreError> {
+        let tmp = state_dir.join(format!("{STORE_FILE}.new.{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        let db = redb::Database::create(&tmp).map_err(|e| StoreError::Db { path: tmp.clone(), op: "create", source: Box::new(e.into()) })?;
+        Store { db, path: tmp.clone() }.init_schema()?;
+        let linked = std::fs::hard_link(&tmp, path);
+        let _ = std::fs::remove_file(&tmp);
+        match linked {
+            Ok(()) => {
+                // The new name is durable before anything is stored under it.
+                if let Ok(d) = std::fs::File::open(state_dir) {
+                    let _ = d.sync_all();
+                }
+                Ok(())
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+            Err(source) => Err(StoreError::Dir { path: path.into(), source }),
+        }
     }
 
     fn db_err(&self, op: &'static str) -> impl FnOnce(redb::Error) -> StoreError + '_ {
@@ -226,6 +253,19 @@ mod tests {
         let msg = e.to_string();
         assert!(matches!(e, StoreError::InUse { .. }), "{msg}");
         assert!(!msg.contains("move it aside"), "{msg}");
+    }
+
+    #[test]
+    fn a_new_store_appears_whole_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join(format!("{STORE_FILE}.new.1")), b"left by a crash").unwrap();
+        let s = Store::open(dir.path()).unwrap();
+        s.put(&rec("a")).unwrap();
+        drop(s);
+        assert!(std::fs::metadata(dir.path().join(STORE_FILE)).unwrap().len() > 0);
+        let names: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        assert!(!names.iter().any(|n| n.contains(&format!(".new.{}", std::process::id()))), "{names:?}");
+        assert_eq!(Store::open(dir.path()).unwrap().load_all().unwrap(), vec![rec("a")]);
     }
 
     #[test]

@@ -103,17 +103,15 @@ fn corrupted_store_stops_egpud_and_names_the_file() {
     // Nothing was discarded: the slice's files are where they were.
     assert!(node.run_dir().join("slices/keep/limits").exists());
 
-    // A store cut to 0 bytes is refused too while slices exist beside it.
+    // A store cut to 0 bytes is refused too, even with no slice directory
+    // left (the run directory is a tmpfs that a reboot empties): egpud never
+    // makes an empty store itself, so one is always damage.
     std::fs::write(&store, b"").unwrap();
+    std::fs::remove_dir_all(node.run_dir().join("slices")).unwrap();
     let o = node.daemon_cmd().stdout(Stdio::null()).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("empty (0 bytes)") && err.contains("move it aside"), "{err}");
-    assert!(node.run_dir().join("slices/keep/limits").exists());
-    // With no slice left, an empty store is a first start that died early: it starts afresh.
-    std::fs::remove_dir_all(node.run_dir().join("slices/keep")).unwrap();
-    node.restart();
-    assert!(node.slices().is_empty());
-    assert!(node.log().contains("started it afresh"), "{}", node.log());
+    assert_eq!(std::fs::metadata(&store).unwrap().len(), 0, "the file is left for the operator");
 }
 
 #[test]
