@@ -130,6 +130,8 @@ pub struct ComputeLoop {
     /// (slice, device index in slice) -> (last sum of attached records' throttled_ns, running total).
     throttled: HashMap<(String, usize), (u64, u64)>,
     usage_bps: HashMap<(String, usize), f64>,
+    /// (slice, device index in slice) -> the published used time.
+    used: HashMap<(String, usize), UsedCounter>,
 }
 
 impl ComputeLoop {
@@ -142,6 +144,7 @@ impl ComputeLoop {
             last_tick: None,
             throttled: HashMap::new(),
             usage_bps: HashMap::new(),
+            used: HashMap::new(),
         }
     }
 
@@ -231,12 +234,13 @@ impl ComputeLoop {
             *rate += (b.used_ns as f64 / period * 10_000.0 - *rate) * 0.02;
             let measured = u.consumed_ns[dev].load(Ordering::Relaxed);
             let truth = trues[i].get(dev).copied().flatten();
+            let used_total = self.used.entry((names[i].to_string(), dev)).or_default().advance(truth.is_some(), truth.unwrap_or(measured));
             let e = view.entry(names[i].to_string()).or_default();
             e.push(DeviceCompute {
                 device: s.record.spec.devices.get(dev).map(|d| d.device).unwrap_or(0),
                 budget_ns: b.budget_ns,
                 allowance_ns: b.allowance_ns,
-                used_ns_total: truth.unwrap_or(measured),
+                used_ns_total: used_total,
                 true_time: truth.is_some(),
                 measured_ns_total: measured,
                 throttle_waits: u.throttle_waits[dev].load(Ordering::Relaxed),
@@ -250,6 +254,7 @@ impl ComputeLoop {
         self.ids.retain(|k, _| live.contains(k.as_str()));
         self.throttled.retain(|k, _| live.contains(k.0.as_str()));
         self.usage_bps.retain(|k, _| live.contains(k.0.as_str()));
+        self.used.retain(|k, _| live.contains(k.0.as_str()));
         self.truth.totals.retain(|k, _| live.contains(k.as_str()));
         drop(refs);
         drop(m);
@@ -318,6 +323,30 @@ impl ComputeLoop {
         self.truth.strangers = samples.iter().flat_map(|(_, v)| v).map(|s| s.pid).filter(|p| !pids.contains_key(p)).collect();
         self.truth.prev_us.retain(|(_, pid), _| pids.contains_key(pid));
         self.truth.pids_at = Some(Instant::now());
+    }
+}
+
+/// A slice device's published GPU time (`egpu_slice_compute_used_seconds_total`,
+/// a counter): the measured time until the device's truth for the slice
+/// starts, then the truth. A switch of source adds nothing that tick and
+/// then follows the new source's increase, so the counter never goes back
+/// (the truth starts near zero where the measured time may be far along).
+#[derive(Debug, Default, Clone, Copy)]
+struct UsedCounter {
+    total: u64,
+    /// The source of the last tick (true: device truth) and its raw value.
+    last: Option<(bool, u64)>,
+}
+
+impl UsedCounter {
+    fn advance(&mut self, truth: bool, raw: u64) -> u64 {
+        match self.last {
+            None => self.total = raw,
+            Some((was, prev)) if was == truth => self.total = self.total.saturating_add(raw.saturating_sub(prev)),
+            Some(_) => {}
+        }
+        self.last = Some((truth, raw));
+        self.total
     }
 }
 

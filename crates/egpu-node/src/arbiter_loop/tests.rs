@@ -243,3 +243,14 @@ fn hostile_writes_to_a_usage_file_never_panic_egpud_nor_leak_past_caps() {
         prop_assert!(b_allowance >= 7 * period / 10, "b's allowance {b_allowance} ns fell below its 70% share of {period} ns");
     });
 }
+
+#[test]
+fn the_published_used_time_never_goes_back_when_device_truth_starts() {
+    let mut c = UsedCounter::default();
+    // Measured time since the slice began, then the device's truth, which
+    // starts from its first sample (near zero), then measured again.
+    let steps = [(false, 100), (false, 250), (true, 5), (true, 40), (true, 40), (false, 900), (false, 910)];
+    let out: Vec<u64> = steps.iter().map(|&(t, raw)| c.advance(t, raw)).collect();
+    assert_eq!(out, [100, 250, 250, 285, 285, 285, 295]);
+    assert!(out.windows(2).all(|w| w[0] <= w[1]), "{out:?}");
+}
