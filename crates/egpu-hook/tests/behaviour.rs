@@ -260,3 +260,28 @@ fn an_async_allocation_is_charged_to_its_streams_device_not_the_current_one() {
         assert_eq!(s.used(0), 0, "{way}");
     }
 }
+
+/// A pool the program never created (a device's default pool, from
+/// `cuDeviceGetDefaultMemPool`) is charged to the device it belongs to,
+/// found by asking the driver, even from a stream of another device.
+#[test]
+fn a_default_pool_of_another_device_is_charged_to_that_device() {
+    let w = World::new("2x4GiB");
+    let s = w.slice("defpool", &[(0, GIB), (1, GIB)]);
+    for way in WAYS {
+        let args = ["--via", way, "--device", "0", "alloc", "--family", "defaultpool", "--pool-device", "1", "--size", "256MiB", "--count", "2", "--hold"];
+        let mut p = Running::start(w.probe(&s, &args));
+        p.wait_for("holding");
+        assert_eq!(s.used(1), 512 * MIB, "{way}: slice device 1's pool holds the allocations");
+        assert_eq!(s.used(0), CTX, "{way}: slice device 0 holds only the context");
+        assert!(w.sim_used(1) >= 512 * MIB, "{way}: the simulated driver reserved it on device 1");
+        let (code, rest) = p.finish();
+        assert_eq!(code, 0, "{way}: {rest:?}");
+        // The pool keeps its reservation until a synchronisation on its own
+        // device, which the program never makes: still charged, and gone
+        // with the dead process's record.
+        assert!(s.used(1) <= 512 * MIB, "{way}: {rest:?}");
+        s.usage.sweep(None);
+        assert_eq!((s.used(0), s.used(1)), (0, 0), "{way}: usage must return to zero: {rest:?}");
+    }
+}

@@ -90,6 +90,7 @@ api! {
     cuMulticastCreate = "cuMulticastCreate" @ 12010: fn(*mut CUmemGenericAllocationHandle, *const CUmulticastObjectProp);
     cuMulticastGetGranularity = "cuMulticastGetGranularity" @ 12010: fn(*mut usize, *const CUmulticastObjectProp, c_uint);
     cuMulticastAddDevice = "cuMulticastAddDevice" @ 12010: fn(CUmemGenericAllocationHandle, CUdevice);
+    cuDeviceGetDefaultMemPool = "cuDeviceGetDefaultMemPool" @ 11020: fn(*mut CUmemoryPool, CUdevice);
     cuGraphCreate = "cuGraphCreate" @ 10000: fn(*mut CUgraph, c_uint);
     cuGraphDestroy = "cuGraphDestroy" @ 10000: fn(CUgraph);
     cuGraphAddMemAllocNode = "cuGraphAddMemAllocNode" @ 11040: fn(*mut CUgraphNode, CUgraph, *const CUgraphNode, usize, *mut CUDA_MEM_ALLOC_NODE_PARAMS);

@@ -123,6 +123,8 @@ pub mod drv {
         fn cuDeviceGetUuid_v2(uuid: *mut CUuuid, dev: CUdevice) -> CUresult;
         fn cuDeviceGetAttribute(v: *mut c_int, attr: u32, dev: CUdevice) -> CUresult;
         fn cuDeviceGetMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult;
+        fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice) -> CUresult;
+        fn cuDeviceGetCount(count: *mut c_int) -> CUresult;
         fn cuDevicePrimaryCtxGetState(dev: CUdevice, flags: *mut u32, active: *mut c_int) -> CUresult;
         fn cuMemPoolGetAttribute(pool: CUmemoryPool, attr: u32, value: *mut c_void) -> CUresult;
         fn cuStreamGetCtx(stream: CUstream, ctx: *mut CUcontext) -> CUresult;

@@ -167,6 +167,30 @@ pub(crate) fn alloc_async(real: sig::cuMemAllocAsync, dptr: *mut CUdeviceptr, si
     alloc_in_pool(dptr, size, pool as usize, dev, stream, || unsafe { real(dptr, size, stream) })
 }
 
+/// The slice device of a pool the hook did not see created: the device
+/// whose default or current pool it is (asked of the driver for each
+/// device), else, if it is neither (a pool from an API the hook does not
+/// follow), the stream's device.
+fn owner_of_unknown_pool(pool: CUmemoryPool, stream: CUstream) -> Result<usize, CUresult> {
+    let mut n: std::ffi::c_int = 0;
+    if let Some(count) = drv::cuDeviceGetCount.get() {
+        // SAFETY: writes one int.
+        if unsafe { count(&mut n) } != 0 {
+            n = 0;
+        }
+    }
+    for ord in 0..n {
+        for get in [drv::cuDeviceGetDefaultMemPool.get(), drv::cuDeviceGetMemPool.get()].into_iter().flatten() {
+            let mut p: CUmemoryPool = std::ptr::null_mut();
+            // SAFETY: writes one pool handle for a valid ordinal.
+            if unsafe { get(&mut p, ord) } == 0 && p == pool {
+                return devmap::slice_dev(ord);
+            }
+        }
+    }
+    stream_device(stream).map(|(_, d)| d)
+}
+
 /// `cuMemAllocFromPoolAsync` / `_ptsz`.
 #[doc(alias = "cuMemAllocFromPoolAsync")]
 pub(crate) fn alloc_from_pool(real: sig::cuMemAllocFromPoolAsync, dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream) -> Outcome {
@@ -174,9 +198,9 @@ pub(crate) fn alloc_from_pool(real: sig::cuMemAllocFromPoolAsync, dptr: *mut CUd
     let dev = match known {
         Some(HOST) => return Outcome::Passthrough,
         Some(d) => d,
-        // A device's default pool, never created through us: the stream's device's.
-        None => match stream_device(stream) {
-            Ok((_, d)) => d,
+        // Never created through us: a device's default or current pool.
+        None => match owner_of_unknown_pool(pool, stream) {
+            Ok(d) => d,
             Err(e) => return Outcome::Error(e),
         },
     };
@@ -200,6 +224,14 @@ pub(crate) fn free_async(real: sig::cuMemFreeAsync, dptr: CUdeviceptr, stream: C
     }
     match e {
         Some(Ptr { pool: 0, charge, .. }) => uncharge(charge.dev, charge.bytes),
+        // A pool whose reserved size the driver does not report was charged
+        // by allocation (its estimate was the whole size): give that back.
+        Some(Ptr { pool, charge, .. }) if attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).is_none() => {
+            if let Some(a) = LEDGER.lock().pools.get_mut(&pool) {
+                a.charged = a.charged.saturating_sub(charge.bytes);
+            }
+            uncharge(charge.dev, charge.bytes);
+        }
         Some(Ptr { pool, .. }) => settle(pool),
         None => {}
     }
@@ -217,7 +249,11 @@ pub(crate) fn create(real: sig::cuMemPoolCreate, pool: *mut CUmemoryPool, props:
     let props_in = if props.is_null() { None } else { Some(unsafe { *props }) };
     let dev = match props_in {
         Some(p) if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE => devmap::slice_dev(p.location.id),
-        Some(p) if p.allocType == CU_MEM_ALLOCATION_TYPE_MANAGED => devmap::current().map(|(_, d)| d),
+        // With no context current, a one-device slice still knows where.
+        Some(p) if p.allocType == CU_MEM_ALLOCATION_TYPE_MANAGED => devmap::current().map(|(_, d)| d).or_else(|e| match crate::state::slice() {
+            Ok(s) if s.usage.n_devices() == 1 => Ok(0),
+            _ => Err(e),
+        }),
         Some(_) => Ok(HOST),
         None => return Outcome::Passthrough,
     };

@@ -10,7 +10,7 @@ use serde_json::json;
 
 #[derive(clap::Args)]
 pub struct AllocArgs {
-    /// mem, pitch, managed, array, mipmap, async, pool, vmm, multicast, graph, ctx, host, hostvmm.
+    /// mem, pitch, managed, array, mipmap, async, pool, managedpool, defaultpool, vmm, multicast, graph, graph10, ctx, host, hostvmm.
     #[arg(long, default_value = "mem")]
     family: Family,
     /// Bytes per allocation (e.g. 64MiB).
@@ -49,6 +49,9 @@ pub struct AllocArgs {
     /// takes the stream's device, not the current one).
     #[arg(long, value_name = "N")]
     current_device: Option<i32>,
+    /// `defaultpool`: the default pool of device N (default: --device's).
+    #[arg(long, value_name = "N")]
+    pool_device: Option<i32>,
 }
 
 /// `--drop-ctx`: ends the context that holds the allocations.
@@ -80,7 +83,7 @@ pub fn spawn_racer(g: &Global) -> std::thread::JoinHandle<bool> {
 
 pub fn run(api: Api, g: &Global, a: AllocArgs, racer: Option<std::thread::JoinHandle<bool>>) -> i32 {
     let cu = setup(api, g.device, g.own_ctx);
-    let mut st = family::Ctx::default();
+    let mut st = family::Ctx { pool_device: a.pool_device, ..Default::default() };
     if let Some(n) = a.current_device {
         use egpu_workloads::call;
         let die = |e| crate::common::die(e, exit::FAILED);

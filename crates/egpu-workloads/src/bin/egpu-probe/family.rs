@@ -18,6 +18,9 @@ pub enum Family {
     Pool,
     /// A CUDA 13 managed memory pool with no preferred location.
     ManagedPool,
+    /// A device's default pool (`cuDeviceGetDefaultMemPool`), never created
+    /// by the program: of `alloc --pool-device`, else of the context's device.
+    DefaultPool,
     Vmm,
     Multicast,
     Graph,
@@ -42,6 +45,7 @@ impl std::str::FromStr for Family {
             "async" => Family::Async,
             "pool" => Family::Pool,
             "managedpool" => Family::ManagedPool,
+            "defaultpool" => Family::DefaultPool,
             "vmm" => Family::Vmm,
             "multicast" => Family::Multicast,
             "graph" => Family::Graph,
@@ -49,7 +53,7 @@ impl std::str::FromStr for Family {
             "ctx" => Family::Ctx,
             "host" => Family::Host,
             "hostvmm" => Family::HostVmm,
-            _ => return Err(format!("unknown family '{s}': mem pitch managed array mipmap async pool managedpool vmm multicast graph graph10 ctx host hostvmm")),
+            _ => return Err(format!("unknown family '{s}': mem pitch managed array mipmap async pool managedpool defaultpool vmm multicast graph graph10 ctx host hostvmm")),
         })
     }
 }
@@ -65,6 +69,7 @@ impl Family {
             Family::Async => "async",
             Family::Pool => "pool",
             Family::ManagedPool => "managedpool",
+            Family::DefaultPool => "defaultpool",
             Family::Vmm => "vmm",
             Family::Multicast => "multicast",
             Family::Graph => "graph",
@@ -94,6 +99,8 @@ pub enum Held {
 pub struct Ctx {
     pub pool: Option<CUmemoryPool>,
     pub stream: CUstream,
+    /// `alloc --pool-device`: whose default pool `defaultpool` uses.
+    pub pool_device: Option<CUdevice>,
 }
 
 const ARRAY_WIDTH: usize = 4096;
@@ -177,9 +184,14 @@ pub fn alloc(cu: &Cuda, st: &mut Ctx, f: Family, size: usize) -> Result<Held, Ca
             call!(a, cuStreamSynchronize(st.stream))?;
             Held::Async(p)
         }
-        Family::Pool | Family::ManagedPool => {
+        Family::Pool | Family::ManagedPool | Family::DefaultPool => {
             let pool = match st.pool {
                 Some(pl) => pl,
+                None if f == Family::DefaultPool => {
+                    let mut pl: CUmemoryPool = std::ptr::null_mut();
+                    call!(a, cuDeviceGetDefaultMemPool(&mut pl, st.pool_device.unwrap_or(cu.dev)))?;
+                    pl
+                }
                 None => {
                     let mut props = pool_props(cu.dev);
                     if f == Family::ManagedPool {
