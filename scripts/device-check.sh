@@ -130,7 +130,7 @@ d = {"glibc": glibc, "kernel": platform.release(), "pid_namespace": os.readlink(
 if sys.argv[1] == "0":
     d["gpus"] = sh("nvidia-smi", "--query-gpu=name,driver_version,mig.mode.current,memory.total", "--format=csv,noheader")
 problems = []
-if glibc and tuple(int(x) for x in glibc.split(".")[:2]) < (2, 34):
+if sys.argv[1] == "0" and glibc and tuple(int(x) for x in glibc.split(".")[:2]) < (2, 34):
     problems.append(f"glibc {glibc} is older than 2.34, which the prebuilt binaries need: build them on a machine with this glibc or older")
 if "Enabled" in d.get("gpus", ""):
     problems.append("MIG mode is on: slices of MIG instances are not supported (the check leaves MIG settings as they are)")
@@ -207,12 +207,15 @@ else: print('fail')")
       if [ -z "$used" ]; then
         now_mib=$(timeout 20 nvidia-smi -i 0 --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)
         used=$(python3 -c "import sys; b, n = sys.argv[1:]; print(int((float(n) - float(b)) * 1048576) if b and n else '')" "${base_mib:-}" "${now_mib:-}")
-        src="nvidia-smi-device-used-minus-baseline (pid $pid not among nvidia-smi's: another pid namespace)"
+        src="nvidia-smi-device-used-minus-baseline (pid $pid not among nvidia-smi's: another pid namespace; baseline ${base_mib:-?} MiB, holding ${now_mib:-?} MiB)"
       fi
     fi
-    ok=$(python3 -c "u='$used'; print(u not in ('','null') and float(u) <= $LIMIT + 64*$MIB)")
+    # What the probe holds must show (at least its allocations), and no more
+    # than the limit: a witness that saw nothing proves nothing.
+    held=$(printf '%s\n' "$hold_line" | pyj "ev('holding').get('allocated', 0) * 256 * 2**20")
+    ok=$(python3 -c "u='$used'; print(u not in ('','null') and ${held:-0} > 0 and ${held:-0} <= float(u) <= $LIMIT + 64*$MIB)")
     [ "$ok" = True ] && st=pass || st=fail
-    record witness-holding "$st" "{\"pid\": ${pid:-null}, \"driver_used\": ${used:-null}, \"source\": \"$src\", \"limit\": $LIMIT}"
+    record witness-holding "$st" "{\"pid\": ${pid:-null}, \"driver_used\": ${used:-null}, \"probe_allocated\": ${held:-null}, \"source\": \"$src\", \"limit\": $LIMIT, \"rule\": \"probe_allocated <= driver_used <= limit + 64 MiB\"}"
   else
     record witness-holding fail "$(python3 -c 'import json,sys; print(json.dumps({"error": "probe did not reach holding", "stdout": open(sys.argv[1]).read()[-1000:]}))' "$W/hold.out")"
   fi
