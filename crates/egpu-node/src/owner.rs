@@ -26,9 +26,77 @@ pub fn is_alive(owner: &Owner) -> bool {
     start_ticks(owner.pid) == Some(owner.start_ticks)
 }
 
+fn pid_ns(pid: u32) -> Option<std::path::PathBuf> {
+    std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok()
+}
+
+/// The last `NSpid:` entry of `/proc/<pid>/status`: the pid as the process's
+/// own pid namespace sees it.
+fn innermost_pid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
+}
+
+/// `pid` as the API caller `peer` (its pid in egpud's namespace, from
+/// `SO_PEERCRED`) sees it, translated into egpud's pid namespace: the CLI
+/// in a container sends its own pid, or its child's, as its namespace
+/// numbers them. Unchanged when the caller shares egpud's namespace, or when
+/// nothing says otherwise (no peer, `/proc` not readable); `None` when the
+/// caller is in another namespace where no process has that pid.
+pub fn translate(peer: Option<u32>, pid: u32) -> Option<u32> {
+    let Some(peer) = peer.filter(|&p| p != 0) else { return Some(pid) };
+    let (Some(theirs), Some(ours)) = (pid_ns(peer), pid_ns(std::process::id())) else { return Some(pid) };
+    if theirs == ours {
+        return Some(pid);
+    }
+    if innermost_pid(peer) == Some(pid) {
+        return Some(peer);
+    }
+    std::fs::read_dir("/proc").ok()?.flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok()).find(|&p| {
+        innermost_pid(p) == Some(pid) && pid_ns(p).as_ref() == Some(&theirs)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pids_from_a_caller_in_another_pid_namespace_are_translated() {
+        let me = std::process::id();
+        assert_eq!(translate(Some(me), 4242), Some(4242), "same namespace: unchanged");
+        assert_eq!(translate(None, 4242), Some(4242));
+        let probe = std::process::Command::new("unshare").args(["-Urp", "--fork", "true"]).output();
+        if !probe.as_ref().is_ok_and(|o| o.status.success()) {
+            eprintln!("skipped the namespace half: `unshare -Urp --fork` does not work here: {probe:?}");
+            return;
+        }
+        // unshare (our namespace) forks the caller, pid 1 of a new
+        // namespace, which runs a child of its own (pid 2 there).
+        let mut u = std::process::Command::new("unshare")
+            .args(["-Urp", "--fork", "sh", "-c", "sleep 30 & wait"])
+            .spawn()
+            .unwrap();
+        let children = |p: u32| -> Vec<u32> {
+            std::fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default().split_whitespace().filter_map(|s| s.parse().ok()).collect()
+        };
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let (caller, sleeper) = loop {
+            if let Some(&c) = children(u.id()).first()
+                && let Some(&s) = children(c).first()
+            {
+                break (c, s);
+            }
+            assert!(std::time::Instant::now() < end, "the namespace's processes did not start");
+            std::thread::yield_now();
+        };
+        assert_eq!(translate(Some(caller), 1), Some(caller), "the caller's own pid");
+        assert_eq!(translate(Some(caller), 2), Some(sleeper), "another process of its namespace");
+        assert_eq!(translate(Some(caller), 3), None, "no such process there");
+        // SIGKILL to a namespace's pid 1 ends every process in it.
+        let _ = std::process::Command::new("kill").args(["-9", &caller.to_string()]).status();
+        u.wait().unwrap();
+    }
 
     #[test]
     fn self_is_alive_and_changed_start_is_not() {

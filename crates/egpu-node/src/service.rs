@@ -72,7 +72,10 @@ impl node_server::Node for NodeService {
     }
 
     async fn create_slice(&self, req: Request<proto::CreateSliceRequest>) -> Result<Response<proto::Slice>, Status> {
-        let create = wire::decode_create(req.get_ref())?;
+        let mut create = wire::decode_create(req.get_ref())?;
+        if let Some(pid) = create.owner_pid {
+            create.owner_pid = Some(caller_pid(&req, pid, "owner_pid")?);
+        }
         self.blocking(move |node| {
             let mut m = node.slices();
             let s = m.create(create)?;
@@ -132,7 +135,8 @@ impl node_server::Node for NodeService {
     }
 
     async fn set_workload(&self, req: Request<proto::SetWorkloadRequest>) -> Result<Response<proto::Slice>, Status> {
-        let r = req.into_inner();
+        let pid = caller_pid(&req, req.get_ref().pid, "pid")?;
+        let r = proto::SetWorkloadRequest { pid, ..req.into_inner() };
         self.blocking(move |node| {
             let mut m = node.slices();
             let s = m.set_workload(&r.name, r.pid)?;
@@ -140,4 +144,18 @@ impl node_server::Node for NodeService {
         })
         .await
     }
+}
+
+/// A pid the caller sent, as egpud's pid namespace sees it: a CLI in a
+/// container numbers processes in its own namespace (`owner::translate`;
+/// the caller is known by `SO_PEERCRED` on the unix socket).
+fn caller_pid<T>(req: &Request<T>, pid: u32, field: &str) -> Result<u32, Status> {
+    let peer = req
+        .extensions()
+        .get::<tonic::transport::server::UdsConnectInfo>()
+        .and_then(|c| c.peer_cred)
+        .and_then(|c| c.pid())
+        .and_then(|p| u32::try_from(p).ok());
+    crate::owner::translate(peer, pid)
+        .ok_or_else(|| Status::invalid_argument(format!("{field} {pid}: no such process in the caller's pid namespace")))
 }

@@ -165,3 +165,35 @@ fn graceful_stop_keeps_slices_and_restart_adopts_them() {
     assert_eq!(strip(&before), strip(&after));
     assert!(node.log().contains("adopted slice"), "{}", node.log());
 }
+
+/// `egpu run` in a container sends its own pid as its pid namespace numbers
+/// it (1 here); egpud takes the caller's pid from the socket and records the
+/// owner as its own namespace sees it, not whatever process is 1 there.
+#[test]
+fn egpu_run_from_another_pid_namespace_is_owned_by_its_real_process() {
+    let probe = std::process::Command::new("unshare").args(["-Urp", "--fork", "true"]).output();
+    if !probe.as_ref().is_ok_and(|o| o.status.success()) {
+        eprintln!("skipped: `unshare -Urp --fork` does not work here: {probe:?}");
+        return;
+    }
+    let node = Node::start("1x16GiB");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("nspid");
+    // /proc is still egpud's, so the owner egpud recorded can be looked up from inside.
+    let script = format!(
+        "o=$({EGPU} get eph -o json | grep -o '\"owner_pid\": *[0-9]*' | grep -o '[0-9]*$') && grep NSpid /proc/$o/status > {}",
+        out.display()
+    );
+    let o = std::process::Command::new("unshare")
+        .args(["-Urp", "--fork", EGPU, "run", "--name", "eph", "--gpu-memory", "1GiB", "--", "sh", "-c", &script])
+        .env("EGPU_SOCKET", node.socket())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let nspid = std::fs::read_to_string(&out).unwrap();
+    let ids: Vec<&str> = nspid.split_whitespace().skip(1).collect();
+    assert_eq!(ids.len(), 2, "the owner lives in a nested pid namespace: {nspid}");
+    assert_eq!(ids[1], "1", "the owner is the CLI, pid 1 of its namespace: {nspid}");
+    assert_ne!(ids[0], "1", "egpud recorded it by its own namespace's pid: {nspid}");
+    assert!(node.slices().is_empty(), "egpu run removed its slice");
+}
