@@ -221,6 +221,25 @@ else: print('fail')")
   fi
   finish hold
 
+  # --- what the driver commits outside allocation calls (known gaps) ----------
+  # The malloc heap and stack sizes of cuCtxSetLimit and a module's
+  # __device__ global take device memory no allocation call charges
+  # (docs/hook.md, "known gaps"): how much, and when, measured on the bare
+  # driver and as the slice sees it. No verdict; the numbers decide the fix.
+  if [ $SIM = 1 ]; then
+    bare=$(env -u LD_PRELOAD LD_LIBRARY_PATH="$RUN/simlib:${LD_LIBRARY_PATH:-}" EGPU_SIM_GPUS=1x16GiB EGPU_SIM_STATE="$RUN/simgpu.state" timeout 120 "$DIST/egpu-probe" reserve 2>"$W/reserve.err" | tail -1)
+  else
+    bare=$(env -u LD_PRELOAD timeout 120 "$DIST/egpu-probe" reserve 2>"$W/reserve.err" | tail -1)
+  fi
+  sliced=$(T=120 X dc "$DIST/egpu-probe" reserve 2>>"$W/reserve.err" | tail -1)
+  record driver-reservations info "$(python3 -c "
+import json,sys
+def j(s):
+    try: return json.loads(s)
+    except Exception: return None
+print(json.dumps({'bare_driver': j(sys.argv[1]), 'in_slice': j(sys.argv[2]), 'stderr': open(sys.argv[3]).read()[-800:],
+  'reading': 'drop.X = free memory lost at step X (bytes); bare_driver is the real driver, in_slice the slice view'}))" "$bare" "$sliced" "$W/reserve.err")"
+
   # --- fail closed ------------------------------------------------------------
   LD_PRELOAD="$DIST/libegpu.so" EGPU_SLICE_DIR="$W/no-such-slice" LD_LIBRARY_PATH="$RUN/simlib:${LD_LIBRARY_PATH:-}" timeout 30 "$DIST/egpu-probe" alloc >"$W/fc.out" 2>"$W/fc.err"
   rc=$?

@@ -33,6 +33,13 @@ fn device_check_passes_on_the_simulated_gpu() {
     assert_eq!(c["status"], "info", "{c}");
     assert!(c["details"]["glibc"].as_str().is_some_and(|v| v.starts_with("2.")), "{c}");
     assert!(c["details"]["pid_namespace"].as_str().is_some_and(|v| v.starts_with("pid:")), "{c}");
+    // The driver's reservations outside allocation calls: measured, no verdict.
+    let c = checks.iter().find(|c| c["name"] == "driver-reservations").expect("driver-reservations missing");
+    assert_eq!(c["status"], "info", "{c}");
+    for k in ["bare_driver", "in_slice"] {
+        assert_eq!(c["details"][k]["event"], "reserve", "{k}: {c}");
+        assert!(c["details"][k]["free"]["start"].as_u64().is_some_and(|f| f > 0), "{k}: {c}");
+    }
     let num = |c: &serde_json::Value, k: &str| c["details"][k].as_f64().unwrap_or_else(|| panic!("{k} not a number: {c}"));
     // Compute isolation with real targets on the simulated GPU (~0.4 ms
     // kernels): 30/70 within 3 points, a lone 30%/100% slice >= 95% of solo,
@@ -65,5 +72,5 @@ fn device_check_passes_on_the_simulated_gpu() {
     assert!(c["details"]["after"]["ra"].as_f64().unwrap() > 45.0, "{c}");
     let c = checks.iter().find(|c| c["name"] == "torch-gemm-overhead").expect("torch-gemm-overhead missing");
     assert_eq!(c["status"], "skip", "{c}");
-    assert!(checks.len() >= 51, "{} checks", checks.len());
+    assert!(checks.len() >= 54, "{} checks", checks.len());
 }

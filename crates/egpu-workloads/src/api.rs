@@ -53,6 +53,7 @@ api! {
     cuCtxCreate_v2 = "cuCtxCreate" @ 3020: fn(*mut CUcontext, c_uint, CUdevice);
     cuCtxDestroy_v2 = "cuCtxDestroy" @ 4000: fn(CUcontext);
     cuCtxSynchronize = "cuCtxSynchronize" @ 2000: fn();
+    cuCtxSetLimit = "cuCtxSetLimit" @ 3010: fn(c_uint, usize);
     cuMemGetInfo_v2 = "cuMemGetInfo" @ 3020: fn(*mut usize, *mut usize);
     cuMemAlloc_v2 = "cuMemAlloc" @ 3020: fn(*mut CUdeviceptr, usize);
     cuMemAllocPitch_v2 = "cuMemAllocPitch" @ 3020: fn(*mut CUdeviceptr, *mut usize, usize, usize, c_uint);

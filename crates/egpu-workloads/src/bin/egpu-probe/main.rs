@@ -13,6 +13,7 @@ mod family;
 mod info;
 mod ipc;
 mod loops;
+mod reserve;
 
 use clap::{Args, Parser, Subcommand};
 use egpu_workloads::via::{self, Via};
@@ -61,6 +62,10 @@ enum Cmd {
     Fork(ipc::ForkArgs),
     /// Median ns per call of cuMemAlloc+cuMemFree and of cuLaunchKernel (1-thread kernel).
     Bench(bench::BenchArgs),
+    /// Device memory the driver commits outside allocation calls: free memory
+    /// (cuMemGetInfo) around cuCtxSetLimit of the malloc heap and the stack,
+    /// a kernel launch, and loading a module with a large __device__ global.
+    Reserve(reserve::ReserveArgs),
 }
 
 fn main() {
@@ -85,6 +90,7 @@ fn main() {
         Cmd::IpcImport(a) => ipc::import(api, &cli.g, a),
         Cmd::Fork(_) => unreachable!("handled above"),
         Cmd::Bench(a) => bench::run(api, &cli.g, a),
+        Cmd::Reserve(a) => reserve::run(api, &cli.g, a),
     };
     std::process::exit(code);
 }
