@@ -237,3 +237,28 @@ fn a_refused_context_destroy_keeps_its_allocations_charged() {
     assert_eq!(w.sim_used(0), held);
     assert_eq!(p.finish().0, 1);
 }
+
+/// A driver that does not report a pool's reserved size: the hook charges
+/// each allocation in full and gives it back at its free, so the slice stays
+/// within its limit and its usage returns to zero, with nothing left behind.
+#[test]
+fn pools_that_hide_their_sizes_are_charged_by_allocation() {
+    let w = World::new("1x4GiB");
+    let limit = 384 * MIB;
+    let s = w.slice("hidden", &[(0, limit)]);
+    for family in ["async", "pool", "defaultpool"] {
+        for way in WAYS {
+            let mut c = w.probe(&s, &alloc_args(way, family, "64MiB"));
+            c.env("EGPU_SIM_POOL_SIZES", "hidden");
+            let mut p = Running::start(c);
+            let n = p.wait_for("holding")["allocated"].as_u64().unwrap();
+            let used = s.used(0);
+            assert!(used <= limit && used + 64 * MIB > limit, "{family}/{way}: charged {used}");
+            assert_eq!(used, CTX + n * 64 * MIB, "{family}/{way}: each allocation in full");
+            assert!(w.sim_used(0) <= limit, "{family}/{way}: the simulated driver holds {}", w.sim_used(0));
+            let (code, rest) = p.finish();
+            assert_eq!(code, 0, "{family}/{way}: {rest:?}");
+            assert_eq!(s.used(0), 0, "{family}/{way}: every allocation given back: {rest:?}");
+        }
+    }
+}

@@ -54,6 +54,10 @@ pub struct Config {
     pub nvlink: NvLinkMode,
     /// `CUDA_VISIBLE_DEVICES` (None when unset).
     pub visible: Option<String>,
+    /// `EGPU_SIM_POOL_SIZES=hidden`: pools do not report their reserved and
+    /// used sizes (`cuMemPoolGetAttribute` fails for them), as a driver might
+    /// not for some kinds of pool; for testing the hook's fallback.
+    pub pool_sizes_hidden: bool,
 }
 
 fn uid() -> u32 {
@@ -96,7 +100,12 @@ impl Config {
             None => NvLinkMode::All,
             Some(s) => NvLinkMode::parse(&s).ok_or_else(|| format!("EGPU_SIM_NVLINK={s:?}: expected none, all or pairs"))?,
         };
-        Ok(Config { spec_text, spec, state_path, ctx_bytes, ns_per_thread, nvlink, visible: get("CUDA_VISIBLE_DEVICES") })
+        let pool_sizes_hidden = match get("EGPU_SIM_POOL_SIZES").as_deref() {
+            None | Some("shown") => false,
+            Some("hidden") => true,
+            Some(s) => return Err(format!("EGPU_SIM_POOL_SIZES={s:?}: expected shown or hidden")),
+        };
+        Ok(Config { spec_text, spec, state_path, ctx_bytes, ns_per_thread, nvlink, visible: get("CUDA_VISIBLE_DEVICES"), pool_sizes_hidden })
     }
 
     /// Canonical form of the spec stored in the state file: two processes

@@ -131,7 +131,7 @@ pub(crate) fn free(real: sig::cuMemFree_v2, dptr: CUdeviceptr) -> Outcome {
     }
     if let Some(e) = entry {
         if e.pool != 0 {
-            super::pool::settle(e.pool);
+            super::pool::freed(e.pool, e.charge.dev, e.charge.bytes);
         } else {
             uncharge(e.charge.dev, e.charge.bytes);
         }

@@ -75,6 +75,21 @@ pub fn settle(pool: usize) {
     let _ = reconcile(pool, false);
 }
 
+/// `bytes` of `pool` on slice device `dev` are no longer wanted (a free, or
+/// an allocation that failed after its estimate was charged): settled
+/// through the pool's reserved size, or, for a pool whose reserved size the
+/// driver does not report (charged by allocation), given back as such.
+pub fn freed(pool: usize, dev: usize, bytes: u64) {
+    if attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).is_some() {
+        settle(pool);
+        return;
+    }
+    let known = LEDGER.lock().pools.get_mut(&pool).map(|a| a.charged = a.charged.saturating_sub(bytes)).is_some();
+    if known {
+        uncharge(dev, bytes);
+    }
+}
+
 /// Settles every pool this process uses (after a refusal, on queries and on
 /// synchronisation).
 pub fn release_unused() {
@@ -114,7 +129,7 @@ fn alloc_in_pool(dptr: *mut CUdeviceptr, size: usize, pool: usize, dev: usize, s
         a.inflight -= est.min(a.inflight);
     }
     if r != 0 {
-        settle(pool);
+        freed(pool, dev, est);
         return Outcome::Error(r);
     }
     // SAFETY: on success the driver wrote the caller's `*dptr`.
@@ -224,15 +239,7 @@ pub(crate) fn free_async(real: sig::cuMemFreeAsync, dptr: CUdeviceptr, stream: C
     }
     match e {
         Some(Ptr { pool: 0, charge, .. }) => uncharge(charge.dev, charge.bytes),
-        // A pool whose reserved size the driver does not report was charged
-        // by allocation (its estimate was the whole size): give that back.
-        Some(Ptr { pool, charge, .. }) if attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).is_none() => {
-            if let Some(a) = LEDGER.lock().pools.get_mut(&pool) {
-                a.charged = a.charged.saturating_sub(charge.bytes);
-            }
-            uncharge(charge.dev, charge.bytes);
-        }
-        Some(Ptr { pool, .. }) => settle(pool),
+        Some(Ptr { pool, charge, .. }) => freed(pool, charge.dev, charge.bytes),
         None => {}
     }
     Outcome::Success

@@ -231,6 +231,9 @@ pub fn get_attribute(pool: CUmemoryPool, attr: u32, value: *mut c_void) -> R<()>
     let g = p.lock();
     let pl = g.pools.get(&(pool as u64)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
     let v64 = |v: u64| write(value as *mut u64, v);
+    if p.cfg.pool_sizes_hidden && matches!(attr, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT..=CU_MEMPOOL_ATTR_USED_MEM_HIGH) {
+        return Err(CUDA_ERROR_NOT_SUPPORTED);
+    }
     match attr {
         CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES..=CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES => {
             write(value as *mut i32, pl.reuse[(attr - 1) as usize])
