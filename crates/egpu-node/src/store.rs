@@ -67,6 +67,12 @@ pub enum StoreError {
         #[source]
         source: Box<redb::Error>,
     },
+    #[error("cannot create the state store {path}")]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("state store {path} was written by a newer egpud (schema {found}, this build reads {SCHEMA_VERSION}); run that egpud or move the store aside")]
     Schema { path: PathBuf, found: u64 },
 }
@@ -111,27 +117,44 @@ impl Store {
         &self.path
     }
 
-    /// Makes a new store with its schema under a temporary name and links it
-    /// into place only then, so that `path` never exists half made. Another
-    /// egpud that made one meanwhile wins (`hard_link` never replaces).
+    /// Makes a new store with its schema under a temporary name of its own
+    /// (created exclusively, so two egpuds, even both pid 1 in their
+    /// containers, never share one) and links it into place only then, so
+    /// that `path` never exists half made. Another egpud that made one
+    /// meanwhile wins (`hard_link` never replaces). On a filesystem without
+    /// hard links the store is renamed into place if nothing is there yet.
     fn create_new(state_dir: &Path, path: &Path) -> Result<(), StoreError> {
-        let tmp = state_dir.join(format!("{STORE_FILE}.new.{}", std::process::id()));
-        let _ = std::fs::remove_file(&tmp);
-        let db = redb::Database::create(&tmp).map_err(|e| StoreError::Db { path: tmp.clone(), op: "create", source: Box::new(e.into()) })?;
-        Store { db, path: tmp.clone() }.init_schema()?;
-        let linked = std::fs::hard_link(&tmp, path);
-        let _ = std::fs::remove_file(&tmp);
-        match linked {
-            Ok(()) => {
-                // The new name is durable before anything is stored under it.
-                if let Ok(d) = std::fs::File::open(state_dir) {
-                    let _ = d.sync_all();
-                }
-                Ok(())
+        struct Tmp(PathBuf);
+        impl Drop for Tmp {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(&self.0);
             }
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-            Err(source) => Err(StoreError::Dir { path: path.into(), source }),
         }
+        let create_err = |source| StoreError::Create { path: path.into(), source };
+        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+        let mut attempt = 0u32;
+        let tmp = loop {
+            let p = state_dir.join(format!("{STORE_FILE}.new.{}.{nanos}.{attempt}", std::process::id()));
+            match std::fs::OpenOptions::new().write(true).create_new(true).open(&p) {
+                Ok(_) => break Tmp(p),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 100 => attempt += 1,
+                Err(e) => return Err(create_err(e)),
+            }
+        };
+        // redb makes a new database in an empty file.
+        let db = redb::Database::create(&tmp.0).map_err(|e| StoreError::Db { path: tmp.0.clone(), op: "create", source: Box::new(e.into()) })?;
+        Store { db, path: tmp.0.clone() }.init_schema()?;
+        match std::fs::hard_link(&tmp.0, path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+            Err(_) if !path.exists() => std::fs::rename(&tmp.0, path).map_err(create_err)?,
+            Err(e) => return Err(create_err(e)),
+        }
+        // The new name is durable before anything is stored under it.
+        if let Ok(d) = std::fs::File::open(state_dir) {
+            let _ = d.sync_all();
+        }
+        Ok(())
     }
 
     fn db_err(&self, op: &'static str) -> impl FnOnce(redb::Error) -> StoreError + '_ {
@@ -258,14 +281,32 @@ mod tests {
     #[test]
     fn a_new_store_appears_whole_and_leaves_no_temporary_file() {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join(format!("{STORE_FILE}.new.1")), b"left by a crash").unwrap();
         let s = Store::open(dir.path()).unwrap();
         s.put(&rec("a")).unwrap();
         drop(s);
         assert!(std::fs::metadata(dir.path().join(STORE_FILE)).unwrap().len() > 0);
         let names: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
-        assert!(!names.iter().any(|n| n.contains(&format!(".new.{}", std::process::id()))), "{names:?}");
+        assert_eq!(names, [STORE_FILE], "only the store is left");
         assert_eq!(Store::open(dir.path()).unwrap().load_all().unwrap(), vec![rec("a")]);
+    }
+
+    #[test]
+    fn racing_first_starts_make_one_whole_store() {
+        for _ in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let opened: Vec<Result<Store, StoreError>> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..4).map(|_| s.spawn(|| Store::open(dir.path()))).collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            // Each either opened the one store or found it open; none saw it half made.
+            for r in &opened {
+                assert!(matches!(r, Ok(_) | Err(StoreError::InUse { .. })), "{:?}", r.as_ref().err());
+            }
+            drop(opened);
+            let names: Vec<String> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+            assert_eq!(names, [STORE_FILE]);
+            Store::open(dir.path()).unwrap().put(&rec("a")).unwrap();
+        }
     }
 
     #[test]
