@@ -202,7 +202,7 @@ else: print('fail')")
       used=$(env -u LD_PRELOAD LD_LIBRARY_PATH="$RUN/simlib:${LD_LIBRARY_PATH:-}" EGPU_SIM_GPUS=1x16GiB EGPU_SIM_STATE="$RUN/simgpu.state" "$DIST/egpu-probe" info 2>/dev/null | pyj "ev('nvml')['nvml']['devices'][0]['memory']['used']" 2>/dev/null || echo null)
       src=simulated-nvml-device-used
     else
-      used=$(timeout 20 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | awk -F', *' -v p="$pid" '$1==p {print $2*1048576}')
+      used=$(timeout 20 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | awk -F', *' -v p="$pid" '$1==p && $2 ~ /^[0-9]+$/ {print $2*1048576}')
       src=nvidia-smi-process-used
       if [ -z "$used" ]; then
         now_mib=$(timeout 20 nvidia-smi -i 0 --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | head -1)
@@ -238,7 +238,7 @@ def j(s):
     try: return json.loads(s)
     except Exception: return None
 print(json.dumps({'bare_driver': j(sys.argv[1]), 'in_slice': j(sys.argv[2]), 'stderr': open(sys.argv[3]).read()[-800:],
-  'reading': 'drop.X = free memory lost at step X (bytes); bare_driver is the real driver, in_slice the slice view'}))" "$bare" "$sliced" "$W/reserve.err")"
+  'reading': 'drop.X = free memory lost at step X (bytes); bare_driver is the real driver, in_slice the slice view; with lazy module loading (CUDA 12.2+) a global may show at launched, not module_loaded'}))" "$bare" "$sliced" "$W/reserve.err")"
 
   # --- fail closed ------------------------------------------------------------
   LD_PRELOAD="$DIST/libegpu.so" EGPU_SLICE_DIR="$W/no-such-slice" LD_LIBRARY_PATH="$RUN/simlib:${LD_LIBRARY_PATH:-}" timeout 30 "$DIST/egpu-probe" alloc >"$W/fc.out" 2>"$W/fc.err"

@@ -39,6 +39,9 @@ fn device_check_passes_on_the_simulated_gpu() {
     for k in ["bare_driver", "in_slice"] {
         assert_eq!(c["details"][k]["event"], "reserve", "{k}: {c}");
         assert!(c["details"][k]["free"]["start"].as_u64().is_some_and(|f| f > 0), "{k}: {c}");
+        for step in ["heap", "stack", "module", "launch"] {
+            assert!(c["details"][k]["errors"][step].is_null(), "{k}: {step} failed: {c}");
+        }
     }
     let num = |c: &serde_json::Value, k: &str| c["details"][k].as_f64().unwrap_or_else(|| panic!("{k} not a number: {c}"));
     // Compute isolation with real targets on the simulated GPU (~0.4 ms

@@ -130,7 +130,7 @@ pub struct ComputeLoop {
     /// (slice, device index in slice) -> (last sum of attached records' throttled_ns, running total).
     throttled: HashMap<(String, usize), (u64, u64)>,
     usage_bps: HashMap<(String, usize), f64>,
-    /// (slice, device index in slice) -> the published used time.
+    /// (slice id, device index in slice) -> the published used time.
     used: HashMap<(String, usize), UsedCounter>,
 }
 
@@ -234,7 +234,8 @@ impl ComputeLoop {
             *rate += (b.used_ns as f64 / period * 10_000.0 - *rate) * 0.02;
             let measured = u.consumed_ns[dev].load(Ordering::Relaxed);
             let truth = trues[i].get(dev).copied().flatten();
-            let used_total = self.used.entry((names[i].to_string(), dev)).or_default().advance(truth.is_some(), truth.unwrap_or(measured));
+            // By id: a slice made again under the same name starts afresh.
+            let used_total = self.used.entry((s.record.id.clone(), dev)).or_default().advance(truth.is_some(), truth.unwrap_or(measured));
             let e = view.entry(names[i].to_string()).or_default();
             e.push(DeviceCompute {
                 device: s.record.spec.devices.get(dev).map(|d| d.device).unwrap_or(0),
@@ -254,7 +255,8 @@ impl ComputeLoop {
         self.ids.retain(|k, _| live.contains(k.as_str()));
         self.throttled.retain(|k, _| live.contains(k.0.as_str()));
         self.usage_bps.retain(|k, _| live.contains(k.0.as_str()));
-        self.used.retain(|k, _| live.contains(k.0.as_str()));
+        let live_ids: std::collections::HashSet<&str> = m.slices().map(|s| s.record.id.as_str()).collect();
+        self.used.retain(|k, _| live_ids.contains(k.0.as_str()));
         self.truth.totals.retain(|k, _| live.contains(k.as_str()));
         drop(refs);
         drop(m);

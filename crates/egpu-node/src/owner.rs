@@ -37,24 +37,43 @@ fn innermost_pid(pid: u32) -> Option<u32> {
     status.lines().find_map(|l| l.strip_prefix("NSpid:"))?.split_whitespace().last()?.parse().ok()
 }
 
+/// Why a caller's pid could not be translated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TranslateError {
+    #[error("the caller is in a pid namespace egpud cannot see (egpud runs in a container of its own?), so its pids mean nothing here: run egpud in the host's pid namespace, or the CLI in egpud's")]
+    CallerInvisible,
+    #[error("no process of the caller's pid namespace has that pid (a process in a namespace nested inside the caller's is not looked for)")]
+    NoSuchProcess,
+}
+
 /// `pid` as the API caller `peer` (its pid in egpud's namespace, from
-/// `SO_PEERCRED`) sees it, translated into egpud's pid namespace: the CLI
-/// in a container sends its own pid, or its child's, as its namespace
-/// numbers them. Unchanged when the caller shares egpud's namespace, or when
-/// nothing says otherwise (no peer, `/proc` not readable); `None` when the
-/// caller is in another namespace where no process has that pid.
-pub fn translate(peer: Option<u32>, pid: u32) -> Option<u32> {
-    let Some(peer) = peer.filter(|&p| p != 0) else { return Some(pid) };
-    let (Some(theirs), Some(ours)) = (pid_ns(peer), pid_ns(std::process::id())) else { return Some(pid) };
+/// `SO_PEERCRED`: `Some(0)` when egpud cannot see the caller) sees it,
+/// translated into egpud's pid namespace: the CLI in a container sends its
+/// own pid, or its child's, as its namespace numbers them. Unchanged when
+/// the caller shares egpud's namespace, or when nothing tells (no peer
+/// credentials; `/proc` not readable, e.g. `hidepid`, logged). Only the
+/// caller's own namespace is searched, not namespaces nested inside it.
+pub fn translate(peer: Option<u32>, pid: u32) -> Result<u32, TranslateError> {
+    let Some(peer) = peer else { return Ok(pid) };
+    if peer == 0 {
+        return Err(TranslateError::CallerInvisible);
+    }
+    let (Some(theirs), Some(ours)) = (pid_ns(peer), pid_ns(std::process::id())) else {
+        tracing::warn!(peer, pid, "cannot read the caller's pid namespace in /proc; taking its pid as egpud's");
+        return Ok(pid);
+    };
     if theirs == ours {
-        return Some(pid);
+        return Ok(pid);
     }
     if innermost_pid(peer) == Some(pid) {
-        return Some(peer);
+        return Ok(peer);
     }
-    std::fs::read_dir("/proc").ok()?.flatten().filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok()).find(|&p| {
-        innermost_pid(p) == Some(pid) && pid_ns(p).as_ref() == Some(&theirs)
-    })
+    let procs = std::fs::read_dir("/proc").map_err(|_| TranslateError::NoSuchProcess)?;
+    procs
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .find(|&p| innermost_pid(p) == Some(pid) && pid_ns(p).as_ref() == Some(&theirs))
+        .ok_or(TranslateError::NoSuchProcess)
 }
 
 #[cfg(test)]
@@ -64,8 +83,9 @@ mod tests {
     #[test]
     fn pids_from_a_caller_in_another_pid_namespace_are_translated() {
         let me = std::process::id();
-        assert_eq!(translate(Some(me), 4242), Some(4242), "same namespace: unchanged");
-        assert_eq!(translate(None, 4242), Some(4242));
+        assert_eq!(translate(Some(me), 4242), Ok(4242), "same namespace: unchanged");
+        assert_eq!(translate(None, 4242), Ok(4242));
+        assert_eq!(translate(Some(0), 4242), Err(TranslateError::CallerInvisible));
         let probe = std::process::Command::new("unshare").args(["-Urp", "--fork", "true"]).output();
         if !probe.as_ref().is_ok_and(|o| o.status.success()) {
             eprintln!("skipped the namespace half: `unshare -Urp --fork` does not work here: {probe:?}");
@@ -90,9 +110,9 @@ mod tests {
             assert!(std::time::Instant::now() < end, "the namespace's processes did not start");
             std::thread::yield_now();
         };
-        assert_eq!(translate(Some(caller), 1), Some(caller), "the caller's own pid");
-        assert_eq!(translate(Some(caller), 2), Some(sleeper), "another process of its namespace");
-        assert_eq!(translate(Some(caller), 3), None, "no such process there");
+        assert_eq!(translate(Some(caller), 1), Ok(caller), "the caller's own pid");
+        assert_eq!(translate(Some(caller), 2), Ok(sleeper), "another process of its namespace");
+        assert_eq!(translate(Some(caller), 3), Err(TranslateError::NoSuchProcess), "no such process there");
         // SIGKILL to a namespace's pid 1 ends every process in it.
         let _ = std::process::Command::new("kill").args(["-9", &caller.to_string()]).status();
         u.wait().unwrap();

@@ -73,10 +73,11 @@ impl node_server::Node for NodeService {
 
     async fn create_slice(&self, req: Request<proto::CreateSliceRequest>) -> Result<Response<proto::Slice>, Status> {
         let mut create = wire::decode_create(req.get_ref())?;
-        if let Some(pid) = create.owner_pid {
-            create.owner_pid = Some(caller_pid(&req, pid, "owner_pid")?);
-        }
+        let peer = peer_pid(&req);
         self.blocking(move |node| {
+            if let Some(pid) = create.owner_pid {
+                create.owner_pid = Some(caller_pid(peer, pid, "owner_pid")?);
+            }
             let mut m = node.slices();
             let s = m.create(create)?;
             Ok(wire::with_compute(wire::slice_to_wire(s), node.compute.slice(s.name())))
@@ -135,9 +136,10 @@ impl node_server::Node for NodeService {
     }
 
     async fn set_workload(&self, req: Request<proto::SetWorkloadRequest>) -> Result<Response<proto::Slice>, Status> {
-        let pid = caller_pid(&req, req.get_ref().pid, "pid")?;
-        let r = proto::SetWorkloadRequest { pid, ..req.into_inner() };
+        let peer = peer_pid(&req);
+        let r = req.into_inner();
         self.blocking(move |node| {
+            let r = proto::SetWorkloadRequest { pid: caller_pid(peer, r.pid, "pid")?, ..r };
             let mut m = node.slices();
             let s = m.set_workload(&r.name, r.pid)?;
             Ok(wire::with_compute(wire::slice_to_wire(s), node.compute.slice(s.name())))
@@ -146,16 +148,20 @@ impl node_server::Node for NodeService {
     }
 }
 
-/// A pid the caller sent, as egpud's pid namespace sees it: a CLI in a
-/// container numbers processes in its own namespace (`owner::translate`;
-/// the caller is known by `SO_PEERCRED` on the unix socket).
-fn caller_pid<T>(req: &Request<T>, pid: u32, field: &str) -> Result<u32, Status> {
-    let peer = req
-        .extensions()
+/// The caller's pid as egpud's namespace sees it, from `SO_PEERCRED` on the
+/// unix socket (0: a process egpud cannot see). Taken when the connection
+/// was accepted: the CLI makes its requests itself and waits for them.
+fn peer_pid<T>(req: &Request<T>) -> Option<u32> {
+    req.extensions()
         .get::<tonic::transport::server::UdsConnectInfo>()
         .and_then(|c| c.peer_cred)
         .and_then(|c| c.pid())
-        .and_then(|p| u32::try_from(p).ok());
-    crate::owner::translate(peer, pid)
-        .ok_or_else(|| Status::invalid_argument(format!("{field} {pid}: no such process in the caller's pid namespace")))
+        .and_then(|p| u32::try_from(p).ok())
+}
+
+/// A pid the caller sent, as egpud's pid namespace sees it: a CLI in a
+/// container numbers processes in its own namespace (`owner::translate`,
+/// which reads `/proc`: call it off the async workers).
+fn caller_pid(peer: Option<u32>, pid: u32, field: &str) -> Result<u32, Status> {
+    crate::owner::translate(peer, pid).map_err(|e| Status::invalid_argument(format!("{field} {pid}: {e}")))
 }

@@ -27,7 +27,8 @@ pub struct ReserveArgs {
 
 /// PTX of a kernel that does nothing and a global of `bytes` bytes.
 fn module_ptx(bytes: u64) -> Vec<u8> {
-    format!(".version 7.0\n.target sm_75\n.address_size 64\n.visible .global .align 8 .b8 egpu_reserve_global[{bytes}];\n.visible .entry egpu_reserve_noop()\n{{\n\tret;\n}}\n\0").into_bytes()
+    // sm_52 JIT-compiles on every GPU a CUDA 12/13 driver supports.
+    format!(".version 6.0\n.target sm_52\n.address_size 64\n.visible .global .align 8 .b8 egpu_reserve_global[{bytes}];\n.visible .entry egpu_reserve_noop()\n{{\n\tret;\n}}\n\0").into_bytes()
 }
 
 pub fn run(api: Api, g: &Global, a: ReserveArgs) -> i32 {
