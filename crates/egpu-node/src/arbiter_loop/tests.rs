@@ -254,3 +254,22 @@ fn the_published_used_time_never_goes_back_when_device_truth_starts() {
     assert_eq!(out, [100, 250, 250, 285, 285, 285, 295]);
     assert!(out.windows(2).all(|w| w[0] <= w[1]), "{out:?}");
 }
+
+#[test]
+fn a_slice_made_again_by_name_starts_its_used_time_afresh() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = agent(dir.path());
+    let node = a.node();
+    let mut lp = ComputeLoop::new(ArbiterConfig::default());
+    let p = lp.period().as_nanos() as u64;
+    let used = || node.compute.slice("a").unwrap()[0].used_ns_total;
+    create(node, "a", 3000, 10_000);
+    // The hook's measured time, as if the slice's processes had run 5 ms.
+    node.slices().get("a").unwrap().usage.region().consumed_ns[0].store(5_000_000, Ordering::Relaxed);
+    lp.tick(node, 1_000);
+    assert_eq!(used(), 5_000_000);
+    node.slices().delete("a", false).unwrap();
+    create(node, "a", 3000, 10_000);
+    lp.tick(node, 1_000 + p);
+    assert_eq!(used(), 0, "the new slice's time is its own");
+}
