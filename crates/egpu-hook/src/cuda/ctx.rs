@@ -32,7 +32,7 @@ use crate::devmap;
 use crate::ledger::{Charge, CtxAllocs, LEDGER, Primary};
 use crate::state::{charge, uncharge};
 use egpu_abi::MAX_DEVICES;
-use egpu_cuda::{CUDA_ERROR_OUT_OF_MEMORY, CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam};
+use egpu_cuda::{CUDA_ERROR_OUT_OF_MEMORY, CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam, CUresult, CUstream};
 use std::ffi::{c_int, c_uint};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -381,4 +381,27 @@ pub(crate) fn primary_reset(real: sig::cuDevicePrimaryCtxReset_v2, dev: CUdevice
         None => {}
     }
     Outcome::from_code(r)
+}
+
+/// Runs `f` with the context of `stream` current.
+pub(crate) fn in_stream_ctx<R>(stream: CUstream, f: impl FnOnce() -> R) -> Result<R, CUresult> {
+    let (Some(get), Some(push), Some(pop)) = (drv::cuStreamGetCtx.get(), drv::cuCtxPushCurrent_v2.get(), drv::cuCtxPopCurrent_v2.get()) else {
+        return Ok(f());
+    };
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: the caller's stream; `ctx` is a valid out-pointer.
+    let r = unsafe { get(stream, &mut ctx) };
+    if r != 0 {
+        return Err(r);
+    }
+    // SAFETY: a context the driver just returned.
+    let r = unsafe { push(ctx) };
+    if r != 0 {
+        return Err(r);
+    }
+    let out = f();
+    let mut popped: CUcontext = std::ptr::null_mut();
+    // SAFETY: pops the context pushed above.
+    let _ = unsafe { pop(&mut popped) };
+    Ok(out)
 }

@@ -11,7 +11,7 @@
 use super::sig;
 use crate::compute;
 use crate::detour::Outcome;
-use egpu_cuda::{CUDA_LAUNCH_PARAMS, CUcontext, CUfunction, CUgraphExec, CUlaunchConfig, CUresult, CUstream};
+use egpu_cuda::{CUDA_LAUNCH_PARAMS, CUfunction, CUgraphExec, CUlaunchConfig, CUresult, CUstream};
 use std::ffi::{c_int, c_uint, c_void};
 
 /// One gated launch on `stream`: admit (may wait), call the driver, measure.
@@ -88,30 +88,6 @@ macro_rules! cooperative {
 cooperative!(launch_cooperative, cuLaunchCooperativeKernel, false, "cuLaunchCooperativeKernel");
 cooperative!(launch_cooperative_ptsz, cuLaunchCooperativeKernel_ptsz, true, "cuLaunchCooperativeKernel_ptsz");
 
-/// Runs `f` with the context of `stream` current.
-pub(crate) fn in_stream_ctx<R>(stream: CUstream, f: impl FnOnce() -> R) -> Result<R, CUresult> {
-    use super::drv::real as d;
-    let (Some(get), Some(push), Some(pop)) = (d::cuStreamGetCtx.get(), d::cuCtxPushCurrent_v2.get(), d::cuCtxPopCurrent_v2.get()) else {
-        return Ok(f());
-    };
-    let mut ctx: CUcontext = std::ptr::null_mut();
-    // SAFETY: the caller's stream; `ctx` is a valid out-pointer.
-    let r = unsafe { get(stream, &mut ctx) };
-    if r != 0 {
-        return Err(r);
-    }
-    // SAFETY: a context the driver just returned.
-    let r = unsafe { push(ctx) };
-    if r != 0 {
-        return Err(r);
-    }
-    let out = f();
-    let mut popped: CUcontext = std::ptr::null_mut();
-    // SAFETY: pops the context pushed above.
-    let _ = unsafe { pop(&mut popped) };
-    Ok(out)
-}
-
 /// `cuLaunchCooperativeKernelMultiDevice` (deprecated): one gated launch per
 /// device in the list, each admitted in its stream's context.
 #[doc(alias = "cuLaunchCooperativeKernelMultiDevice")]
@@ -126,12 +102,12 @@ pub(crate) fn launch_cooperative_multi_device(real: sig::cuLaunchCooperativeKern
     let params: Vec<CUDA_LAUNCH_PARAMS> = unsafe { std::slice::from_raw_parts(list, n as usize) }.to_vec();
     let mut tickets = Vec::with_capacity(params.len());
     for p in &params {
-        match in_stream_ctx(p.hStream, || compute::admit(p.hStream, false)) {
+        match super::ctx::in_stream_ctx(p.hStream, || compute::admit(p.hStream, false)) {
             Ok(Ok(t)) => tickets.push(t),
             Ok(Err(e)) | Err(e) => {
                 for (t, p) in tickets.into_iter().zip(&params) {
                     if let Some(t) = t {
-                        let _ = in_stream_ctx(p.hStream, || compute::after(t, false));
+                        let _ = super::ctx::in_stream_ctx(p.hStream, || compute::after(t, false));
                     }
                 }
                 return Outcome::Error(e);
@@ -142,7 +118,7 @@ pub(crate) fn launch_cooperative_multi_device(real: sig::cuLaunchCooperativeKern
     let r = unsafe { real(list, n, flags) };
     for (t, p) in tickets.into_iter().zip(&params) {
         if let Some(t) = t {
-            let _ = in_stream_ctx(p.hStream, || compute::after(t, r == 0));
+            let _ = super::ctx::in_stream_ctx(p.hStream, || compute::after(t, r == 0));
         }
     }
     Outcome::from_code(r)

@@ -41,7 +41,14 @@ fn attr(pool: usize, which: u32) -> Option<u64> {
 /// flight). Growth is charged only when `grow` (an allocation path); it fails
 /// with out-of-memory if it does not fit.
 fn reconcile(pool: usize, grow: bool) -> Result<(), CUresult> {
-    let Some(reserved) = attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) else { return Ok(()) };
+    match attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) {
+        Some(reserved) => reconcile_to(pool, reserved, grow),
+        None => Ok(()),
+    }
+}
+
+/// [`reconcile`] with the pool's reserved size already read.
+fn reconcile_to(pool: usize, reserved: u64, grow: bool) -> Result<(), CUresult> {
     let (dev, delta_up, delta_down) = {
         let mut l = LEDGER.lock();
         let Some(a) = l.pools.get_mut(&pool) else { return Ok(()) };
@@ -80,8 +87,8 @@ pub fn settle(pool: usize) {
 /// through the pool's reserved size, or, for a pool whose reserved size the
 /// driver does not report (charged by allocation), given back as such.
 pub fn freed(pool: usize, dev: usize, bytes: u64) {
-    if attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT).is_some() {
-        settle(pool);
+    if let Some(reserved) = attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) {
+        let _ = reconcile_to(pool, reserved, false);
         return;
     }
     let known = LEDGER.lock().pools.get_mut(&pool).map(|a| a.charged = a.charged.saturating_sub(bytes)).is_some();
@@ -160,7 +167,7 @@ fn alloc_in_pool(dptr: *mut CUdeviceptr, size: usize, pool: usize, dev: usize, s
 /// allocation on `stream`: the null, legacy (0x1) and per-thread (0x2)
 /// streams belong to the current context; any other is asked for its own.
 fn stream_device(stream: CUstream) -> Result<(egpu_cuda::CUdevice, usize), CUresult> {
-    if (stream as usize) <= 2 { devmap::current() } else { super::launch::in_stream_ctx(stream, devmap::current).and_then(|r| r) }
+    if (stream as usize) <= 2 { devmap::current() } else { super::ctx::in_stream_ctx(stream, devmap::current).and_then(|r| r) }
 }
 
 /// `cuMemAllocAsync` / `_ptsz`: from the current pool of the *stream's*
