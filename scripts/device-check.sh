@@ -113,6 +113,9 @@ finish() {
   wait "${BG_PID[$1]}" 2>/dev/null
 }
 X() { local s=$1; shift; E exec "$s" -- "$@"; }
+# B CMD...: without the hook, on the node's driver (on a real GPU the
+# simulated GPU's library directory does not exist and its variables are unused).
+B() { env -u LD_PRELOAD LD_LIBRARY_PATH="$RUN/simlib:${LD_LIBRARY_PATH:-}" EGPU_SIM_GPUS=1x16GiB EGPU_SIM_STATE="$RUN/simgpu.state" "$@"; }
 
 # --- environment: what the first real run needs to know ----------------------
 # The binaries need glibc 2.34 or newer; a GPU in MIG mode reports instance
@@ -199,7 +202,7 @@ else: print('fail')")
   if hold_line=$(wait_line hold '"holding"' 60); then
     pid=$(printf '%s\n' "$hold_line" | pyj "ev('holding').get('pid')")
     if [ $SIM = 1 ]; then
-      used=$(env -u LD_PRELOAD LD_LIBRARY_PATH="$RUN/simlib:${LD_LIBRARY_PATH:-}" EGPU_SIM_GPUS=1x16GiB EGPU_SIM_STATE="$RUN/simgpu.state" "$DIST/egpu-probe" info 2>/dev/null | pyj "ev('nvml')['nvml']['devices'][0]['memory']['used']" 2>/dev/null || echo null)
+      used=$(B "$DIST/egpu-probe" info 2>/dev/null | pyj "ev('nvml')['nvml']['devices'][0]['memory']['used']" 2>/dev/null || echo null)
       src=simulated-nvml-device-used
     else
       used=$(timeout 20 nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits | awk -F', *' -v p="$pid" '$1==p && $2 ~ /^[0-9]+$/ {print $2*1048576}')
@@ -226,11 +229,7 @@ else: print('fail')")
   # __device__ global take device memory no allocation call charges
   # (docs/hook.md, "known gaps"): how much, and when, measured on the bare
   # driver and as the slice sees it. No verdict; the numbers decide the fix.
-  if [ $SIM = 1 ]; then
-    bare=$(env -u LD_PRELOAD LD_LIBRARY_PATH="$RUN/simlib:${LD_LIBRARY_PATH:-}" EGPU_SIM_GPUS=1x16GiB EGPU_SIM_STATE="$RUN/simgpu.state" timeout 120 "$DIST/egpu-probe" reserve 2>"$W/reserve.err" | tail -1)
-  else
-    bare=$(env -u LD_PRELOAD timeout 120 "$DIST/egpu-probe" reserve 2>"$W/reserve.err" | tail -1)
-  fi
+  bare=$(B timeout 120 "$DIST/egpu-probe" reserve 2>"$W/reserve.err" | tail -1)
   sliced=$(T=120 X dc "$DIST/egpu-probe" reserve 2>>"$W/reserve.err" | tail -1)
   record driver-reservations info "$(python3 -c "
 import json,sys
@@ -349,8 +348,7 @@ print('pass' if ok and ($SIM == 1 or d['launch_hook'] - d['launch_bare'] <= 50 +
   }
   # bareburn OUTNAME SECONDS: egpu-burn without the hook, on the same (simulated) GPU.
   bareburn() {
-    env -u LD_PRELOAD LD_LIBRARY_PATH="$RUN/simlib:${LD_LIBRARY_PATH:-}" EGPU_SIM_GPUS=1x16GiB EGPU_SIM_STATE="$RUN/simgpu.state" \
-      timeout $(($2 + 30)) "$BURN" --mode saturate --seconds "$2" "${KARGS[@]}" --report-every 1s -o json >"$W/$1.out" 2>"$W/$1.err"
+    B timeout $(($2 + 30)) "$BURN" --mode saturate --seconds "$2" "${KARGS[@]}" --report-every 1s -o json >"$W/$1.out" 2>"$W/$1.err"
   }
   bstat() { CT burn "$W/$1.out" 2>/dev/null || echo '{}'; }
   snap() { CT snap "$DIST/egpu" "$SOCK" 2>/dev/null || echo '{"t": 0, "used": {}}'; }
