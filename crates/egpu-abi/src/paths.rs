@@ -2,13 +2,14 @@
 //!
 //! `<run-dir>/slices/<name>/limits` and `<run-dir>/slices/<name>/usage`.
 //! A workload finds its slice directory in `EGPU_SLICE_DIR`, or at
-//! [`CONTAINER_SLICE_DIR`], where container runtimes mount it read-only.
+//! [`CONTAINER_SLICE_DIR`], where a container's CDI spec mounts its files
+//! (limits read-only, usage read-write; `docs/containers.md`).
 
 use std::path::{Path, PathBuf};
 
 /// Environment variable naming the slice directory of a workload.
 pub const SLICE_DIR_ENV: &str = "EGPU_SLICE_DIR";
-/// Where a container sees its slice directory (a read-only bind mount).
+/// Where a container sees its slice's files (bind mounts from its CDI spec).
 pub const CONTAINER_SLICE_DIR: &str = "/run/egpu/slice";
 
 pub fn slices_dir(run_dir: &Path) -> PathBuf {

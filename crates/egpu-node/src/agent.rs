@@ -43,6 +43,8 @@ pub enum AgentError {
     Store(Box<StoreError>),
     #[error("adopting the stored slices failed")]
     Adopt(#[source] Box<SliceOpError>),
+    #[error("--cdi-dir")]
+    Cdi(#[source] crate::cdi::CdiError),
     #[error("{path} exists and is not a socket; refusing to replace it (remove it or pass another --socket)")]
     NotASocket { path: PathBuf },
     #[error("something already listens on {path}; another egpud serves it (stop it or pass another --socket)")]
@@ -154,7 +156,12 @@ impl Agent {
             tracing::info!(index = d.index, uuid = %d.uuid, name = %d.name, memory = %egpu_core::Bytes(d.memory_bytes), "device");
         }
         let store = Store::open(&config.state_dir).map_err(|e| AgentError::Store(Box::new(e)))?;
-        let (mgr, report) = SliceManager::adopt(&config.run_dir, inventory.devices.clone(), store).map_err(|e| AgentError::Adopt(Box::new(e)))?;
+        let (mut mgr, report) = SliceManager::adopt(&config.run_dir, inventory.devices.clone(), store).map_err(|e| AgentError::Adopt(Box::new(e)))?;
+        if let Some(dir) = &config.cdi_dir {
+            let publisher = crate::cdi::CdiPublisher::new(&config, dir).map_err(AgentError::Cdi)?;
+            mgr.set_cdi(publisher).map_err(AgentError::Cdi)?;
+            tracing::info!(dir = %dir.display(), kind = crate::cdi::KIND, "keeping a CDI spec per slice");
+        }
         tracing::info!(slices = report.adopted.len(), recreated_files = report.recreated.len(),
             reclaimed_processes = report.reclaimed_processes, "adopted stored slices");
         let sweeper = Sweeper { period: config.sweep_period() };

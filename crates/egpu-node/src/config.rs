@@ -28,6 +28,9 @@ pub struct NodeConfig {
     pub sim_lib: PathBuf,
     /// How often dead processes are swept and the heartbeat refreshed.
     pub sweep_period_ms: u64,
+    /// Where to keep a CDI spec per slice (`egpud --cdi-dir`), for container runtimes.
+    #[serde(default)]
+    pub cdi_dir: Option<PathBuf>,
 }
 
 impl NodeConfig {

@@ -69,6 +69,7 @@ mod tests {
             hook_lib: "/t/libegpu.so".into(),
             sim_lib: "/t/libegpu_simgpu.so".into(),
             sweep_period_ms: 200,
+            cdi_dir: None,
         };
         let env = launch_env(&cfg, Path::new("/r/slices/a"), &["GPU-1".into(), "GPU-0".into()]);
         let get = |n: &str| env.iter().find(|x| x.name == n).unwrap().clone();

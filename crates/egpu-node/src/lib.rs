@@ -18,6 +18,7 @@ pub mod agent;
 pub mod arbiter_loop;
 pub mod burst;
 pub mod capacity;
+pub mod cdi;
 pub mod client;
 pub mod config;
 pub mod devices;

@@ -182,6 +182,8 @@ pub struct SliceManager {
     orphan_dirs: Vec<PathBuf>,
     /// Burst-memory state ([`crate::burst`]).
     pub(crate) burst: crate::burst::Burst,
+    /// Keeps a CDI spec per slice (`--cdi-dir`).
+    cdi: Option<crate::cdi::CdiPublisher>,
 }
 
 fn now_unix() -> u64 {
@@ -217,7 +219,7 @@ impl SliceManager {
     pub fn adopt(run_dir: &Path, devices: Vec<DeviceInfo>, store: Store) -> Result<(SliceManager, AdoptReport), SliceOpError> {
         let slices_dir = paths::slices_dir(run_dir);
         std::fs::create_dir_all(&slices_dir).map_err(|source| SliceOpError::Io { path: slices_dir.clone(), source })?;
-        let mut mgr = SliceManager { run_dir: run_dir.into(), devices, store, slices: BTreeMap::new(), orphan_dirs: Vec::new(), burst: crate::burst::Burst::default() };
+        let mut mgr = SliceManager { run_dir: run_dir.into(), devices, store, slices: BTreeMap::new(), orphan_dirs: Vec::new(), burst: crate::burst::Burst::default(), cdi: None };
         let mut report = AdoptReport::default();
         for record in mgr.store.load_all()? {
             for (i, d) in record.spec.devices.iter().enumerate() {
@@ -442,6 +444,7 @@ impl SliceManager {
         tracing::info!(slice = %name, id = %record.id, spec = ?record.spec, "created slice");
         let granted = vec![0; record.spec.devices.len()];
         self.slices.insert(name.clone(), Slice { record, dir, limits, usage, resizes: 0, granted });
+        self.publish_cdi();
         Ok(&self.slices[&name])
     }
 
@@ -522,13 +525,34 @@ impl SliceManager {
             tracing::warn!(slice = %name, dir = %slice.dir.display(), error = %e, "could not remove slice directory");
         }
         tracing::info!(slice = %name, attached = ?pids, "deleted slice");
+        self.publish_cdi();
         Ok(pids)
+    }
+
+    /// Starts keeping a CDI spec per slice with `publisher`; fails when the
+    /// first sync does (an unwritable `--cdi-dir` is refused at start).
+    pub fn set_cdi(&mut self, publisher: crate::cdi::CdiPublisher) -> Result<(), crate::cdi::CdiError> {
+        self.cdi = Some(publisher);
+        self.sync_cdi()
+    }
+
+    fn sync_cdi(&mut self) -> Result<(), crate::cdi::CdiError> {
+        let Some(p) = self.cdi.as_mut() else { return Ok(()) };
+        p.sync(self.slices.values().map(|s| crate::cdi::SliceView { name: s.name(), dir: &s.dir, device_uuids: &s.record.device_uuids }))
+    }
+
+    /// Brings the CDI specs up to date; a failure is logged, and the next sweep tries again.
+    fn publish_cdi(&mut self) {
+        if let Err(e) = self.sync_cdi() {
+            tracing::warn!(error = %crate::wire::chain(&e), "CDI specs not up to date; retrying at the next sweep");
+        }
     }
 
     /// Reclaims dead processes' records in every slice, refreshes the heartbeat, and
     /// removes orphaned slice directories that no live process uses any more.
     pub fn sweep(&mut self) -> usize {
         self.remove_orphan_dirs();
+        self.publish_cdi();
         let mut n = 0;
         for s in self.slices.values() {
             for r in s.usage.sweep(None) {

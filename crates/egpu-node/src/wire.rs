@@ -157,7 +157,7 @@ impl From<DecodeError> for Status {
 }
 
 /// The full error chain on one line.
-fn chain(e: &dyn std::error::Error) -> String {
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
     while let Some(c) = cur {

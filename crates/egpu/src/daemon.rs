@@ -33,6 +33,11 @@ pub struct DaemonArgs {
     /// The bound address is logged and written to <run-dir>/metrics.addr.
     #[arg(long, value_name = "ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Keep a Container Device Interface spec per slice in DIR (usually
+    /// /var/run/cdi), so that container runtimes put a container into a slice
+    /// with `--device egpu.io/slice=NAME` (see docs/containers.md).
+    #[arg(long, value_name = "DIR")]
+    pub cdi_dir: Option<PathBuf>,
     /// Sweep period in milliseconds (dead-process reclaim, heartbeat).
     #[arg(long, default_value_t = 200, hide = true)]
     pub sweep_ms: u64,
@@ -68,6 +73,7 @@ impl DaemonArgs {
             hook_lib: absolute(&self.hook_lib.clone().unwrap_or_else(|| next_to_exe("libegpu.so"))),
             sim_lib: absolute(&self.sim_lib.clone().unwrap_or_else(|| next_to_exe("libegpu_simgpu.so"))),
             sweep_period_ms: self.sweep_ms,
+            cdi_dir: self.cdi_dir.as_deref().map(absolute),
         }
     }
 }

@@ -15,6 +15,7 @@ fn agent(dir: &std::path::Path) -> Agent {
         hook_lib: dir.join("libegpu.so"),
         sim_lib: dir.join("libegpu_simgpu.so"),
         sweep_period_ms: 200,
+        cdi_dir: None,
     };
     Agent::start_with(cfg, Box::new(FakeGpus::new(1, 16 * Bytes::GIB))).unwrap()
 }

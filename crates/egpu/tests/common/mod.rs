@@ -37,6 +37,8 @@ pub struct Node {
     pub dir: tempfile::TempDir,
     pub spec: String,
     pub daemon: Option<Child>,
+    /// More egpud flags.
+    pub extra: Vec<String>,
 }
 
 impl Node {
@@ -58,7 +60,12 @@ impl Node {
 
     /// Starts egpud on `spec` simulated GPUs and waits until it answers.
     pub fn start(spec: &str) -> Node {
-        let mut n = Node { dir: tempfile::tempdir().unwrap(), spec: spec.into(), daemon: None };
+        Node::start_with(spec, &[])
+    }
+
+    /// Starts egpud with more flags.
+    pub fn start_with(spec: &str, extra: &[&str]) -> Node {
+        let mut n = Node { dir: tempfile::tempdir().unwrap(), spec: spec.into(), daemon: None, extra: extra.iter().map(|s| s.to_string()).collect() };
         n.restart();
         n
     }
@@ -66,7 +73,7 @@ impl Node {
     /// The egpud command line of this node.
     pub fn daemon_cmd(&self) -> Command {
         let mut c = Command::new(EGPUD);
-        c.args(["--simulate", &self.spec, "--log", "info"]).arg("--run-dir").arg(self.run_dir()).arg("--state-dir").arg(self.state_dir());
+        c.args(["--simulate", &self.spec, "--log", "info"]).arg("--run-dir").arg(self.run_dir()).arg("--state-dir").arg(self.state_dir()).args(&self.extra);
         c
     }
 

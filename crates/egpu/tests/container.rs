@@ -1,0 +1,201 @@
+//! A container runs in a slice the way a container runtime puts it there:
+//! egpud (`--cdi-dir`) writes the slice's CDI spec, the CNCF reference CDI
+//! library validates it and injects it into the OCI spec `runc spec` makes, and
+//! a real `runc` runs the container, in its own pid and mount namespaces.
+//!
+//! Needs `runc` and root. Elsewhere the test says why and passes, unless
+//! `EGPU_REQUIRE_RUNC=1` (set by `.ci/run`, which installs runc) makes that a
+//! failure.
+
+mod common;
+use common::*;
+use container_device_interface::cache::{new_cache, with_auto_refresh};
+use container_device_interface::spec_dirs::with_spec_dirs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(30);
+const HOOK_IN_CONTAINER: &str = "/run/egpu/libegpu.so";
+
+/// Why runc cannot run containers here, if it cannot.
+fn runc_missing() -> Option<String> {
+    match Command::new("runc").arg("--version").output() {
+        Err(e) => return Some(format!("runc not found ({e}); install it (apt-get install runc)")),
+        Ok(o) if !o.status.success() => return Some("runc --version failed".into()),
+        Ok(_) => {}
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Some("not root (the test runs rootful containers)".into());
+    }
+    None
+}
+
+fn skip_unless_runc() -> bool {
+    let Some(why) = runc_missing() else { return false };
+    assert!(std::env::var("EGPU_REQUIRE_RUNC").as_deref() != Ok("1"), "EGPU_REQUIRE_RUNC=1 but {why}");
+    eprintln!("skipped: {why}");
+    true
+}
+
+/// One container; killed and deleted on drop.
+struct Container {
+    runc_root: PathBuf,
+    id: String,
+}
+
+impl Container {
+    fn runc(&self) -> Command {
+        let mut c = Command::new("runc");
+        c.arg("--root").arg(&self.runc_root);
+        c
+    }
+
+    fn run(&self, bundle: &Path) -> Command {
+        let mut c = self.runc();
+        c.args(["run", "--bundle"]).arg(bundle).arg(&self.id);
+        c
+    }
+
+    /// The host pid of the container's first process.
+    fn host_pid(&self) -> u64 {
+        let o = self.runc().args(["state", &self.id]).output().unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("runc state: {}", String::from_utf8_lossy(&o.stderr)));
+        v["pid"].as_u64().unwrap()
+    }
+}
+
+impl Drop for Container {
+    fn drop(&mut self) {
+        let _ = self.runc().args(["kill", &self.id, "KILL"]).output();
+        let _ = self.runc().args(["delete", "--force", &self.id]).output();
+    }
+}
+
+/// A bundle whose root file system is the host's `/usr` (read-only) plus the
+/// test binaries at `/opt/egpu`, running `sh -c script`, with the CDI device
+/// `device` injected from the specs in `cdi_dir`.
+fn bundle(dir: &Path, cdi_dir: &Path, device: &str, script: &str) -> PathBuf {
+    let rootfs = dir.join("rootfs");
+    std::fs::create_dir_all(rootfs.join("etc")).unwrap();
+    let mut binds = vec![("/usr".to_string(), "/usr".to_string()), (target_dir().display().to_string(), "/opt/egpu".to_string())];
+    for d in ["bin", "lib", "lib64", "sbin"] {
+        let host = Path::new("/").join(d);
+        match std::fs::read_link(&host) {
+            Ok(to) => std::os::unix::fs::symlink(to, rootfs.join(d)).unwrap(),
+            Err(_) if host.is_dir() => binds.push((host.display().to_string(), format!("/{d}"))),
+            Err(_) => {}
+        }
+    }
+    std::fs::write(rootfs.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
+    std::fs::write(rootfs.join("etc/group"), "root:x:0:\n").unwrap();
+    if let Ok(cache) = std::fs::read("/etc/ld.so.cache") {
+        std::fs::write(rootfs.join("etc/ld.so.cache"), cache).unwrap();
+    }
+    let o = Command::new("runc").args(["spec", "--bundle"]).arg(dir).output().unwrap();
+    assert!(o.status.success(), "runc spec: {}", String::from_utf8_lossy(&o.stderr));
+    let config = dir.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    v["root"] = serde_json::json!({"path": rootfs, "readonly": true});
+    v["process"]["terminal"] = false.into();
+    v["process"]["args"] = serde_json::json!(["/bin/sh", "-c", script]);
+    let mounts = v["mounts"].as_array_mut().unwrap();
+    for (src, dst) in binds {
+        mounts.push(serde_json::json!({"destination": dst, "type": "bind", "source": src, "options": ["rbind", "ro"]}));
+    }
+    std::fs::write(&config, v.to_string()).unwrap();
+
+    // What a CDI-aware runtime does with `--device egpu.io/slice=NAME`.
+    let mut spec = oci_spec::runtime::Spec::load(&config).unwrap();
+    let cache = new_cache(vec![with_spec_dirs(&[cdi_dir.to_str().unwrap()]), with_auto_refresh(false)]);
+    let mut cache = cache.lock().unwrap();
+    cache.refresh().unwrap_or_else(|e| panic!("the CDI specs egpud wrote do not load: {e}"));
+    assert!(cache.list_devices().contains(&device.to_string()), "{device} not among {:?}", cache.list_devices());
+    cache.inject_devices(Some(&mut spec), vec![device.to_string()]).unwrap_or_else(|e| panic!("injecting {device}: {e}"));
+    spec.save(&config).unwrap();
+    dir.to_path_buf()
+}
+
+#[test]
+fn a_runc_container_runs_in_its_slice_through_the_cdi_spec() {
+    if skip_unless_runc() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let cdi_dir = tmp.path().join("cdi");
+    let mut node = Node::start_with("1x16GiB", &["--cdi-dir", cdi_dir.to_str().unwrap()]);
+    node.ok(&["create", "--name", "svc", "--gpu-memory", "1GiB"]);
+    let spec_file = cdi_dir.join("egpu.io-slice_svc.json");
+    // Written before `egpu create` returned, and valid for the reference implementation.
+    container_device_interface::spec::read_spec(&spec_file, 0).unwrap_or_else(|e| panic!("{}: {e:#}", spec_file.display()));
+    let runc_root = tmp.path().join("runc");
+    let uuid = node.slice("svc")["devices"][0]["uuid"].as_str().unwrap().to_string();
+
+    // 1. The hook comes from /etc/ld.so.preload and the slice from
+    //    /run/egpu/slice: neither needs the environment.
+    let grow = Container { runc_root: runc_root.clone(), id: format!("egpu-grow-{}", std::process::id()) };
+    let b = bundle(&tmp.path().join("grow"), &cdi_dir, "egpu.io/slice=svc", "unset LD_PRELOAD EGPU_SLICE_DIR; exec /opt/egpu/egpu-probe grow --step 256MiB --until 2GiB --hold");
+    let mut p = Lines::spawn(grow.run(&b));
+    let blocked = p.wait_event("blocked", T).unwrap_or_else(|| panic!("the container's probe never blocked at its 1 GiB limit (a 16 GiB GPU): {:?}", p.seen));
+    assert!(blocked["total"].as_u64().unwrap() < 1 << 30, "{blocked}");
+
+    // egpud sees the process by its host pid (it is pid 1 in the container).
+    let host_pid = grow.host_pid();
+    let s = node.slice("svc");
+    let pids: Vec<u64> = s["processes"].as_array().unwrap().iter().map(|p| p["pid"].as_u64().unwrap()).collect();
+    assert_eq!(pids, [host_pid], "{s}");
+    assert_ne!(host_pid, 1);
+
+    // 2. A live resize from the host reaches the running container.
+    node.ok(&["resize", "svc", "--gpu-memory", "3GiB"]);
+    p.wait_event("unblocked", T).unwrap_or_else(|| panic!("the resize did not reach the container: {:?}", p.seen));
+    p.wait_event("holding", T).expect("the probe reaches --until after the resize");
+    assert!(node.slice("svc")["devices"][0]["used_bytes"].as_u64().unwrap() >= 2 << 30);
+
+    // 3. egpud crashes and comes back: it adopts the container's process, and
+    //    keeps the spec.
+    node.kill9();
+    node.restart();
+    let s = node.slice("svc");
+    assert_eq!(s["processes"][0]["pid"].as_u64(), Some(host_pid), "{s}");
+    assert!(spec_file.is_file(), "a restarted egpud removed the spec of a live slice");
+
+    // 4. A SIGKILLed container's memory is reclaimed.
+    let o = grow.runc().args(["kill", &grow.id, "KILL"]).output().unwrap();
+    assert!(o.status.success(), "runc kill: {}", String::from_utf8_lossy(&o.stderr));
+    assert!(wait_until(T, || p.child.try_wait().unwrap().is_some()), "runc run did not end after the kill");
+    assert!(
+        wait_until(T, || {
+            let s = node.slice("svc");
+            s["devices"][0]["used_bytes"] == 0 && s["processes"].as_array().unwrap().is_empty()
+        }),
+        "the killed container's usage was not reclaimed: {}",
+        node.slice("svc")
+    );
+
+    // 5. Inside, the slice's limits and the preload list cannot be written,
+    //    and CUDA sees the slice: its one GPU, at the resized limit.
+    let look = Container { runc_root, id: format!("egpu-look-{}", std::process::id()) };
+    let script = "cat /etc/ld.so.preload; \
+        echo x > /run/egpu/slice/limits && echo WROTE-LIMITS; \
+        echo x > /etc/ld.so.preload && echo WROTE-PRELOAD; \
+        exec /opt/egpu/egpu-probe info";
+    let b = bundle(&tmp.path().join("look"), &cdi_dir, "egpu.io/slice=svc", script);
+    let o = look.run(&b).output().unwrap();
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success(), "{out}\n{err}");
+    assert!(out.lines().next() == Some(HOOK_IN_CONTAINER), "{out}");
+    assert!(!out.contains("WROTE"), "a container wrote its limits or preload list: {out}");
+    assert_eq!(err.matches("Read-only file system").count(), 2, "{err}");
+    let info: serde_json::Value = out.lines().filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok()).find(|v| v["event"] == "info").unwrap_or_else(|| panic!("{out}"));
+    assert_eq!(info["device_count"], 1, "{info}");
+    assert_eq!(info["devices"][0]["uuid"], uuid.as_str(), "{info}");
+    assert_eq!(info["devices"][0]["total_mem"], 3u64 << 30, "{info}");
+    assert_eq!(info["nvml"]["devices"][0]["memory"]["total"], 3u64 << 30, "NVML shows the slice too: {info}");
+    assert_eq!(info["pid"], 1, "the container has a pid namespace of its own: {info}");
+
+    // 6. The spec goes with the slice.
+    node.ok(&["rm", "svc"]);
+    assert!(!spec_file.exists(), "the CDI spec outlived its slice");
+}
