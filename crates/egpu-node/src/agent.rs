@@ -45,6 +45,8 @@ pub enum AgentError {
     Adopt(#[source] Box<SliceOpError>),
     #[error("--cdi-dir")]
     Cdi(#[source] crate::cdi::CdiError),
+    #[error("the container check {path} does not exist: a container of an image that cannot load the hook would run unlimited; build it (cargo build -p egpu) or pass --cdi-hook PATH")]
+    CdiHook { path: PathBuf },
     #[error("{path} exists and is not a socket; refusing to replace it (remove it or pass another --socket)")]
     NotASocket { path: PathBuf },
     #[error("something already listens on {path}; another egpud serves it (stop it or pass another --socket)")]
@@ -158,6 +160,9 @@ impl Agent {
         let store = Store::open(&config.state_dir).map_err(|e| AgentError::Store(Box::new(e)))?;
         let (mut mgr, report) = SliceManager::adopt(&config.run_dir, inventory.devices.clone(), store).map_err(|e| AgentError::Adopt(Box::new(e)))?;
         if let Some(dir) = &config.cdi_dir {
+            if !config.cdi_hook.is_file() {
+                return Err(AgentError::CdiHook { path: config.cdi_hook.clone() });
+            }
             let publisher = crate::cdi::CdiPublisher::new(&config, dir).map_err(AgentError::Cdi)?;
             mgr.set_cdi(publisher).map_err(AgentError::Cdi)?;
             tracing::info!(dir = %dir.display(), kind = crate::cdi::KIND, "keeping a CDI spec per slice");

@@ -31,6 +31,9 @@ pub struct NodeConfig {
     /// Where to keep a CDI spec per slice (`egpud --cdi-dir`), for container runtimes.
     #[serde(default)]
     pub cdi_dir: Option<PathBuf>,
+    /// `egpu-cdi-hook`, the check every slice's CDI spec runs before a container starts.
+    #[serde(default)]
+    pub cdi_hook: PathBuf,
 }
 
 impl NodeConfig {

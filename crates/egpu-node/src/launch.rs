@@ -70,6 +70,7 @@ mod tests {
             sim_lib: "/t/libegpu_simgpu.so".into(),
             sweep_period_ms: 200,
             cdi_dir: None,
+            cdi_hook: "/t/egpu-cdi-hook".into(),
         };
         let env = launch_env(&cfg, Path::new("/r/slices/a"), &["GPU-1".into(), "GPU-0".into()]);
         let get = |n: &str| env.iter().find(|x| x.name == n).unwrap().clone();

@@ -38,6 +38,9 @@ pub struct DaemonArgs {
     /// with `--device egpu.io/slice=NAME` (see docs/containers.md).
     #[arg(long, value_name = "DIR")]
     pub cdi_dir: Option<PathBuf>,
+    /// The check a slice's CDI spec runs before a container starts [default: egpu-cdi-hook next to egpud].
+    #[arg(long, value_name = "PATH")]
+    pub cdi_hook: Option<PathBuf>,
     /// Sweep period in milliseconds (dead-process reclaim, heartbeat).
     #[arg(long, default_value_t = 200, hide = true)]
     pub sweep_ms: u64,
@@ -74,6 +77,7 @@ impl DaemonArgs {
             sim_lib: absolute(&self.sim_lib.clone().unwrap_or_else(|| next_to_exe("libegpu_simgpu.so"))),
             sweep_period_ms: self.sweep_ms,
             cdi_dir: self.cdi_dir.as_deref().map(absolute),
+            cdi_hook: absolute(&self.cdi_hook.clone().unwrap_or_else(|| next_to_exe("egpu-cdi-hook"))),
         }
     }
 }

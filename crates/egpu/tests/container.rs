@@ -73,14 +73,16 @@ impl Drop for Container {
     }
 }
 
-/// A bundle whose root file system is the host's `/usr` (read-only) plus the
-/// test binaries at `/opt/egpu`, running `sh -c script`, with the CDI device
-/// `device` injected from the specs in `cdi_dir`.
-fn bundle(dir: &Path, cdi_dir: &Path, device: &str, script: &str) -> PathBuf {
+/// A bundle running `sh -c script`, with the CDI device `device` injected
+/// from the specs in `cdi_dir`. Its root file system is the host's `/usr`
+/// (read-only) plus the test binaries at `/opt/egpu`; with `host_usr` false,
+/// it is empty: an image without a C library, as a musl or static image is
+/// to glibc's loader.
+fn bundle(dir: &Path, cdi_dir: &Path, device: &str, script: &str, host_usr: bool) -> PathBuf {
     let rootfs = dir.join("rootfs");
     std::fs::create_dir_all(rootfs.join("etc")).unwrap();
     let mut binds = vec![("/usr".to_string(), "/usr".to_string()), (target_dir().display().to_string(), "/opt/egpu".to_string())];
-    for d in ["bin", "lib", "lib64", "sbin"] {
+    for d in ["bin", "lib", "lib64", "sbin"].into_iter().filter(|_| host_usr) {
         let host = Path::new("/").join(d);
         match std::fs::read_link(&host) {
             Ok(to) => std::os::unix::fs::symlink(to, rootfs.join(d)).unwrap(),
@@ -101,7 +103,7 @@ fn bundle(dir: &Path, cdi_dir: &Path, device: &str, script: &str) -> PathBuf {
     v["process"]["terminal"] = false.into();
     v["process"]["args"] = serde_json::json!(["/bin/sh", "-c", script]);
     let mounts = v["mounts"].as_array_mut().unwrap();
-    for (src, dst) in binds {
+    for (src, dst) in binds.into_iter().filter(|_| host_usr) {
         mounts.push(serde_json::json!({"destination": dst, "type": "bind", "source": src, "options": ["rbind", "ro"]}));
     }
     std::fs::write(&config, v.to_string()).unwrap();
@@ -135,7 +137,7 @@ fn a_runc_container_runs_in_its_slice_through_the_cdi_spec() {
     // 1. The hook comes from /etc/ld.so.preload and the slice from
     //    /run/egpu/slice: neither needs the environment.
     let grow = Container { runc_root: runc_root.clone(), id: format!("egpu-grow-{}", std::process::id()) };
-    let b = bundle(&tmp.path().join("grow"), &cdi_dir, "egpu.io/slice=svc", "unset LD_PRELOAD EGPU_SLICE_DIR; exec /opt/egpu/egpu-probe grow --step 256MiB --until 2GiB --hold");
+    let b = bundle(&tmp.path().join("grow"), &cdi_dir, "egpu.io/slice=svc", "unset LD_PRELOAD EGPU_SLICE_DIR; exec /opt/egpu/egpu-probe grow --step 256MiB --until 2GiB --hold", true);
     let mut p = Lines::spawn(grow.run(&b));
     let blocked = p.wait_event("blocked", T).unwrap_or_else(|| panic!("the container's probe never blocked at its 1 GiB limit (a 16 GiB GPU): {:?}", p.seen));
     assert!(blocked["total"].as_u64().unwrap() < 1 << 30, "{blocked}");
@@ -181,7 +183,7 @@ fn a_runc_container_runs_in_its_slice_through_the_cdi_spec() {
         echo x > /run/egpu/slice/limits && echo WROTE-LIMITS; \
         echo x > /etc/ld.so.preload && echo WROTE-PRELOAD; \
         exec /opt/egpu/egpu-probe info";
-    let b = bundle(&tmp.path().join("look"), &cdi_dir, "egpu.io/slice=svc", script);
+    let b = bundle(&tmp.path().join("look"), &cdi_dir, "egpu.io/slice=svc", script, true);
     let o = look.run(&b).output().unwrap();
     let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "{out}\n{err}");
@@ -195,7 +197,16 @@ fn a_runc_container_runs_in_its_slice_through_the_cdi_spec() {
     assert_eq!(info["nvml"]["devices"][0]["memory"]["total"], 3u64 << 30, "NVML shows the slice too: {info}");
     assert_eq!(info["pid"], 1, "the container has a pid namespace of its own: {info}");
 
-    // 6. The spec goes with the slice.
+    // 6. An image that cannot load the hook is not started: its programs
+    //    would run unlimited.
+    let bare = Container { runc_root: look.runc_root.clone(), id: format!("egpu-bare-{}", std::process::id()) };
+    let b = bundle(&tmp.path().join("bare"), &cdi_dir, "egpu.io/slice=svc", "exit 0", false);
+    let o = bare.run(&b).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "a container without a C library was started: {err}");
+    assert!(err.contains("cannot be held to its GPU slice") && err.contains("musl or static image"), "{err}");
+
+    // 7. The spec goes with the slice.
     node.ok(&["rm", "svc"]);
     assert!(!spec_file.exists(), "the CDI spec outlived its slice");
 }

@@ -19,6 +19,8 @@
 //! The GPU itself (device nodes, the NVIDIA driver's libraries) comes from the
 //! NVIDIA Container Toolkit's own CDI spec on a real node: ask for both devices.
 
+pub mod check;
+
 use crate::config::{NodeConfig, SIM_GPUS_ENV, SIM_PASSTHROUGH_ENV, SIM_STATE_ENV};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -86,6 +88,15 @@ pub struct Device {
 pub struct Edits {
     pub env: Vec<String>,
     pub mounts: Vec<Mount>,
+    pub hooks: Vec<Hook>,
+}
+
+#[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq, Eq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Hook {
+    pub hook_name: String,
+    pub path: String,
+    pub args: Vec<String>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq, Eq)]
@@ -135,7 +146,13 @@ pub fn slice_spec(cfg: &NodeConfig, name: &str, slice_dir: &Path, device_uuids: 
             }
         }
     }
-    Spec { cdi_version: CDI_VERSION.into(), kind: KIND.into(), devices: vec![Device { name: name.into(), container_edits: Edits { env, mounts } }] }
+    // Before the first process: can the image load the hook at all? (`check`)
+    let hooks = vec![Hook {
+        hook_name: "createContainer".into(),
+        path: cfg.cdi_hook.display().to_string(),
+        args: vec!["egpu-cdi-hook".into(), "--hook-lib".into(), cfg.hook_lib.display().to_string()],
+    }];
+    Spec { cdi_version: CDI_VERSION.into(), kind: KIND.into(), devices: vec![Device { name: name.into(), container_edits: Edits { env, mounts, hooks } }] }
 }
 
 fn spec_file(name: &str) -> String {
@@ -254,6 +271,7 @@ mod tests {
             sim_lib: "/opt/egpu/libegpu_simgpu.so".into(),
             sweep_period_ms: 200,
             cdi_dir: None,
+            cdi_hook: "/opt/egpu/egpu-cdi-hook".into(),
         }
     }
 
@@ -269,6 +287,9 @@ mod tests {
         assert!(m("/run/egpu/slice/usage").options.contains(&"rw".into()));
         assert!(m("/etc/ld.so.preload").options.contains(&"ro".into()));
         assert_eq!(m(CONTAINER_HOOK).host_path, "/opt/egpu/libegpu.so");
+        assert_eq!(e.hooks.len(), 1);
+        assert_eq!((e.hooks[0].hook_name.as_str(), e.hooks[0].path.as_str()), ("createContainer", "/opt/egpu/egpu-cdi-hook"));
+        assert_eq!(e.hooks[0].args[1..], ["--hook-lib", "/opt/egpu/libegpu.so"]);
         assert!(e.env.contains(&"CUDA_VISIBLE_DEVICES=GPU-a,GPU-b".into()) && e.env.contains(&"EGPU_SLICE_DIR=/run/egpu/slice".into()));
         // No LD_PRELOAD: the hook comes from /etc/ld.so.preload, which a child cannot unset.
         assert!(!e.env.iter().any(|v| v.starts_with("LD_PRELOAD=")), "{e:?}");
