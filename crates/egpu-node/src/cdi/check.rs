@@ -58,12 +58,19 @@ fn elf_err(path: &Path, e: impl std::fmt::Display) -> CheckError {
     CheckError::Elf { path: path.into(), why: e.to_string() }
 }
 
-/// What the shared object `data` (read from `path`) needs.
-pub fn needs(path: &Path, data: &[u8]) -> Result<Vec<Need>, CheckError> {
+type Sections<'a> = object::read::elf::SectionTable<'a, Header, &'a [u8]>;
+
+/// The section table of the 64-bit ELF object `data`.
+fn sections<'a>(path: &Path, data: &'a [u8]) -> Result<(object::Endianness, Sections<'a>), CheckError> {
     use object::read::elf::FileHeader;
     let hdr = Header::parse(data).map_err(|e| elf_err(path, e))?;
     let endian = hdr.endian().map_err(|e| elf_err(path, e))?;
-    let sections = hdr.sections(endian, data).map_err(|e| elf_err(path, e))?;
+    Ok((endian, hdr.sections(endian, data).map_err(|e| elf_err(path, e))?))
+}
+
+/// What the shared object `data` (read from `path`) needs.
+pub fn needs(path: &Path, data: &[u8]) -> Result<Vec<Need>, CheckError> {
+    let (endian, sections) = sections(path, data)?;
     let mut out = Vec::new();
     let Some((mut it, link)) = sections.gnu_verneed(endian, data).map_err(|e| elf_err(path, e))? else { return Ok(out) };
     let strings = sections.strings(endian, data, link).map_err(|e| elf_err(path, e))?;
@@ -82,10 +89,7 @@ pub fn needs(path: &Path, data: &[u8]) -> Result<Vec<Need>, CheckError> {
 
 /// The symbol versions the shared object `data` defines.
 pub fn defines(path: &Path, data: &[u8]) -> Result<BTreeSet<String>, CheckError> {
-    use object::read::elf::FileHeader;
-    let hdr = Header::parse(data).map_err(|e| elf_err(path, e))?;
-    let endian = hdr.endian().map_err(|e| elf_err(path, e))?;
-    let sections = hdr.sections(endian, data).map_err(|e| elf_err(path, e))?;
+    let (endian, sections) = sections(path, data)?;
     let mut out = BTreeSet::new();
     let Some((mut it, link)) = sections.gnu_verdef(endian, data).map_err(|e| elf_err(path, e))? else { return Ok(out) };
     let strings = sections.strings(endian, data, link).map_err(|e| elf_err(path, e))?;
