@@ -1,9 +1,9 @@
 //! Where slice tables live, shared by `egpud`, the CLI and the hook.
 //!
 //! `<run-dir>/slices/<name>/limits` and `<run-dir>/slices/<name>/usage`.
-//! A workload finds its slice directory in `EGPU_SLICE_DIR`, or at
-//! [`CONTAINER_SLICE_DIR`], where a container's CDI spec mounts its files
-//! (limits read-only, usage read-write; `docs/containers.md`).
+//! A workload finds its slice directory at [`CONTAINER_SLICE_DIR`] when a
+//! container's CDI spec mounted its files there (limits read-only, usage
+//! read-write; `docs/containers.md`), else in `EGPU_SLICE_DIR`.
 
 use std::path::{Path, PathBuf};
 

@@ -94,7 +94,7 @@ pub struct SliceSpec {
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SliceError {
-    #[error("slice name '{0}' is invalid: use 1-63 characters from a-z, 0-9, '-', '_' and '.', starting with a letter or digit")]
+    #[error("slice name '{0}' is invalid: use 1-63 characters from a-z, 0-9, '-', '_' and '.', starting and ending with a letter or digit")]
     BadName(String),
     #[error("unknown priority '{0}': use high, normal or best-effort")]
     BadPriority(String),
@@ -117,6 +117,8 @@ pub fn validate_name(name: &str) -> Result<(), SliceError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
         && name.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+        // As Kubernetes names and CDI device names (`egpu.io/slice=NAME`) end.
+        && name.chars().last().is_some_and(|c| c.is_ascii_alphanumeric())
         && name
             .chars()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.'));
@@ -204,7 +206,7 @@ mod tests {
     fn names() {
         assert!(validate_name("train-1").is_ok());
         assert!(validate_name("a.b_c").is_ok());
-        for bad in ["", "-x", "Upper", "has space", "a/b", &"x".repeat(64)] {
+        for bad in ["", "-x", "x-", "x_", "x.", "Upper", "has space", "a/b", &"x".repeat(64)] {
             assert!(validate_name(bad).is_err(), "{bad}");
         }
     }

@@ -90,8 +90,19 @@ fn state() -> &'static Init {
     STATE.get().expect("set above, by this thread or another")
 }
 
+/// The slice directory: the one a container's CDI spec mounts, when there is
+/// one (the environment cannot point a container's hook at a limits file the
+/// workload made itself); else `EGPU_SLICE_DIR`; else that same place.
+fn slice_dir() -> PathBuf {
+    let mounted = PathBuf::from(paths::CONTAINER_SLICE_DIR);
+    if paths::limits_path(&mounted).exists() {
+        return mounted;
+    }
+    std::env::var_os(paths::SLICE_DIR_ENV).map(PathBuf::from).unwrap_or(mounted)
+}
+
 fn attach() -> Init {
-    let dir = std::env::var_os(paths::SLICE_DIR_ENV).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(paths::CONTAINER_SLICE_DIR));
+    let dir = slice_dir();
     let how = "run the workload through `egpu run`/`egpu exec` (or set EGPU_SLICE_DIR to <run-dir>/slices/<name>); libegpu never runs a GPU workload without limits";
     let limits = match LimitsReader::open(&paths::limits_path(&dir)) {
         Ok(l) => l,

@@ -31,6 +31,8 @@ pub enum SliceOpError {
     Store(#[from] StoreError),
     #[error("slice table")]
     Abi(#[source] AbiError),
+    #[error("the slice's CDI spec could not be written, so no container could join it; the slice was not created")]
+    Cdi(#[source] crate::cdi::CdiError),
     #[error("slice directory {path}")]
     Io {
         path: PathBuf,
@@ -444,7 +446,11 @@ impl SliceManager {
         tracing::info!(slice = %name, id = %record.id, spec = ?record.spec, "created slice");
         let granted = vec![0; record.spec.devices.len()];
         self.slices.insert(name.clone(), Slice { record, dir, limits, usage, resizes: 0, granted });
-        self.publish_cdi();
+        // A slice no container could join is not created (`--cdi-dir`).
+        if let Err(e) = self.sync_cdi() {
+            let _ = self.delete(&name, true);
+            return Err(SliceOpError::Cdi(e));
+        }
         Ok(&self.slices[&name])
     }
 
@@ -541,10 +547,22 @@ impl SliceManager {
         p.sync(self.slices.values().map(|s| crate::cdi::SliceView { name: s.name(), dir: &s.dir, device_uuids: &s.record.device_uuids }))
     }
 
-    /// Brings the CDI specs up to date; a failure is logged, and the next sweep tries again.
+    /// Brings the CDI specs up to date; a failure is logged (once until it
+    /// changes or clears), and the next sweep tries again.
     fn publish_cdi(&mut self) {
-        if let Err(e) = self.sync_cdi() {
-            tracing::warn!(error = %crate::wire::chain(&e), "CDI specs not up to date; retrying at the next sweep");
+        let result = self.sync_cdi().map_err(|e| crate::wire::chain(&e));
+        let Some(p) = self.cdi.as_mut() else { return };
+        match result {
+            Err(e) if p.last_error.as_ref() != Some(&e) => {
+                tracing::warn!(error = %e, "CDI specs not up to date; retrying at every sweep");
+                p.last_error = Some(e);
+            }
+            Err(_) => {}
+            Ok(()) => {
+                if p.last_error.take().is_some() {
+                    tracing::info!("CDI specs up to date again");
+                }
+            }
         }
     }
 

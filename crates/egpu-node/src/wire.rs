@@ -177,7 +177,7 @@ impl From<SliceOpError> for Status {
             SliceOpError::NotFound(_) => Code::NotFound,
             SliceOpError::Exists(_) => Code::AlreadyExists,
             SliceOpError::Busy { .. } => Code::FailedPrecondition,
-            SliceOpError::Store(_) | SliceOpError::Abi(_) | SliceOpError::Io { .. } => Code::Internal,
+            SliceOpError::Store(_) | SliceOpError::Abi(_) | SliceOpError::Io { .. } | SliceOpError::Cdi(_) => Code::Internal,
         };
         Status::new(code, chain(&e))
     }

@@ -16,7 +16,7 @@ fn agent(dir: &std::path::Path) -> Agent {
         sim_lib: dir.join("libegpu_simgpu.so"),
         sweep_period_ms: 200,
         cdi_dir: None,
-            cdi_hook: "/t/egpu-cdi-hook".into(),
+        cdi_hook: "/t/egpu-cdi-hook".into(),
     };
     Agent::start_with(cfg, Box::new(FakeGpus::new(1, 16 * Bytes::GIB))).unwrap()
 }

@@ -1,20 +1,32 @@
-//! The check a slice's CDI spec runs as a `createRuntime` hook
-//! (`egpu-cdi-hook`), before the container's first process: can the image's
-//! dynamic loader load `libegpu.so`? If it cannot (a glibc older than the
-//! hook needs, a musl or static image), the loader would only print a warning
-//! and run every program without the hook, unlimited; the check stops the
-//! container instead, with the reason.
+//! The check a slice's CDI spec runs as a `createContainer` hook
+//! (`egpu-cdi-hook`): after the container's mounts, before its first
+//! process. Will every dynamically linked program of the container load
+//! `libegpu.so`? The loader fails open when it cannot even find the preloaded
+//! object (the preload list or the hook not mounted where expected, e.g.
+//! shadowed by a volume: "cannot be preloaded … ignored") or never reads the
+//! preload list (an image without glibc: musl). It fails closed, with a
+//! cryptic error in every program, when a library the hook needs is missing
+//! or too old. The check refuses the container in all these cases, with the
+//! reason, before anything runs:
 //!
-//! It compares what `libegpu.so` needs (its `DT_VERNEED`: each library and
-//! the symbol versions wanted from it, e.g. `libc.so.6` `GLIBC_2.34`) with
-//! what the image's copy of each library defines (its `DT_VERDEF`), found in
-//! the image's library directories. Paths are resolved inside the image's
-//! root (`openat2` with `RESOLVE_IN_ROOT`), so an image's absolute symlinks
-//! stay in the image.
+//! - `/etc/ld.so.preload` in the container names exactly the hook, and the
+//!   hook in the container is the host's file (same device and inode);
+//! - every library the hook needs (`DT_NEEDED`) is in the image's library
+//!   directories, and defines every symbol version the hook wants from it
+//!   (the hook's `DT_VERNEED` against the library's `DT_VERDEF`, e.g.
+//!   `libc.so.6` `GLIBC_2.34`).
+//!
+//! Paths are resolved inside the container's root (`openat2` with
+//! `RESOLVE_IN_ROOT`), so the image's absolute symlinks stay in the image;
+//! only regular files of at most [`MAX_FILE`] bytes are read.
 
 use std::collections::BTreeSet;
 use std::io::Read;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+
+/// The largest file the check reads.
+pub const MAX_FILE: u64 = 256 << 20;
 
 #[derive(Debug, thiserror::Error)]
 pub enum CheckError {
@@ -24,16 +36,22 @@ pub enum CheckError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{path} is not a regular file of at most {MAX_FILE} bytes")]
+    NotAFile { path: PathBuf },
     #[error("{path} is not an ELF shared library this check can read: {why}")]
     Elf { path: PathBuf, why: String },
     #[error("the OCI state on stdin is not valid: {0}")]
     State(String),
     #[error(
-        "the image has no {lib} in {dirs}, and libegpu.so needs it (a musl or static image has no glibc libraries), so no program of this container could be held to its slice"
+        "{what} in the container is not the slice's ({found}): the loader would run every program without the hook, unlimited. Is a volume or another device mounted over /etc or /run/egpu?"
+    )]
+    NotInPlace { what: String, found: String },
+    #[error(
+        "the image has no {lib} in {dirs}, and libegpu.so needs it: no program of this container could load the hook (an image without glibc, such as a musl one, never reads the preload list and would run unlimited)"
     )]
     Missing { lib: String, dirs: String },
     #[error(
-        "the image's {lib} ({path}) lacks {missing}, which libegpu.so needs (it needs {needed}); its programs would run without the hook, unlimited. Use an image with a newer C library (glibc 2.34 or later for the hook as built here)"
+        "the image's {lib} ({path}) lacks {missing}, which libegpu.so needs (it needs {needed}): every program of this container would fail to start. Use an image with a newer C library (glibc 2.34 or later for the hook as built here)"
     )]
     TooOld { lib: String, path: String, missing: String, needed: String },
 }
@@ -68,21 +86,36 @@ fn sections<'a>(path: &Path, data: &'a [u8]) -> Result<(object::Endianness, Sect
     Ok((endian, hdr.sections(endian, data).map_err(|e| elf_err(path, e))?))
 }
 
-/// What the shared object `data` (read from `path`) needs.
+/// What the shared object `data` (read from `path`) needs: every
+/// `DT_NEEDED` library, with the versions its `DT_VERNEED` wants from it.
 pub fn needs(path: &Path, data: &[u8]) -> Result<Vec<Need>, CheckError> {
     let (endian, sections) = sections(path, data)?;
-    let mut out = Vec::new();
+    let mut out: Vec<Need> = Vec::new();
+    let mut add = |lib: &[u8], versions: BTreeSet<String>| {
+        let lib = String::from_utf8_lossy(lib).into_owned();
+        match out.iter_mut().find(|n| n.lib == lib) {
+            Some(n) => n.versions.extend(versions),
+            None => out.push(Need { lib, versions }),
+        }
+    };
+    if let Some((dynamic, link)) = sections.dynamic(endian, data).map_err(|e| elf_err(path, e))? {
+        let strings = sections.strings(endian, data, link).map_err(|e| elf_err(path, e))?;
+        for d in dynamic.iter().filter(|d| d.d_tag.get(endian) == object::elf::DT_NEEDED) {
+            let name = strings.get(d.d_val.get(endian) as u32).map_err(|_| elf_err(path, "bad DT_NEEDED name"))?;
+            add(name, BTreeSet::new());
+        }
+    }
     let Some((mut it, link)) = sections.gnu_verneed(endian, data).map_err(|e| elf_err(path, e))? else { return Ok(out) };
     let strings = sections.strings(endian, data, link).map_err(|e| elf_err(path, e))?;
     while let Some((need, mut aux)) = it.next().map_err(|e| elf_err(path, e))? {
-        let lib = String::from_utf8_lossy(need.file(endian, strings).map_err(|e| elf_err(path, e))?).into_owned();
+        let lib = need.file(endian, strings).map_err(|e| elf_err(path, e))?;
         let mut versions = BTreeSet::new();
         while let Some(a) = aux.next().map_err(|e| elf_err(path, e))? {
             if a.vna_flags.get(endian) & object::elf::VER_FLG_WEAK == 0 {
                 versions.insert(String::from_utf8_lossy(a.name(endian, strings).map_err(|e| elf_err(path, e))?).into_owned());
             }
         }
-        out.push(Need { lib, versions });
+        add(lib, versions);
     }
     Ok(out)
 }
@@ -101,39 +134,72 @@ pub fn defines(path: &Path, data: &[u8]) -> Result<BTreeSet<String>, CheckError>
     Ok(out)
 }
 
-/// Reads `rel` (relative to the image root) with every symlink resolved
-/// inside `root`; `Ok(None)` when there is no such file.
-fn read_in_root(root: &std::fs::File, root_path: &Path, rel: &str) -> Result<Option<Vec<u8>>, CheckError> {
+/// A file read from the container: its bytes, device and inode.
+struct Found {
+    data: Vec<u8>,
+    dev: u64,
+    ino: u64,
+}
+
+/// Reads `rel` (relative to the container root) with every symlink resolved
+/// inside `root`; `Ok(None)` when there is no such file. Only a regular file
+/// of at most [`MAX_FILE`] bytes is read (opened without blocking, so a FIFO
+/// cannot stall the container's start).
+fn read_in_root(root: &std::fs::File, root_path: &Path, rel: &str) -> Result<Option<Found>, CheckError> {
     use rustix::fs::{Mode, OFlags, ResolveFlags};
     let shown = root_path.join(rel);
-    let fd = match rustix::fs::openat2(root, rel, OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty(), ResolveFlags::IN_ROOT) {
+    let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOCTTY;
+    let fd = match rustix::fs::openat2(root, rel, flags, Mode::empty(), ResolveFlags::IN_ROOT) {
         Ok(fd) => fd,
         // What the loader could not open either (a loop of links counts).
         Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => return Ok(None),
         // Kernels before 5.6: a plain open (an image's absolute symlink may then point out of it).
-        Err(rustix::io::Errno::NOSYS) => match std::fs::File::open(&shown) {
+        Err(rustix::io::Errno::NOSYS) => match std::fs::OpenOptions::new().read(true).custom_flags(libc_nonblock()).open(&shown) {
             Ok(f) => f.into(),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(source) => return Err(CheckError::Read { path: shown, source }),
         },
         Err(e) => return Err(CheckError::Read { path: shown, source: e.into() }),
     };
+    let file = std::fs::File::from(fd);
+    let meta = file.metadata().map_err(|source| CheckError::Read { path: shown.clone(), source })?;
+    if !meta.is_file() || meta.len() > MAX_FILE {
+        return Err(CheckError::NotAFile { path: shown });
+    }
     let mut data = Vec::new();
-    std::fs::File::from(fd).read_to_end(&mut data).map_err(|source| CheckError::Read { path: shown, source })?;
-    Ok(Some(data))
+    file.take(MAX_FILE).read_to_end(&mut data).map_err(|source| CheckError::Read { path: shown, source })?;
+    Ok(Some(Found { data, dev: meta.dev(), ino: meta.ino() }))
 }
 
-/// Checks that the image rooted at `rootfs` can load the hook `hook_lib`.
+/// `O_NONBLOCK` for the fallback open.
+fn libc_nonblock() -> i32 {
+    rustix::fs::OFlags::NONBLOCK.bits() as i32
+}
+
+/// Checks that every program of the container rooted at `rootfs` loads the
+/// hook `hook_lib` (its host path) through `/etc/ld.so.preload`.
 pub fn check_rootfs(rootfs: &Path, hook_lib: &Path) -> Result<(), CheckError> {
     let hook = std::fs::read(hook_lib).map_err(|source| CheckError::Read { path: hook_lib.into(), source })?;
+    let hook_meta = std::fs::metadata(hook_lib).map_err(|source| CheckError::Read { path: hook_lib.into(), source })?;
     let root = std::fs::File::open(rootfs).map_err(|source| CheckError::Read { path: rootfs.into(), source })?;
+    let preload = read_in_root(&root, rootfs, "etc/ld.so.preload")?;
+    let listed = preload.as_ref().map(|f| String::from_utf8_lossy(&f.data).split_whitespace().collect::<Vec<_>>().join(" "));
+    if listed.as_deref() != Some(super::CONTAINER_HOOK) {
+        let found = listed.map_or("no such file".into(), |l| format!("it lists '{l}'"));
+        return Err(CheckError::NotInPlace { what: "/etc/ld.so.preload".into(), found });
+    }
+    match read_in_root(&root, rootfs, super::CONTAINER_HOOK.trim_start_matches('/'))? {
+        Some(f) if (f.dev, f.ino) == (hook_meta.dev(), hook_meta.ino()) => {}
+        Some(_) => return Err(CheckError::NotInPlace { what: super::CONTAINER_HOOK.into(), found: format!("another file than {}", hook_lib.display()) }),
+        None => return Err(CheckError::NotInPlace { what: super::CONTAINER_HOOK.into(), found: "no such file".into() }),
+    }
     let dirs = lib_dirs();
     for need in needs(hook_lib, &hook)? {
         let mut found = None;
         for d in &dirs {
             let rel = format!("{d}/{}", need.lib);
-            if let Some(data) = read_in_root(&root, rootfs, &rel)? {
-                found = Some((rel, data));
+            if let Some(f) = read_in_root(&root, rootfs, &rel)? {
+                found = Some((rel, f.data));
                 break;
             }
         }
@@ -177,7 +243,7 @@ mod tests {
         // The host's own libc defines everything the binary needs from it.
         let root = Path::new("/");
         let f = std::fs::File::open(root).unwrap();
-        let (rel, data) = lib_dirs().iter().find_map(|d| read_in_root(&f, root, &format!("{d}/libc.so.6")).unwrap().map(|x| (d.clone(), x))).unwrap();
+        let (rel, data) = lib_dirs().iter().find_map(|d| read_in_root(&f, root, &format!("{d}/libc.so.6")).unwrap().map(|x| (d.clone(), x.data))).unwrap();
         let have = defines(&root.join(rel), &data).unwrap();
         assert!(libc.versions.is_subset(&have), "{libc:?} vs {have:?}");
         assert!(matches!(needs(&exe, b"not an elf"), Err(CheckError::Elf { .. })));
@@ -188,17 +254,23 @@ mod tests {
         lib_dirs().into_iter().map(|d| Path::new("/").join(d).join(lib)).find(|p| p.exists()).unwrap_or_else(|| panic!("no host {lib}"))
     }
 
-    /// An image root holding, for every library the test binary needs, what
-    /// `put` makes of the host's copy.
+    /// A container root whose "hook" is a copy of the test binary at
+    /// /run/egpu/libegpu.so, named by /etc/ld.so.preload, holding for every
+    /// library the binary needs what `put` makes of the host's copy; and the
+    /// hook's path (the same file, as a bind mount would show it).
     fn image(put: impl Fn(&str, &Path, &Path)) -> (tempfile::TempDir, PathBuf) {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join(format!("lib/{}-linux-gnu", std::env::consts::ARCH));
         std::fs::create_dir_all(&dir).unwrap();
-        let exe = std::env::current_exe().unwrap();
-        for n in needs(&exe, &std::fs::read(&exe).unwrap()).unwrap() {
+        std::fs::create_dir_all(tmp.path().join("etc")).unwrap();
+        std::fs::create_dir_all(tmp.path().join("run/egpu")).unwrap();
+        let hook = tmp.path().join("run/egpu/libegpu.so");
+        std::fs::copy(std::env::current_exe().unwrap(), &hook).unwrap();
+        std::fs::write(tmp.path().join("etc/ld.so.preload"), format!("{}\n", super::super::CONTAINER_HOOK)).unwrap();
+        for n in needs(&hook, &std::fs::read(&hook).unwrap()).unwrap() {
             put(&n.lib, &host_lib(&n.lib), &dir.join(&n.lib));
         }
-        (tmp, exe)
+        (tmp, hook)
     }
 
     #[test]
@@ -207,11 +279,29 @@ mod tests {
             std::fs::copy(host, at).unwrap();
         });
         check_rootfs(copies.path(), &exe).unwrap();
+        // The preload list or the hook not in place (a volume over /etc, a
+        // missing mount) would make the loader skip the hook.
+        let preload = copies.path().join("etc/ld.so.preload");
+        std::fs::write(&preload, "/usr/lib/other.so\n").unwrap();
+        let err = check_rootfs(copies.path(), &exe).unwrap_err();
+        assert!(matches!(&err, CheckError::NotInPlace { what, .. } if what == "/etc/ld.so.preload") && err.to_string().contains("/usr/lib/other.so"), "{err}");
+        std::fs::remove_file(&preload).unwrap();
+        assert!(matches!(check_rootfs(copies.path(), &exe), Err(CheckError::NotInPlace { .. })));
+        std::fs::write(&preload, format!("{}\n", super::super::CONTAINER_HOOK)).unwrap();
+        let other = copies.path().join("other-hook.so");
+        std::fs::copy(&exe, &other).unwrap();
+        let err = check_rootfs(copies.path(), &other).unwrap_err();
+        assert!(err.to_string().contains("another file than"), "{err}");
+        // A FIFO where a library should be is refused, not waited on.
+        let libc = copies.path().join(format!("lib/{}-linux-gnu/libc.so.6", std::env::consts::ARCH));
+        std::fs::remove_file(&libc).unwrap();
+        assert!(std::process::Command::new("mkfifo").arg(&libc).status().unwrap().success());
+        assert!(matches!(check_rootfs(copies.path(), &exe), Err(CheckError::NotAFile { .. })));
         // Absolute links to the host's libraries point, inside the image, at
         // nothing: the image has no C library.
         let (links, exe) = image(|_, host, at| std::os::unix::fs::symlink(std::fs::canonicalize(host).unwrap(), at).unwrap());
         let err = check_rootfs(links.path(), &exe).unwrap_err();
-        assert!(matches!(&err, CheckError::Missing { .. }) && err.to_string().contains("musl or static image"), "{err}");
+        assert!(matches!(&err, CheckError::Missing { .. }) && err.to_string().contains("an image without glibc"), "{err}");
     }
 
     #[test]

@@ -97,6 +97,8 @@ pub struct Hook {
     pub hook_name: String,
     pub path: String,
     pub args: Vec<String>,
+    /// Seconds; the runtime kills the hook and fails the start after it.
+    pub timeout: u32,
 }
 
 #[derive(serde::Serialize, serde::Deserialize, Debug, PartialEq, Eq)]
@@ -151,6 +153,7 @@ pub fn slice_spec(cfg: &NodeConfig, name: &str, slice_dir: &Path, device_uuids: 
         hook_name: "createContainer".into(),
         path: cfg.cdi_hook.display().to_string(),
         args: vec!["egpu-cdi-hook".into(), "--hook-lib".into(), cfg.hook_lib.display().to_string()],
+        timeout: 30,
     }];
     Spec { cdi_version: CDI_VERSION.into(), kind: KIND.into(), devices: vec![Device { name: name.into(), container_edits: Edits { env, mounts, hooks } }] }
 }
@@ -165,6 +168,10 @@ pub struct CdiPublisher {
     dir: PathBuf,
     /// File name → content as last written, so a sync rewrites only what changed.
     written: BTreeMap<String, String>,
+    /// Whether the directory was scanned for a previous run's specs.
+    scanned: bool,
+    /// The last sync error, logged once rather than at every sweep.
+    pub(crate) last_error: Option<String>,
 }
 
 /// What a sync needs to know of a slice.
@@ -182,12 +189,16 @@ impl CdiPublisher {
             std::fs::create_dir_all(d).map_err(|source| CdiError::Write { path: d.into(), source })?;
         }
         write_atomic(&preload, &format!("{CONTAINER_HOOK}\n"))?;
-        Ok(CdiPublisher { cfg: cfg.clone(), dir: dir.into(), written: BTreeMap::new() })
+        // Refuse an unwritable directory now, not at the first slice.
+        let probe = dir.join(".egpud-write-probe");
+        write_atomic(&probe, "")?;
+        let _ = std::fs::remove_file(&probe);
+        Ok(CdiPublisher { cfg: cfg.clone(), dir: dir.into(), written: BTreeMap::new(), scanned: false, last_error: None })
     }
 
     /// Writes the spec of every slice whose spec changed and removes the specs
     /// of slices that are gone. The first sync also removes specs a previous
-    /// run left for slices that no longer exist. Every file is tried even when
+    /// run left for slices that no longer exist (so one egpud per directory). Every file is tried even when
     /// one fails; the first error is returned.
     pub fn sync<'a>(&mut self, slices: impl Iterator<Item = SliceView<'a>>) -> Result<(), CdiError> {
         let mut first_err = None;
@@ -197,9 +208,10 @@ impl CdiPublisher {
                 (spec_file(s.name), serde_json::to_string_pretty(&spec).expect("a spec always serialises") + "\n")
             })
             .collect();
-        if self.written.is_empty() {
+        if !self.scanned {
             match std::fs::read_dir(&self.dir) {
                 Ok(entries) => {
+                    self.scanned = true;
                     for e in entries.flatten() {
                         let f = e.file_name().to_string_lossy().into_owned();
                         if f.starts_with(SPEC_PREFIX) && f.ends_with(".json") && !want.contains_key(&f) {

@@ -155,3 +155,31 @@ fn adoption_removes_slice_directories_the_store_does_not_know() {
     assert!(!dir.exists());
     assert!(m.get("kept").unwrap().dir.exists());
 }
+
+#[test]
+fn a_slice_whose_cdi_spec_cannot_be_written_is_not_created() {
+    let (run, state, cdi) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut m, _) = manager(run.path(), state.path());
+    let cfg = crate::NodeConfig {
+        run_dir: run.path().into(),
+        state_dir: state.path().into(),
+        socket: None,
+        simulate: None,
+        hook_lib: "/t/libegpu.so".into(),
+        sim_lib: "/t/libegpu_simgpu.so".into(),
+        sweep_period_ms: 200,
+        cdi_dir: Some(cdi.path().into()),
+        cdi_hook: "/t/egpu-cdi-hook".into(),
+    };
+    m.set_cdi(crate::cdi::CdiPublisher::new(&cfg, cdi.path()).unwrap()).unwrap();
+    m.create(req("ok", vec![share(0, 1)])).unwrap();
+    assert!(cdi.path().join("egpu.io-slice_ok.json").is_file());
+    // A directory where the spec should go: the rename into place fails.
+    std::fs::create_dir(cdi.path().join("egpu.io-slice_blocked.json")).unwrap();
+    let e = m.create(req("blocked", vec![share(0, 1)])).err().unwrap();
+    assert!(matches!(e, SliceOpError::Cdi(_)), "{e}");
+    assert!(m.get("blocked").is_err() && !paths::slice_dir(run.path(), "blocked").exists(), "the slice was rolled back");
+    assert!(m.store.load_all().unwrap().iter().all(|r| r.spec.name != "blocked"), "the stored slice was rolled back");
+    m.create(req("after", vec![share(0, 1)])).unwrap();
+    assert!(cdi.path().join("egpu.io-slice_after.json").is_file());
+}
