@@ -68,7 +68,7 @@ fn str_out(buf: *mut c_char, len: u32, s: &str) -> NR<()> {
 pub fn init(flags: u32) -> NR<()> {
     let _ = flags;
     let p = rt::attach_logged().ok_or(NVML_ERROR_UNKNOWN)?;
-    p.shm.sweep();
+    p.shm.sweep(&p.locks);
     INIT_COUNT.fetch_add(1, Ordering::SeqCst);
     Ok(())
 }
@@ -155,7 +155,7 @@ pub fn serial(h: nvmlDevice_t, buf: *mut c_char, len: u32) -> NR<()> {
 }
 
 fn mem(p: &Proc, d: usize) -> (u64, u64) {
-    p.shm.sweep();
+    p.shm.sweep(&p.locks);
     let total = p.shm.devs[d].total;
     (total, p.shm.used(d).min(total))
 }
@@ -207,7 +207,7 @@ pub fn compute_capability(h: nvmlDevice_t, major: *mut i32, minor: *mut i32) -> 
 /// layout, otherwise the 24-byte `nvmlProcessInfo_t` (v2 and v3).
 pub fn compute_processes(h: nvmlDevice_t, count: *mut u32, infos: *mut u8, v1: bool, graphics: bool) -> NR<()> {
     let (p, d) = dev(h)?;
-    let list = if graphics { Vec::new() } else { p.shm.procs_on(d) };
+    let list = if graphics { Vec::new() } else { p.shm.procs_on(&p.locks, d) };
     let cap = arg(crate::cptr::read(count as *const u32))?;
     w(count, list.len() as u32)?;
     if (cap as usize) < list.len() {

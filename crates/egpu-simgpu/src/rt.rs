@@ -50,6 +50,8 @@ pub struct Proc {
     pub pid: u32,
     pub cfg: Config,
     pub shm: &'static Shared,
+    /// This process's hold on its slot (and liveness test of the others').
+    pub locks: live::SlotLocks,
     pub slot: usize,
     /// CUDA ordinal -> physical device index (CUDA_VISIBLE_DEVICES).
     pub visible: Vec<usize>,
@@ -80,15 +82,16 @@ impl Proc {
         let cfg = Config::from_env()?;
         let totals: Vec<u64> = cfg.spec.devices.iter().map(|d| d.memory.0).collect();
         let shm = Shared::attach(&cfg.state_path, &cfg.canonical_spec(), &cfg.spec_text, &totals)?;
+        let locks = live::SlotLocks::open(&cfg.state_path)?;
         let pid = live::my_pid();
-        shm.sweep();
+        shm.sweep(&locks);
         let slot = shm
-            .claim_slot(pid, live::start_time(pid).unwrap_or(0))
+            .claim_slot(&locks, pid, live::start_time(pid).unwrap_or(0))
             .ok_or_else(|| format!("simulated-GPU state {}: all process slots are in use", cfg.state_path.display()))?;
         let uuids: Vec<String> = cfg.spec.devices.iter().map(|d| d.uuid.clone()).collect();
         let visible = crate::visible::parse_visible(cfg.visible.as_deref(), &uuids);
         let inner = Inner::new(visible.len());
-        Ok(Proc { pid, cfg, shm, slot, visible, inner: Mutex::new(inner) })
+        Ok(Proc { pid, cfg, shm, locks, slot, visible, inner: Mutex::new(inner) })
     }
 }
 
@@ -107,10 +110,19 @@ pub fn attach() -> Result<&'static Proc, String> {
     }
     let fresh: &'static Proc = Box::leak(Box::new(Proc::attach()?));
     match CURRENT.compare_exchange(cur, fresh as *const Proc as *mut Proc, Ordering::SeqCst, Ordering::SeqCst) {
-        Ok(_) => Ok(fresh),
+        Ok(_) => {
+            if !cur.is_null() {
+                // SAFETY: as above, a leaked, never-freed Proc: the parent's,
+                // in this fork child. Closing the child's reference to its
+                // lock description leaves the parent's locks with the parent.
+                unsafe { &*cur }.locks.close();
+            }
+            Ok(fresh)
+        }
         Err(other) => {
             // Another thread attached first: use theirs, give our slot back.
-            fresh.shm.release_slot(fresh.slot);
+            fresh.shm.release_slot(&fresh.locks, fresh.slot);
+            fresh.locks.close();
             // SAFETY: as above, a leaked, never-freed Proc.
             let o = unsafe { &*other };
             if o.pid == pid { Ok(o) } else { attach() }

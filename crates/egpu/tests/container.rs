@@ -156,6 +156,10 @@ fn a_runc_container_runs_in_its_slice_through_the_cdi_spec() {
     p.wait_event("unblocked", T).unwrap_or_else(|| panic!("the resize did not reach the container: {:?}", p.seen));
     p.wait_event("holding", T).expect("the probe reaches --until after the resize");
     assert!(node.slice("svc")["devices"][0]["used_bytes"].as_u64().unwrap() >= 2 << 30);
+    // The (simulated) driver counts it too, though egpud's process lists it
+    // and sweeps dead processes from another pid namespace.
+    let dev = &node.json(&["devices", "-o", "json"])["devices"][0];
+    assert!(dev["driver_used_bytes"].as_u64().unwrap() >= 2 << 30, "the driver lost the container's memory: {dev}");
 
     // 3. egpud crashes and comes back: it adopts the container's process, and
     //    keeps the spec.
@@ -177,6 +181,8 @@ fn a_runc_container_runs_in_its_slice_through_the_cdi_spec() {
         "the killed container's usage was not reclaimed: {}",
         node.slice("svc")
     );
+    let driver_used = || node.json(&["devices", "-o", "json"])["devices"][0]["driver_used_bytes"].as_u64().unwrap();
+    assert!(wait_until(T, || driver_used() == 0), "the driver kept the killed container's memory: {}", driver_used());
 
     // 5. Inside, the slice's limits and the preload list cannot be written,
     //    and CUDA sees the slice: its one GPU, at the resized limit.

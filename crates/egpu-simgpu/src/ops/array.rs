@@ -12,7 +12,7 @@ fn create(p: &Proc, out: *mut CUarray, mut d: ArrayDesc, bytes: u64) -> R<u64> {
     }
     let mut g = p.lock();
     let (_, _, phys) = memory::cur(&g)?;
-    if !p.shm.charge(p.slot, phys, bytes) {
+    if !p.shm.charge(&p.locks, p.slot, phys, bytes) {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
     d.phys = phys;
@@ -80,7 +80,7 @@ pub fn mipmapped_create(out: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DE
     let bytes = mipmap_bytes(a.Width, a.Height, a.Depth, a.Format, a.NumChannels, layered, levels)?;
     let mut g = p.lock();
     let (_, _, phys) = memory::cur(&g)?;
-    if !p.shm.charge(p.slot, phys, bytes) {
+    if !p.shm.charge(&p.locks, p.slot, phys, bytes) {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
     let top = ArrayDesc { width: a.Width, height: a.Height, depth: a.Depth, format: a.Format, channels: a.NumChannels, flags: a.Flags, phys, charged: bytes, view: false };

@@ -26,7 +26,7 @@ fn default_limit(limit: u32) -> Option<usize> {
 /// Makes a context on ordinal `ord`, charging its cost.
 fn make_ctx(p: &Proc, g: &mut Inner, handle: u64, ord: usize, flags: u32, primary: bool) -> R<()> {
     let phys = p.visible[ord];
-    if !p.shm.charge(p.slot, phys, p.cfg.ctx_bytes) {
+    if !p.shm.charge(&p.locks, p.slot, phys, p.cfg.ctx_bytes) {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
     g.ctxs.insert(

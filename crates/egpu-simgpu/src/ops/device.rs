@@ -13,7 +13,7 @@ pub fn init(flags: u32) -> R<()> {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let p = rt::attach_logged().ok_or(CUDA_ERROR_NOT_INITIALIZED)?;
-    p.shm.sweep();
+    p.shm.sweep(&p.locks);
     rt::set_initialized();
     if p.ndev() == 0 {
         return Err(CUDA_ERROR_NO_DEVICE);

@@ -107,7 +107,7 @@ fn graph_alloc_used(p: &Proc, g: &mut Inner, dptr: u64, live: bool) -> R<()> {
     if live {
         gm.used += size;
         if gm.used > gm.reserved {
-            if !p.shm.charge(p.slot, phys, gm.used - gm.reserved) {
+            if !p.shm.charge(&p.locks, p.slot, phys, gm.used - gm.reserved) {
                 gm.used -= size;
                 if let Some(a) = g.allocs.get_mut(&dptr) {
                     a.host_flags = 0;

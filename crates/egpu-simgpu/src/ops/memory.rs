@@ -30,7 +30,7 @@ pub fn alloc_arena(p: &Proc, g: &mut Inner, size: u64, kind: Kind, charge: u64) 
 
 #[allow(clippy::too_many_arguments)]
 pub fn alloc_arena_on(p: &Proc, g: &mut Inner, ctx: u64, ord: usize, phys: usize, size: u64, kind: Kind, charge: u64) -> R<u64> {
-    if charge > 0 && !p.shm.charge(p.slot, phys, charge) {
+    if charge > 0 && !p.shm.charge(&p.locks, p.slot, phys, charge) {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
     let (base, span) = match arena::alloc(p, g, phys, size) {

@@ -61,7 +61,7 @@ fn current_pool(g: &mut Inner, ord: usize, phys: usize) -> u64 {
 
 fn set_reserved(p: &Proc, pool: &mut Pool, new: u64) -> R<()> {
     if new > pool.reserved {
-        if !p.shm.charge(p.slot, pool.phys, new - pool.reserved) {
+        if !p.shm.charge(&p.locks, p.slot, pool.phys, new - pool.reserved) {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
     } else {

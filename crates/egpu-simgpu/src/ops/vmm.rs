@@ -57,7 +57,7 @@ pub fn create(out: *mut CUmemGenericAllocationHandle, size: usize, prop: *const 
     }
     let charged_phys = location_charge(p, pr.location)?;
     if let Some(d) = charged_phys
-        && !p.shm.charge(p.slot, d, size)
+        && !p.shm.charge(&p.locks, p.slot, d, size)
     {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
@@ -329,7 +329,7 @@ pub fn multicast_create(out: *mut CUmemGenericAllocationHandle, prop: *const CUm
         Ok((_, _, d)) => d,
         Err(_) => p.phys(0)?,
     };
-    if !p.shm.charge(p.slot, phys, size) {
+    if !p.shm.charge(&p.locks, p.slot, phys, size) {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
     let h = new_handle();

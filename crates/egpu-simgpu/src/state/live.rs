@@ -1,5 +1,7 @@
-//! Process liveness that survives pid reuse: a pid plus its start time
-//! (field 22 of `/proc/<pid>/stat`, clock ticks since boot).
+//! Process liveness. Slots: [`SlotLocks`], which works across pid
+//! namespaces. IPC handles (same namespace only, as they open
+//! `/proc/<pid>/fd`): a pid plus its start time (field 22 of
+//! `/proc/<pid>/stat`, clock ticks since boot), which survives pid reuse.
 
 /// Start time of `pid`, or `None` if it does not exist or `/proc` says nothing.
 pub fn start_time(pid: u32) -> Option<u64> {
@@ -44,6 +46,94 @@ pub fn is_alive(pid: u32, start: u64) -> bool {
 /// This process's pid.
 pub fn my_pid() -> u32 {
     std::process::id()
+}
+
+/// Slot liveness that works across pid namespaces (a container's processes
+/// and the host's share one state file): a process holds an open file
+/// description lock (`F_OFD_SETLK`) on one byte per slot it owns, at
+/// [`LOCK_BASE`] + slot, past the end of the state file. The kernel drops
+/// the lock when the process dies, however it dies, so "nobody else holds
+/// the byte" means "the owner is gone", whatever pid the owner had and
+/// whichever namespace the sweeper sees pids in. A forked child shares its
+/// parent's description until it attaches (then it closes it): until then
+/// the parent's slot counts as live.
+pub struct SlotLocks {
+    fd: std::sync::atomic::AtomicI32,
+    /// The slots this description holds (a sweep must skip them: a lock never
+    /// conflicts with its own description).
+    held: std::sync::Mutex<Vec<usize>>,
+}
+
+impl Drop for SlotLocks {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Offset of slot 0's lock byte: the end of the state file.
+pub const LOCK_BASE: i64 = super::STATE_SIZE as i64;
+
+impl SlotLocks {
+    /// Opens a new description of the state file at `path`.
+    pub fn open(path: &std::path::Path) -> Result<SlotLocks, String> {
+        use std::os::unix::ffi::OsStrExt;
+        let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| format!("{}: path contains a NUL byte", path.display()))?;
+        // SAFETY: c is a NUL-terminated path.
+        let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(format!("cannot open simulated-GPU state {} for its slot locks: {}", path.display(), std::io::Error::last_os_error()));
+        }
+        Ok(SlotLocks { fd: fd.into(), held: std::sync::Mutex::new(Vec::new()) })
+    }
+
+    fn lock(&self, slot: usize, kind: libc::c_short) -> bool {
+        let fd = self.fd.load(std::sync::atomic::Ordering::SeqCst);
+        if fd < 0 {
+            return false;
+        }
+        // SAFETY: all-zero is a valid flock.
+        let mut fl: libc::flock = unsafe { std::mem::zeroed() };
+        fl.l_type = kind;
+        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        fl.l_start = LOCK_BASE + slot as i64;
+        fl.l_len = 1;
+        // SAFETY: fd is open (or closed, and fcntl fails with EBADF); fl is a valid flock.
+        unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &mut fl) == 0 }
+    }
+
+    /// Takes slot `slot`'s byte; false when another description holds it (its
+    /// owner is alive).
+    pub fn hold(&self, slot: usize) -> bool {
+        if !self.lock(slot, libc::F_WRLCK as libc::c_short) {
+            return false;
+        }
+        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if !h.contains(&slot) {
+            h.push(slot);
+        }
+        true
+    }
+
+    /// Gives slot `slot`'s byte back.
+    pub fn release(&self, slot: usize) {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).retain(|&s| s != slot);
+        self.lock(slot, libc::F_UNLCK as libc::c_short);
+    }
+
+    /// Whether this description holds slot `slot`.
+    pub fn holds(&self, slot: usize) -> bool {
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).contains(&slot)
+    }
+
+    /// Closes this process's reference to the description (a fork child
+    /// drops its parent's; the parent keeps its locks).
+    pub fn close(&self) {
+        let fd = self.fd.swap(-1, std::sync::atomic::Ordering::SeqCst);
+        if fd >= 0 {
+            // SAFETY: fd was ours and is closed once (swapped out above).
+            unsafe { libc::close(fd) };
+        }
+    }
 }
 
 #[cfg(test)]

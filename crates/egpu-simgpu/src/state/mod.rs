@@ -279,9 +279,14 @@ pub(crate) mod tests {
 
     /// A fresh state for `n` devices of `gib` GiB in a temp dir (leaked).
     pub fn fresh(n: usize, gib: u64) -> &'static Shared {
-        let dir = tempfile::tempdir().unwrap().keep();
+        fresh_at(n, gib).0
+    }
+
+    /// [`fresh`], with the state file's path (for [`live::SlotLocks`]).
+    pub fn fresh_at(n: usize, gib: u64) -> (&'static Shared, std::path::PathBuf) {
+        let path = tempfile::tempdir().unwrap().keep().join("state");
         let totals = vec![gib << 30; n];
-        Shared::attach(&dir.join("state"), &format!("test{n}x{gib}"), "test", &totals).unwrap()
+        (Shared::attach(&path, &format!("test{n}x{gib}"), "test", &totals).unwrap(), path)
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Process slots: claim, charge, sweep. See the protocol in [`super`].
 
-use super::live::{is_alive, my_pid};
+use super::live::{SlotLocks, my_pid};
 use super::{MAX_DEVS, Shared, Slot};
 use std::sync::atomic::Ordering::SeqCst;
 
@@ -48,31 +48,38 @@ impl Slot {
 }
 
 impl Shared {
-    /// Claims a free slot for `pid` (started at `start`), sweeping dead
-    /// processes if none is free.
-    pub fn claim_slot(&self, pid: u32, start: u64) -> Option<usize> {
+    /// Claims a free slot for `pid` (started at `start`) under `locks`,
+    /// sweeping dead processes if none is free. The slot's lock byte is taken
+    /// before the slot is marked taken, so a sweeper never sees a taken slot
+    /// without its lock.
+    pub fn claim_slot(&self, locks: &SlotLocks, pid: u32, start: u64) -> Option<usize> {
         for round in 0..2 {
             for (i, s) in self.slots.iter().enumerate() {
-                if s.owner.load(SeqCst) == 0 && s.owner.compare_exchange(0, pack(pid, SlotState::Claiming), SeqCst, SeqCst).is_ok() {
+                if s.owner.load(SeqCst) != 0 || locks.holds(i) || !locks.hold(i) {
+                    continue;
+                }
+                if s.owner.compare_exchange(0, pack(pid, SlotState::Claiming), SeqCst, SeqCst).is_ok() {
                     s.zero();
                     s.start.store(start, SeqCst);
                     s.owner.store(pack(pid, SlotState::Live), SeqCst);
                     return Some(i);
                 }
+                locks.release(i);
             }
-            if round == 0 && self.sweep() == 0 {
+            if round == 0 && self.sweep(locks) == 0 {
                 return None;
             }
         }
         None
     }
 
-    /// Frees a slot this process owns (used by tests and clean shutdown).
-    pub fn release_slot(&self, i: usize) {
+    /// Frees a slot held under `locks` (used by tests and clean shutdown).
+    pub fn release_slot(&self, locks: &SlotLocks, i: usize) {
         let s = &self.slots[i];
         s.owner.store(pack(my_pid(), SlotState::Reclaim), SeqCst);
         s.zero();
         s.owner.store(0, SeqCst);
+        locks.release(i);
     }
 
     /// Owner pid and state of slot `i`.
@@ -80,26 +87,24 @@ impl Shared {
         unpack(self.slots[i].owner.load(SeqCst))
     }
 
-    /// Reclaims the slots of dead processes; returns how many were freed.
-    pub fn sweep(&self) -> usize {
+    /// Reclaims the slots of dead processes; returns how many were freed. A
+    /// taken slot whose lock byte `locks` can take has no live owner (nor a
+    /// live sweeper: a sweeper holds the byte while it reclaims, so one that
+    /// died mid-way is taken over).
+    pub fn sweep(&self, locks: &SlotLocks) -> usize {
         let me = my_pid();
         let mut freed = 0;
-        for s in &self.slots {
+        for (i, s) in self.slots.iter().enumerate() {
             let w = s.owner.load(SeqCst);
-            let (pid, st) = unpack(w);
-            let dead = match st {
-                SlotState::Free => false,
-                // A live slot with my pid but another start time is a previous
-                // process that had my pid: is_alive tells them apart.
-                SlotState::Live => !is_alive(pid, s.start.load(SeqCst)),
-                // Start time may not be written yet: only the pid can tell.
-                SlotState::Claiming | SlotState::Reclaim => pid != me && !is_alive(pid, 0),
-            };
-            if dead && s.owner.compare_exchange(w, pack(me, SlotState::Reclaim), SeqCst, SeqCst).is_ok() {
+            if unpack(w).1 == SlotState::Free || locks.holds(i) || !locks.hold(i) {
+                continue;
+            }
+            if s.owner.compare_exchange(w, pack(me, SlotState::Reclaim), SeqCst, SeqCst).is_ok() {
                 s.zero();
                 s.owner.store(0, SeqCst);
                 freed += 1;
             }
+            locks.release(i);
         }
         freed
     }
@@ -111,7 +116,7 @@ impl Shared {
 
     /// Charges `n` bytes on `dev` to `slot` if the device has room.
     /// On a full device it sweeps dead processes and tries again.
-    pub fn charge(&self, slot: usize, dev: usize, n: u64) -> bool {
+    pub fn charge(&self, locks: &SlotLocks, slot: usize, dev: usize, n: u64) -> bool {
         if n == 0 {
             return true;
         }
@@ -125,7 +130,7 @@ impl Shared {
             mine.fetch_sub(n, SeqCst);
             match attempt {
                 0 => {
-                    self.sweep();
+                    self.sweep(locks);
                 }
                 _ => std::thread::yield_now(),
             }
@@ -139,8 +144,8 @@ impl Shared {
     }
 
     /// Live processes with memory on `dev` (sweeping the dead first).
-    pub fn procs_on(&self, dev: usize) -> Vec<ProcUsage> {
-        self.sweep();
+    pub fn procs_on(&self, locks: &SlotLocks, dev: usize) -> Vec<ProcUsage> {
+        self.sweep(locks);
         self.slots
             .iter()
             .filter_map(|s| {
@@ -155,82 +160,112 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::super::live::start_time;
-    use super::super::tests::fresh;
+    use super::super::tests::fresh_at;
     use super::*;
 
-    fn dead_pid() -> u32 {
-        let mut c = std::process::Command::new("true").spawn().unwrap();
-        let pid = c.id();
-        c.wait().unwrap();
-        pid
+    /// A state and one "process": a lock description of its file.
+    fn fresh_proc(n: usize, gib: u64) -> (&'static Shared, std::path::PathBuf, SlotLocks) {
+        let (s, path) = fresh_at(n, gib);
+        let l = SlotLocks::open(&path).unwrap();
+        (s, path, l)
     }
 
     #[test]
     fn claim_charge_release() {
-        let s = fresh(2, 1);
+        let (s, _, l) = fresh_proc(2, 1);
         let me = my_pid();
-        let a = s.claim_slot(me, start_time(me).unwrap()).unwrap();
-        let b = s.claim_slot(me, start_time(me).unwrap()).unwrap();
+        let a = s.claim_slot(&l, me, start_time(me).unwrap()).unwrap();
+        let b = s.claim_slot(&l, me, start_time(me).unwrap()).unwrap();
         assert_ne!(a, b);
         assert_eq!(s.slot_owner(a), (me, SlotState::Live));
-        assert!(s.charge(a, 0, 600 << 20));
-        assert!(!s.charge(b, 0, 600 << 20), "1 GiB device cannot hold 1.2 GiB");
-        assert!(s.charge(b, 1, 600 << 20), "other device is independent");
+        assert!(s.charge(&l, a, 0, 600 << 20));
+        assert!(!s.charge(&l, b, 0, 600 << 20), "1 GiB device cannot hold 1.2 GiB");
+        assert!(s.charge(&l, b, 1, 600 << 20), "other device is independent");
         assert_eq!(s.used(0), 600 << 20);
-        assert_eq!(s.procs_on(0), vec![ProcUsage { pid: me, bytes: 600 << 20, busy_ns: 0 }]);
+        assert_eq!(s.procs_on(&l, 0), vec![ProcUsage { pid: me, bytes: 600 << 20, busy_ns: 0 }]);
         s.uncharge(a, 0, 100 << 20);
-        assert!(s.charge(b, 0, 524 << 20));
+        assert!(s.charge(&l, b, 0, 524 << 20));
         assert_eq!(s.used(0), 1 << 30);
         s.uncharge(a, 0, u64::MAX);
         assert_eq!(s.used(0), 524 << 20, "uncharge saturates at zero");
-        s.release_slot(a);
+        s.release_slot(&l, a);
         assert_eq!(s.slot_owner(a).1, SlotState::Free);
+        assert!(!l.holds(a) && l.holds(b));
     }
 
     #[test]
-    fn dead_and_reused_pids_are_swept() {
-        let s = fresh(1, 1);
-        let dead = dead_pid();
-        let d = s.claim_slot(dead, 1).unwrap();
-        assert!(s.charge(d, 0, 1 << 30));
-        // A live pid with the wrong start time is a reused pid: dead too.
-        let me = my_pid();
-        let reused = s.claim_slot(me, start_time(me).unwrap() + 99).unwrap();
-        assert!(s.charge(reused, 0, 0));
-        s.slots[reused].mem[0].store(5, SeqCst);
-        let live = s.claim_slot(me, start_time(me).unwrap()).unwrap();
+    fn a_dead_processes_slot_is_swept_whatever_its_pid() {
+        let (s, path, l) = fresh_proc(1, 1);
+        // Another process (its own lock description) charges the whole
+        // device, then dies: the kernel drops its locks.
+        let other = SlotLocks::open(&path).unwrap();
+        let d = s.claim_slot(&other, my_pid(), 1).unwrap();
+        assert!(s.charge(&other, d, 0, 1 << 30));
+        let me = s.claim_slot(&l, my_pid(), start_time(my_pid()).unwrap()).unwrap();
+        assert!(!s.charge(&l, me, 0, 512 << 20), "the device is full while it lives");
+        assert_eq!(s.slot_owner(d).1, SlotState::Live);
+        drop(other);
         // Full device: charging sweeps the dead one first, then fits.
-        assert!(s.charge(live, 0, 512 << 20));
+        assert!(s.charge(&l, me, 0, 512 << 20));
         assert_eq!(s.slot_owner(d).1, SlotState::Free);
-        assert_eq!(s.slot_owner(reused).1, SlotState::Free);
         assert_eq!(s.used(0), 512 << 20);
     }
 
     #[test]
+    fn a_live_process_of_another_pid_namespace_is_not_swept() {
+        // A container's process records the pid its own namespace gives it
+        // (often 1, or a pid no process here has, or one a host process has
+        // with another start time). It holds its lock: it stays.
+        let (s, path, l) = fresh_proc(1, 1);
+        let container = SlotLocks::open(&path).unwrap();
+        let gone = {
+            let mut c = std::process::Command::new("true").spawn().unwrap();
+            let pid = c.id();
+            c.wait().unwrap();
+            pid
+        };
+        let slots: Vec<usize> = [(1, 12345), (gone, 7)].iter().map(|&(pid, st)| s.claim_slot(&container, pid, st).unwrap()).collect();
+        for &i in &slots {
+            assert!(s.charge(&container, i, 0, 256 << 20));
+        }
+        assert_eq!(s.sweep(&l), 0);
+        assert_eq!(s.used(0), 512 << 20);
+        assert_eq!(s.procs_on(&l, 0).iter().map(|p| p.pid).collect::<Vec<_>>(), [1, gone]);
+    }
+
+    #[test]
     fn interrupted_reclaim_is_taken_over() {
-        let s = fresh(1, 1);
-        let dead = dead_pid();
-        let i = s.claim_slot(dead, 1).unwrap();
-        s.slots[i].mem[0].store(123, SeqCst);
-        // A sweeper (also dead) claimed it for reclaim and died mid-way.
-        s.slots[i].owner.store(pack(dead, SlotState::Reclaim), SeqCst);
-        assert_eq!(s.sweep(), 1);
+        let (s, path, l) = fresh_proc(1, 1);
+        let i = {
+            let dead = SlotLocks::open(&path).unwrap();
+            let i = s.claim_slot(&dead, 4242, 1).unwrap();
+            s.slots[i].mem[0].store(123, SeqCst);
+            i
+        };
+        // A sweeper (also dead: it holds no lock) claimed it for reclaim and died mid-way.
+        s.slots[i].owner.store(pack(4343, SlotState::Reclaim), SeqCst);
+        assert_eq!(s.sweep(&l), 1);
         assert_eq!(s.used(0), 0);
-        // A claim that died before writing its start time is reclaimed too.
-        s.slots[i].owner.store(pack(dead, SlotState::Claiming), SeqCst);
-        assert_eq!(s.sweep(), 1);
+        // A claim that died before it was complete is reclaimed too.
+        s.slots[i].owner.store(pack(4444, SlotState::Claiming), SeqCst);
+        assert_eq!(s.sweep(&l), 1);
+        // And a sweep never takes its own process's slots.
+        let mine = s.claim_slot(&l, my_pid(), 1).unwrap();
+        assert_eq!(s.sweep(&l), 0);
+        assert_eq!(s.slot_owner(mine).1, SlotState::Live);
     }
 
     #[test]
     fn racing_chargers_never_exceed_the_device() {
-        let s = fresh(1, 1);
+        let (s, _, l) = fresh_proc(1, 1);
         let me = my_pid();
         let st = start_time(me).unwrap();
-        let slots: Vec<usize> = (0..4).map(|_| s.claim_slot(me, st).unwrap()).collect();
+        let slots: Vec<usize> = (0..4).map(|_| s.claim_slot(&l, me, st).unwrap()).collect();
+        let l = &l;
         let ok: u64 = std::thread::scope(|sc| {
             let hs: Vec<_> = slots
                 .iter()
-                .map(|&sl| sc.spawn(move || (0..64).filter(|_| s.charge(sl, 0, 8 << 20)).count() as u64))
+                .map(|&sl| sc.spawn(move || (0..64).filter(|_| s.charge(l, sl, 0, 8 << 20)).count() as u64))
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).sum()
         });
