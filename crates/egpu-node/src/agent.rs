@@ -157,6 +157,11 @@ impl Agent {
         for d in &inventory.devices {
             tracing::info!(index = d.index, uuid = %d.uuid, name = %d.name, memory = %egpu_core::Bytes(d.memory_bytes), "device");
         }
+        let mounted = egpu_abi::paths::limits_path(Path::new(egpu_abi::paths::CONTAINER_SLICE_DIR));
+        if mounted.exists() {
+            tracing::warn!(path = %mounted.display(),
+                "the hook of every workload on this host uses this slice table whatever EGPU_SLICE_DIR says (it is where a container's CDI spec mounts its slice); remove it unless egpud itself runs in such a container");
+        }
         let store = Store::open(&config.state_dir).map_err(|e| AgentError::Store(Box::new(e)))?;
         let (mut mgr, report) = SliceManager::adopt(&config.run_dir, inventory.devices.clone(), store).map_err(|e| AgentError::Adopt(Box::new(e)))?;
         if let Some(dir) = &config.cdi_dir {
@@ -164,7 +169,7 @@ impl Agent {
                 return Err(AgentError::CdiHook { path: config.cdi_hook.clone() });
             }
             let publisher = crate::cdi::CdiPublisher::new(&config, dir).map_err(AgentError::Cdi)?;
-            mgr.set_cdi(publisher).map_err(AgentError::Cdi)?;
+            mgr.set_cdi(publisher);
             tracing::info!(dir = %dir.display(), kind = crate::cdi::KIND, "keeping a CDI spec per slice");
         }
         tracing::info!(slices = report.adopted.len(), recreated_files = report.recreated.len(),

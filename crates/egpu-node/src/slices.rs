@@ -31,7 +31,7 @@ pub enum SliceOpError {
     Store(#[from] StoreError),
     #[error("slice table")]
     Abi(#[source] AbiError),
-    #[error("the slice's CDI spec could not be written, so no container could join it; the slice was not created")]
+    #[error("the slice's CDI spec could not be written, so no container could join it; the slice was removed again")]
     Cdi(#[source] crate::cdi::CdiError),
     #[error("slice directory {path}")]
     Io {
@@ -446,10 +446,20 @@ impl SliceManager {
         tracing::info!(slice = %name, id = %record.id, spec = ?record.spec, "created slice");
         let granted = vec![0; record.spec.devices.len()];
         self.slices.insert(name.clone(), Slice { record, dir, limits, usage, resizes: 0, granted });
-        // A slice no container could join is not created (`--cdi-dir`).
-        if let Err(e) = self.sync_cdi() {
-            let _ = self.delete(&name, true);
+        // A slice no container could join is not created (`--cdi-dir`);
+        // another slice's spec failing is that slice's problem (logged).
+        let synced = self.sync_cdi();
+        if self.cdi.as_ref().is_some_and(|p| !p.published(&name)) {
+            let e = synced.err().unwrap_or(crate::cdi::CdiError::Write {
+                path: PathBuf::from(crate::cdi::device_name(&name)),
+                source: std::io::Error::other("the spec is not in place after the sync"),
+            });
+            // Removed again; if even that fails, say so rather than "not created".
+            self.delete(&name, true)?;
             return Err(SliceOpError::Cdi(e));
+        }
+        if let Err(e) = synced {
+            self.note_cdi_error(&e);
         }
         Ok(&self.slices[&name])
     }
@@ -535,11 +545,13 @@ impl SliceManager {
         Ok(pids)
     }
 
-    /// Starts keeping a CDI spec per slice with `publisher`; fails when the
-    /// first sync does (an unwritable `--cdi-dir` is refused at start).
-    pub fn set_cdi(&mut self, publisher: crate::cdi::CdiPublisher) -> Result<(), crate::cdi::CdiError> {
+    /// Starts keeping a CDI spec per slice with `publisher` (made by
+    /// [`crate::cdi::CdiPublisher::new`], which refuses an unwritable
+    /// directory); a spec that cannot be written now is logged and tried
+    /// again at every sweep.
+    pub fn set_cdi(&mut self, publisher: crate::cdi::CdiPublisher) {
         self.cdi = Some(publisher);
-        self.sync_cdi()
+        self.publish_cdi();
     }
 
     fn sync_cdi(&mut self) -> Result<(), crate::cdi::CdiError> {
@@ -550,19 +562,25 @@ impl SliceManager {
     /// Brings the CDI specs up to date; a failure is logged (once until it
     /// changes or clears), and the next sweep tries again.
     fn publish_cdi(&mut self) {
-        let result = self.sync_cdi().map_err(|e| crate::wire::chain(&e));
-        let Some(p) = self.cdi.as_mut() else { return };
-        match result {
-            Err(e) if p.last_error.as_ref() != Some(&e) => {
-                tracing::warn!(error = %e, "CDI specs not up to date; retrying at every sweep");
-                p.last_error = Some(e);
-            }
-            Err(_) => {}
+        match self.sync_cdi() {
+            Err(e) => self.note_cdi_error(&e),
             Ok(()) => {
-                if p.last_error.take().is_some() {
+                if let Some(p) = self.cdi.as_mut()
+                    && p.last_error.take().is_some()
+                {
                     tracing::info!("CDI specs up to date again");
                 }
             }
+        }
+    }
+
+    /// Logs a sync error once, until it changes or clears.
+    fn note_cdi_error(&mut self, e: &crate::cdi::CdiError) {
+        let Some(p) = self.cdi.as_mut() else { return };
+        let e = crate::wire::chain(e);
+        if p.last_error.as_ref() != Some(&e) {
+            tracing::warn!(error = %e, "CDI specs not up to date; retrying at every sweep");
+            p.last_error = Some(e);
         }
     }
 

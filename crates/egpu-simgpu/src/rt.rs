@@ -81,8 +81,9 @@ impl Proc {
     fn attach() -> Result<Proc, String> {
         let cfg = Config::from_env()?;
         let totals: Vec<u64> = cfg.spec.devices.iter().map(|d| d.memory.0).collect();
-        let shm = Shared::attach(&cfg.state_path, &cfg.canonical_spec(), &cfg.spec_text, &totals)?;
-        let locks = live::SlotLocks::open(&cfg.state_path)?;
+        // The locks go on the very file that is mapped.
+        let (shm, fd) = Shared::attach_fd(&cfg.state_path, &cfg.canonical_spec(), &cfg.spec_text, &totals)?;
+        let locks = live::SlotLocks::reopen(fd, &cfg.state_path)?;
         let pid = live::my_pid();
         shm.sweep(&locks);
         let slot = shm
@@ -110,15 +111,9 @@ pub fn attach() -> Result<&'static Proc, String> {
     }
     let fresh: &'static Proc = Box::leak(Box::new(Proc::attach()?));
     match CURRENT.compare_exchange(cur, fresh as *const Proc as *mut Proc, Ordering::SeqCst, Ordering::SeqCst) {
-        Ok(_) => {
-            if !cur.is_null() {
-                // SAFETY: as above, a leaked, never-freed Proc: the parent's,
-                // in this fork child. Closing the child's reference to its
-                // lock description leaves the parent's locks with the parent.
-                unsafe { &*cur }.locks.close();
-            }
-            Ok(fresh)
-        }
+        // (A fork child's reference to its parent's lock description was
+        // closed at fork: `live::SlotLocks`.)
+        Ok(_) => Ok(fresh),
         Err(other) => {
             // Another thread attached first: use theirs, give our slot back.
             fresh.shm.release_slot(&fresh.locks, fresh.slot);

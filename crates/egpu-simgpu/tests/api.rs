@@ -185,6 +185,22 @@ fn child() {
             // The child's slot is dead now and swept.
             say("after", format!("{:?}", s.nvml0().1));
         }
+        "forkidle" => {
+            s.ctx0();
+            s.alloc(64 << 20);
+            // SAFETY: the child calls nothing but pause until it is killed.
+            let pid = unsafe { libc::fork() };
+            if pid == 0 {
+                // Never touches the simulator.
+                loop {
+                    // SAFETY: pause has no preconditions.
+                    unsafe { libc::pause() };
+                }
+            }
+            say("ready", pid);
+            wait_parent();
+        }
+        "used" => say("used", s.nvml0().0),
         other => panic!("unknown role {other}"),
     }
 }
@@ -332,4 +348,23 @@ fn a_forked_child_reattaches_with_its_own_pid() {
     assert_eq!(k.expect("status"), "0");
     assert_eq!(k.expect("after"), format!("{:?}", vec![(parent, 64 * MIB + 32 * MIB)]));
     k.finish();
+}
+
+#[test]
+fn a_killed_parents_memory_is_reclaimed_while_its_forked_child_lives() {
+    // The child shared the parent's lock description at fork; it closes its
+    // reference there, so the parent's death frees the parent's slot.
+    let dir = tempfile::tempdir().unwrap();
+    let st = state_path(&dir);
+    let mut k = run("forkidle", &[("EGPU_SIM_STATE", &st)]);
+    let child: i32 = k.expect("ready").parse().unwrap();
+    // SAFETY: kill(2) of our own child.
+    assert_eq!(unsafe { libc::kill(k.child.id() as i32, libc::SIGKILL) }, 0);
+    k.child.wait().unwrap();
+    let mut o = run("used", &[("EGPU_SIM_STATE", &st)]);
+    let used = o.expect("used");
+    o.finish();
+    // SAFETY: kill(2) of the orphaned grandchild this test made.
+    unsafe { libc::kill(child, libc::SIGKILL) };
+    assert_eq!(used, "0", "the dead parent's memory is still charged while its child lives");
 }

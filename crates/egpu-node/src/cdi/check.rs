@@ -143,32 +143,42 @@ struct Found {
 
 /// Reads `rel` (relative to the container root) with every symlink resolved
 /// inside `root`; `Ok(None)` when there is no such file. Only a regular file
-/// of at most [`MAX_FILE`] bytes is read (opened without blocking, so a FIFO
-/// cannot stall the container's start).
+/// of at most [`MAX_FILE`] bytes is read: the type is checked on an
+/// `O_PATH` descriptor (which opens nothing: no device's open side effects,
+/// no FIFO to block on), and the file then opened for reading must be the
+/// same one.
 fn read_in_root(root: &std::fs::File, root_path: &Path, rel: &str) -> Result<Option<Found>, CheckError> {
-    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
     let shown = root_path.join(rel);
-    let flags = OFlags::RDONLY | OFlags::CLOEXEC | OFlags::NONBLOCK | OFlags::NOCTTY;
-    let fd = match rustix::fs::openat2(root, rel, flags, Mode::empty(), ResolveFlags::IN_ROOT) {
-        Ok(fd) => fd,
+    let read_err = |source: std::io::Error| CheckError::Read { path: shown.clone(), source };
+    let open = |flags: OFlags| rustix::fs::openat2(root, rel, flags | OFlags::CLOEXEC, Mode::empty(), ResolveFlags::IN_ROOT);
+    let (dev, ino, file) = match open(OFlags::PATH) {
+        Ok(pfd) => {
+            let st = rustix::fs::fstat(&pfd).map_err(|e| read_err(e.into()))?;
+            if !FileType::from_raw_mode(st.st_mode).is_file() || st.st_size as u64 > MAX_FILE {
+                return Err(CheckError::NotAFile { path: shown });
+            }
+            let fd = open(OFlags::RDONLY | OFlags::NOCTTY | OFlags::NONBLOCK).map_err(|e| read_err(e.into()))?;
+            (st.st_dev, st.st_ino, std::fs::File::from(fd))
+        }
         // What the loader could not open either (a loop of links counts).
         Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => return Ok(None),
-        // Kernels before 5.6: a plain open (an image's absolute symlink may then point out of it).
-        Err(rustix::io::Errno::NOSYS) => match std::fs::OpenOptions::new().read(true).custom_flags(libc_nonblock()).open(&shown) {
-            Ok(f) => f.into(),
+        // Kernels before 5.6: plain calls (an image's absolute symlink may then point out of it).
+        Err(rustix::io::Errno::NOSYS) => match std::fs::metadata(&shown) {
+            Ok(m) if !m.is_file() || m.len() > MAX_FILE => return Err(CheckError::NotAFile { path: shown }),
+            Ok(m) => (m.dev(), m.ino(), std::fs::OpenOptions::new().read(true).custom_flags(libc_nonblock()).open(&shown).map_err(read_err)?),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-            Err(source) => return Err(CheckError::Read { path: shown, source }),
+            Err(e) => return Err(read_err(e)),
         },
-        Err(e) => return Err(CheckError::Read { path: shown, source: e.into() }),
+        Err(e) => return Err(read_err(e.into())),
     };
-    let file = std::fs::File::from(fd);
-    let meta = file.metadata().map_err(|source| CheckError::Read { path: shown.clone(), source })?;
-    if !meta.is_file() || meta.len() > MAX_FILE {
+    let meta = file.metadata().map_err(read_err)?;
+    if (meta.dev(), meta.ino()) != (dev, ino) || !meta.is_file() {
         return Err(CheckError::NotAFile { path: shown });
     }
     let mut data = Vec::new();
-    file.take(MAX_FILE).read_to_end(&mut data).map_err(|source| CheckError::Read { path: shown, source })?;
-    Ok(Some(Found { data, dev: meta.dev(), ino: meta.ino() }))
+    file.take(MAX_FILE).read_to_end(&mut data).map_err(read_err)?;
+    Ok(Some(Found { data, dev, ino }))
 }
 
 /// `O_NONBLOCK` for the fallback open.
@@ -292,7 +302,7 @@ mod tests {
         std::fs::copy(&exe, &other).unwrap();
         let err = check_rootfs(copies.path(), &other).unwrap_err();
         assert!(err.to_string().contains("another file than"), "{err}");
-        // A FIFO where a library should be is refused, not waited on.
+        // A FIFO where a library should be is refused, not opened.
         let libc = copies.path().join(format!("lib/{}-linux-gnu/libc.so.6", std::env::consts::ARCH));
         std::fs::remove_file(&libc).unwrap();
         assert!(std::process::Command::new("mkfifo").arg(&libc).status().unwrap().success());

@@ -163,6 +163,8 @@ fn spec_file(name: &str) -> String {
 }
 
 /// Keeps `--cdi-dir` equal to the node's slices: one spec file per slice.
+/// Run one egpud per directory: a first sync removes the specs of slices
+/// this egpud does not have.
 pub struct CdiPublisher {
     cfg: NodeConfig,
     dir: PathBuf,
@@ -194,6 +196,12 @@ impl CdiPublisher {
         write_atomic(&probe, "")?;
         let _ = std::fs::remove_file(&probe);
         Ok(CdiPublisher { cfg: cfg.clone(), dir: dir.into(), written: BTreeMap::new(), scanned: false, last_error: None })
+    }
+
+    /// Whether slice `name`'s spec is in place as last synced.
+    pub fn published(&self, name: &str) -> bool {
+        let f = spec_file(name);
+        self.written.contains_key(&f) && self.dir.join(f).is_file()
     }
 
     /// Writes the spec of every slice whose spec changed and removes the specs

@@ -171,7 +171,7 @@ fn a_slice_whose_cdi_spec_cannot_be_written_is_not_created() {
         cdi_dir: Some(cdi.path().into()),
         cdi_hook: "/t/egpu-cdi-hook".into(),
     };
-    m.set_cdi(crate::cdi::CdiPublisher::new(&cfg, cdi.path()).unwrap()).unwrap();
+    m.set_cdi(crate::cdi::CdiPublisher::new(&cfg, cdi.path()).unwrap());
     m.create(req("ok", vec![share(0, 1)])).unwrap();
     assert!(cdi.path().join("egpu.io-slice_ok.json").is_file());
     // A directory where the spec should go: the rename into place fails.
@@ -182,4 +182,10 @@ fn a_slice_whose_cdi_spec_cannot_be_written_is_not_created() {
     assert!(m.store.load_all().unwrap().iter().all(|r| r.spec.name != "blocked"), "the stored slice was rolled back");
     m.create(req("after", vec![share(0, 1)])).unwrap();
     assert!(cdi.path().join("egpu.io-slice_after.json").is_file());
+    // Another slice's spec failing (removed, and a directory in its way)
+    // does not refuse new slices.
+    std::fs::remove_file(cdi.path().join("egpu.io-slice_ok.json")).unwrap();
+    std::fs::create_dir(cdi.path().join("egpu.io-slice_ok.json")).unwrap();
+    m.create(req("more", vec![share(0, 1)])).unwrap();
+    assert!(cdi.path().join("egpu.io-slice_more.json").is_file());
 }

@@ -54,9 +54,9 @@ pub fn my_pid() -> u32 {
 /// [`LOCK_BASE`] + slot, past the end of the state file. The kernel drops
 /// the lock when the process dies, however it dies, so "nobody else holds
 /// the byte" means "the owner is gone", whatever pid the owner had and
-/// whichever namespace the sweeper sees pids in. A forked child shares its
-/// parent's description until it attaches (then it closes it): until then
-/// the parent's slot counts as live.
+/// whichever namespace the sweeper sees pids in. A forked child closes its
+/// inherited reference at fork (`pthread_atfork`), so a dead parent's slot
+/// is not kept alive by its children.
 pub struct SlotLocks {
     fd: std::sync::atomic::AtomicI32,
     /// The slots this description holds (a sweep must skip them: a lock never
@@ -73,8 +73,60 @@ impl Drop for SlotLocks {
 /// Offset of slot 0's lock byte: the end of the state file.
 pub const LOCK_BASE: i64 = super::STATE_SIZE as i64;
 
+/// Every live [`SlotLocks`] descriptor of this process, closed in a fork
+/// child (see [`SlotLocks::from_fd`]).
+static ALL_FDS: std::sync::Mutex<Vec<i32>> = std::sync::Mutex::new(Vec::new());
+static ATFORK: std::sync::Once = std::sync::Once::new();
+
+extern "C" fn close_inherited_locks() {
+    // In the fork child, before anything else runs: the parent's lock
+    // descriptions stay the parent's. try_lock: the parent's lock may have
+    // been held at fork (then leave the fds, as before).
+    if let Ok(mut fds) = ALL_FDS.try_lock() {
+        for fd in fds.drain(..) {
+            // SAFETY: fd was one of ours at fork; close is async-signal-safe.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
 impl SlotLocks {
-    /// Opens a new description of the state file at `path`.
+    /// Takes over `fd`, a read-write descriptor of the state file that no
+    /// mapping uses, as this process's lock description. Fails when the file
+    /// system has no open-file-description locks.
+    fn from_fd(fd: i32, path: &std::path::Path) -> Result<SlotLocks, String> {
+        ATFORK.call_once(|| {
+            // SAFETY: registers a plain extern "C" handler; no other precondition.
+            unsafe { libc::pthread_atfork(None, None, Some(close_inherited_locks)) };
+        });
+        ALL_FDS.lock().unwrap_or_else(|e| e.into_inner()).push(fd);
+        let l = SlotLocks { fd: fd.into(), held: std::sync::Mutex::new(Vec::new()) };
+        // A probe byte past every slot's: locks must work here at all.
+        let probe = super::MAX_SLOTS;
+        match l.lock(probe, libc::F_WRLCK as libc::c_short) {
+            Ok(_) => {
+                let _ = l.lock(probe, libc::F_UNLCK as libc::c_short);
+                Ok(l)
+            }
+            Err(e) => Err(format!("simulated-GPU state {}: its file system has no open-file-description locks (fcntl F_OFD_SETLK: {e}); put EGPU_SIM_STATE on a local file system such as /dev/shm", path.display())),
+        }
+    }
+
+    /// A new lock description of the file `mapped` (a descriptor of the
+    /// mapped state file, which this closes) refers to. Not `mapped` itself:
+    /// a mapping holds its description open, and a fork child inherits the
+    /// mapping, so locks on it would outlive their process. Reopened through
+    /// `/proc/self/fd`, so it is the same file even if the path was replaced
+    /// meanwhile (the path itself without `/proc`).
+    pub fn reopen(mapped: i32, path: &std::path::Path) -> Result<SlotLocks, String> {
+        let again = std::path::PathBuf::from(format!("/proc/self/fd/{mapped}"));
+        let l = SlotLocks::open(&again).or_else(|_| SlotLocks::open(path));
+        // SAFETY: mapped is the caller's descriptor, handed to us to close.
+        unsafe { libc::close(mapped) };
+        l
+    }
+
+    /// A new description of the state file at `path`.
     pub fn open(path: &std::path::Path) -> Result<SlotLocks, String> {
         use std::os::unix::ffi::OsStrExt;
         let c = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| format!("{}: path contains a NUL byte", path.display()))?;
@@ -83,13 +135,15 @@ impl SlotLocks {
         if fd < 0 {
             return Err(format!("cannot open simulated-GPU state {} for its slot locks: {}", path.display(), std::io::Error::last_os_error()));
         }
-        Ok(SlotLocks { fd: fd.into(), held: std::sync::Mutex::new(Vec::new()) })
+        SlotLocks::from_fd(fd, path)
     }
 
-    fn lock(&self, slot: usize, kind: libc::c_short) -> bool {
+    /// Sets a lock of `kind` on slot `slot`'s byte: Ok(true) when set,
+    /// Ok(false) when another description holds it, Err for anything else.
+    fn lock(&self, slot: usize, kind: libc::c_short) -> Result<bool, std::io::Error> {
         let fd = self.fd.load(std::sync::atomic::Ordering::SeqCst);
         if fd < 0 {
-            return false;
+            return Err(std::io::Error::from_raw_os_error(libc::EBADF));
         }
         // SAFETY: all-zero is a valid flock.
         let mut fl: libc::flock = unsafe { std::mem::zeroed() };
@@ -98,26 +152,35 @@ impl SlotLocks {
         fl.l_start = LOCK_BASE + slot as i64;
         fl.l_len = 1;
         // SAFETY: fd is open (or closed, and fcntl fails with EBADF); fl is a valid flock.
-        unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &mut fl) == 0 }
+        if unsafe { libc::fcntl(fd, libc::F_OFD_SETLK, &mut fl) } == 0 {
+            return Ok(true);
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EAGAIN | libc::EACCES) => Ok(false),
+            _ => Err(e),
+        }
     }
 
-    /// Takes slot `slot`'s byte; false when another description holds it (its
-    /// owner is alive).
+    /// Takes slot `slot`'s byte: false when another description holds it
+    /// (its owner is alive) or this one already does (another thread of this
+    /// process owns or is reclaiming the slot: a lock never conflicts with
+    /// its own description, so the set of held slots decides, under its
+    /// mutex).
     pub fn hold(&self, slot: usize) -> bool {
-        if !self.lock(slot, libc::F_WRLCK as libc::c_short) {
+        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if h.contains(&slot) || !matches!(self.lock(slot, libc::F_WRLCK as libc::c_short), Ok(true)) {
             return false;
         }
-        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        if !h.contains(&slot) {
-            h.push(slot);
-        }
+        h.push(slot);
         true
     }
 
     /// Gives slot `slot`'s byte back.
     pub fn release(&self, slot: usize) {
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).retain(|&s| s != slot);
-        self.lock(slot, libc::F_UNLCK as libc::c_short);
+        let mut h = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        h.retain(|&s| s != slot);
+        let _ = self.lock(slot, libc::F_UNLCK as libc::c_short);
     }
 
     /// Whether this description holds slot `slot`.
@@ -125,11 +188,11 @@ impl SlotLocks {
         self.held.lock().unwrap_or_else(|e| e.into_inner()).contains(&slot)
     }
 
-    /// Closes this process's reference to the description (a fork child
-    /// drops its parent's; the parent keeps its locks).
+    /// Closes this description (its locks go with it).
     pub fn close(&self) {
         let fd = self.fd.swap(-1, std::sync::atomic::Ordering::SeqCst);
         if fd >= 0 {
+            ALL_FDS.lock().unwrap_or_else(|e| e.into_inner()).retain(|&f| f != fd);
             // SAFETY: fd was ours and is closed once (swapped out above).
             unsafe { libc::close(fd) };
         }

@@ -1,7 +1,8 @@
 //! The machine-wide device state: one file, `mmap`ed `MAP_SHARED` by every
 //! process that uses the simulated GPU.
 //!
-//! Protocol (no locks at all, so a SIGKILLed process can block nobody):
+//! Protocol (no lock that anyone waits on, so a SIGKILLed process can block
+//! nobody):
 //! - The file is created complete under a temporary name and published with
 //!   `link(2)`, which fails if another process published first; the loser
 //!   unlinks its copy and attaches to the winner's. The header (magic, ABI
@@ -12,10 +13,13 @@
 //!   admitted by add-then-check: add to my slot, sum all slots, and back out
 //!   if the sum exceeds the device. Two racing allocators can both back out
 //!   near the limit (then retry), but can never both succeed past it.
-//! - A dead process's slot (pid gone, zombie, or pid reused with another
-//!   start time) is reclaimed by whoever sweeps: CAS the owner to
-//!   `RECLAIM(me)`, zero the counters, free it. A sweeper that dies mid-way
-//!   leaves `RECLAIM(dead pid)`, which the next sweeper takes over.
+//! - Each process holds a non-blocking open-file-description lock on one byte
+//!   per slot it owns ([`live::SlotLocks`]); the kernel drops it when the
+//!   process dies. A taken slot whose byte a sweeper can lock is dead,
+//!   whatever pid namespace its owner was in, and is reclaimed by that
+//!   sweeper: CAS the owner to `RECLAIM(me)`, zero the counters, free it,
+//!   unlock. A sweeper that dies mid-way leaves `RECLAIM(dead pid)` with an
+//!   unlocked byte, which the next sweeper takes over.
 //! - Kernel time: per device an atomic `busy_until` (CLOCK_MONOTONIC ns);
 //!   a launch CASes it forward. See [`timing`].
 
@@ -31,8 +35,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub use slots::{ProcUsage, SlotState};
 
 pub const MAGIC: u64 = u64::from_le_bytes(*b"EGPUSIM\0");
-/// Bumped whenever the layout below changes.
-pub const ABI_VERSION: u32 = 2;
+/// Bumped whenever the layout below or the protocol changes (3: slot
+/// liveness is a lock, not a pid).
+pub const ABI_VERSION: u32 = 3;
 pub const MAX_DEVS: usize = 64;
 pub const MAX_SLOTS: usize = 512;
 const SPEC_BYTES: usize = 8192;
@@ -158,6 +163,15 @@ impl Shared {
     /// of `totals` bytes described by `canonical` (see
     /// [`crate::config::canonical`]). `text` is the user's spec, for messages.
     pub fn attach(path: &Path, canonical: &str, text: &str, totals: &[u64]) -> Result<&'static Shared, String> {
+        let (s, fd) = Self::attach_fd(path, canonical, text, totals)?;
+        // SAFETY: fd is ours; the mapping stays valid after close.
+        unsafe { libc::close(fd) };
+        Ok(s)
+    }
+
+    /// [`Shared::attach`], also returning a descriptor of the very file that
+    /// was mapped (the caller owns it), for [`live::SlotLocks`].
+    pub fn attach_fd(path: &Path, canonical: &str, text: &str, totals: &[u64]) -> Result<(&'static Shared, i32), String> {
         if canonical.len() > SPEC_BYTES || totals.len() > MAX_DEVS {
             return Err(format!("simulated-GPU spec {text:?} is too large"));
         }
@@ -167,15 +181,17 @@ impl Shared {
             let fd = unsafe { libc::open(c.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
             if fd >= 0 {
                 let r = Self::open_existing(fd, path, canonical, text);
-                // SAFETY: fd is ours; the mapping (if any) stays valid after close.
-                unsafe { libc::close(fd) };
-                return r;
+                if r.is_err() {
+                    // SAFETY: fd is ours.
+                    unsafe { libc::close(fd) };
+                }
+                return r.map(|s| (s, fd));
             }
             if errno() != libc::ENOENT {
                 return Err(format!("cannot open simulated-GPU state {}: {}", path.display(), std::io::Error::last_os_error()));
             }
             match Self::create(path, &c, canonical, text, totals)? {
-                Some(s) => return Ok(s),
+                Some(made) => return Ok(made),
                 None => continue, // somebody else published first: attach to theirs
             }
         }
@@ -211,9 +227,9 @@ impl Shared {
         Ok(s)
     }
 
-    /// Creates and publishes a new state file; `Ok(None)` if another process
-    /// published one first.
-    fn create(path: &Path, c: &CString, canonical: &str, text: &str, totals: &[u64]) -> Result<Option<&'static Shared>, String> {
+    /// Creates and publishes a new state file (and a descriptor of it);
+    /// `Ok(None)` if another process published one first.
+    fn create(path: &Path, c: &CString, canonical: &str, text: &str, totals: &[u64]) -> Result<Option<(&'static Shared, i32)>, String> {
         static SEQ: AtomicU64 = AtomicU64::new(0);
         let tmp = format!("{}.tmp.{}.{}", path.display(), live::my_pid(), SEQ.fetch_add(1, Ordering::Relaxed));
         let ctmp = CString::new(tmp.clone()).map_err(|_| "bad temp path".to_string())?;
@@ -262,10 +278,15 @@ impl Shared {
         // SAFETY: both paths are NUL-terminated; link fails if c exists.
         let linked = unsafe { libc::link(ctmp.as_ptr(), c.as_ptr()) } == 0;
         let e = errno();
+        // SAFETY: fd is open; the duplicate is the caller's.
+        let kept = if linked { unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 0) } } else { -1 };
         cleanup(fd);
         if linked {
+            if kept < 0 {
+                return Err(format!("cannot keep a descriptor of simulated-GPU state {}: {}", path.display(), std::io::Error::last_os_error()));
+            }
             // SAFETY: as in `map`: published, immutable header, atomics.
-            return Ok(Some(unsafe { &*raw }));
+            return Ok(Some((unsafe { &*raw }, kept)));
         }
         // SAFETY: s maps STATE_SIZE bytes and we drop our only reference.
         unsafe { libc::munmap(raw as *mut libc::c_void, STATE_SIZE) };

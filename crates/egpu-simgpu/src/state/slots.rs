@@ -55,7 +55,7 @@ impl Shared {
     pub fn claim_slot(&self, locks: &SlotLocks, pid: u32, start: u64) -> Option<usize> {
         for round in 0..2 {
             for (i, s) in self.slots.iter().enumerate() {
-                if s.owner.load(SeqCst) != 0 || locks.holds(i) || !locks.hold(i) {
+                if s.owner.load(SeqCst) != 0 || !locks.hold(i) {
                     continue;
                 }
                 if s.owner.compare_exchange(0, pack(pid, SlotState::Claiming), SeqCst, SeqCst).is_ok() {
@@ -96,7 +96,7 @@ impl Shared {
         let mut freed = 0;
         for (i, s) in self.slots.iter().enumerate() {
             let w = s.owner.load(SeqCst);
-            if unpack(w).1 == SlotState::Free || locks.holds(i) || !locks.hold(i) {
+            if unpack(w).1 == SlotState::Free || !locks.hold(i) {
                 continue;
             }
             if s.owner.compare_exchange(w, pack(me, SlotState::Reclaim), SeqCst, SeqCst).is_ok() {
@@ -160,6 +160,7 @@ impl Shared {
 #[cfg(test)]
 mod tests {
     use super::super::live::start_time;
+    use super::super::MAX_SLOTS;
     use super::super::tests::fresh_at;
     use super::*;
 
@@ -253,6 +254,13 @@ mod tests {
         let mine = s.claim_slot(&l, my_pid(), 1).unwrap();
         assert_eq!(s.sweep(&l), 0);
         assert_eq!(s.slot_owner(mine).1, SlotState::Live);
+        // A lock never conflicts with its own description, so the held set
+        // decides: a second thread cannot take what the first holds.
+        assert!(!l.hold(mine), "one description took its own slot twice");
+        let free = (0..MAX_SLOTS).find(|&i| s.slot_owner(i).1 == SlotState::Free && !l.holds(i)).unwrap();
+        assert!(l.hold(free) && !l.hold(free));
+        l.release(free);
+        assert!(l.hold(free));
     }
 
     #[test]
