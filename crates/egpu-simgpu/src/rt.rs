@@ -81,7 +81,7 @@ impl Proc {
     fn attach() -> Result<Proc, String> {
         let cfg = Config::from_env()?;
         let totals: Vec<u64> = cfg.spec.devices.iter().map(|d| d.memory.0).collect();
-        // The locks go on the very file that is mapped.
+        // The slot locks go on a new description of the very file mapped.
         let (shm, fd) = Shared::attach_fd(&cfg.state_path, &cfg.canonical_spec(), &cfg.spec_text, &totals)?;
         let locks = live::SlotLocks::reopen(fd, &cfg.state_path)?;
         let pid = live::my_pid();

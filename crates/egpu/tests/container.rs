@@ -156,8 +156,9 @@ fn a_runc_container_runs_in_its_slice_through_the_cdi_spec() {
     p.wait_event("unblocked", T).unwrap_or_else(|| panic!("the resize did not reach the container: {:?}", p.seen));
     p.wait_event("holding", T).expect("the probe reaches --until after the resize");
     assert!(node.slice("svc")["devices"][0]["used_bytes"].as_u64().unwrap() >= 2 << 30);
-    // The (simulated) driver counts it too, though egpud's process lists it
-    // and sweeps dead processes from another pid namespace.
+    // The (simulated) driver counts it too: egpud, in another pid namespace,
+    // lists the device's processes (which sweeps the dead ones) and must not
+    // take the container's for dead.
     let dev = &node.json(&["devices", "-o", "json"])["devices"][0];
     assert!(dev["driver_used_bytes"].as_u64().unwrap() >= 2 << 30, "the driver lost the container's memory: {dev}");
 

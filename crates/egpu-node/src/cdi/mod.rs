@@ -206,8 +206,8 @@ impl CdiPublisher {
 
     /// Writes the spec of every slice whose spec changed and removes the specs
     /// of slices that are gone. The first sync also removes specs a previous
-    /// run left for slices that no longer exist (so one egpud per directory). Every file is tried even when
-    /// one fails; the first error is returned.
+    /// run left for slices that no longer exist (so one egpud per directory).
+    /// Every file is tried even when one fails; the first error is returned.
     pub fn sync<'a>(&mut self, slices: impl Iterator<Item = SliceView<'a>>) -> Result<(), CdiError> {
         let mut first_err = None;
         let want: BTreeMap<String, String> = slices
