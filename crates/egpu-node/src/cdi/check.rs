@@ -148,6 +148,15 @@ struct Found {
 /// no FIFO to block on), and the file then opened for reading must be the
 /// same one.
 fn read_in_root(root: &std::fs::File, root_path: &Path, rel: &str) -> Result<Option<Found>, CheckError> {
+    in_root(root, root_path, rel, true)
+}
+
+/// [`read_in_root`] without reading: the file's device and inode (`data` empty).
+fn stat_in_root(root: &std::fs::File, root_path: &Path, rel: &str) -> Result<Option<Found>, CheckError> {
+    in_root(root, root_path, rel, false)
+}
+
+fn in_root(root: &std::fs::File, root_path: &Path, rel: &str, read: bool) -> Result<Option<Found>, CheckError> {
     use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
     let shown = root_path.join(rel);
     let read_err = |source: std::io::Error| CheckError::Read { path: shown.clone(), source };
@@ -158,6 +167,9 @@ fn read_in_root(root: &std::fs::File, root_path: &Path, rel: &str) -> Result<Opt
             if !FileType::from_raw_mode(st.st_mode).is_file() || st.st_size as u64 > MAX_FILE {
                 return Err(CheckError::NotAFile { path: shown });
             }
+            if !read {
+                return Ok(Some(Found { data: Vec::new(), dev: st.st_dev, ino: st.st_ino }));
+            }
             let fd = open(OFlags::RDONLY | OFlags::NOCTTY | OFlags::NONBLOCK).map_err(|e| read_err(e.into()))?;
             (st.st_dev, st.st_ino, std::fs::File::from(fd))
         }
@@ -166,6 +178,7 @@ fn read_in_root(root: &std::fs::File, root_path: &Path, rel: &str) -> Result<Opt
         // Kernels before 5.6: plain calls (an image's absolute symlink may then point out of it).
         Err(rustix::io::Errno::NOSYS) => match std::fs::metadata(&shown) {
             Ok(m) if !m.is_file() || m.len() > MAX_FILE => return Err(CheckError::NotAFile { path: shown }),
+            Ok(m) if !read => return Ok(Some(Found { data: Vec::new(), dev: m.dev(), ino: m.ino() })),
             Ok(m) => (m.dev(), m.ino(), std::fs::OpenOptions::new().read(true).custom_flags(libc_nonblock()).open(&shown).map_err(read_err)?),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(read_err(e)),
@@ -198,7 +211,7 @@ pub fn check_rootfs(rootfs: &Path, hook_lib: &Path) -> Result<(), CheckError> {
         let found = listed.map_or("no such file".into(), |l| format!("it lists '{l}'"));
         return Err(CheckError::NotInPlace { what: "/etc/ld.so.preload".into(), found });
     }
-    match read_in_root(&root, rootfs, super::CONTAINER_HOOK.trim_start_matches('/'))? {
+    match stat_in_root(&root, rootfs, super::CONTAINER_HOOK.trim_start_matches('/'))? {
         Some(f) if (f.dev, f.ino) == (hook_meta.dev(), hook_meta.ino()) => {}
         Some(_) => return Err(CheckError::NotInPlace { what: super::CONTAINER_HOOK.into(), found: format!("another file than {}", hook_lib.display()) }),
         None => return Err(CheckError::NotInPlace { what: super::CONTAINER_HOOK.into(), found: "no such file".into() }),
