@@ -27,8 +27,8 @@ use std::path::{Path, PathBuf};
 
 /// The CDI kind (vendor `egpu.io`, class `slice`).
 pub const KIND: &str = "egpu.io/slice";
-/// Written specs use nothing newer than mount types (0.4.0): 0.5.0 is read by
-/// every runtime release that reads CDI at all.
+/// Written specs use nothing newer than mount types (0.4.0); runtimes whose
+/// CDI library is 0.5.0 or newer read them.
 pub const CDI_VERSION: &str = "0.5.0";
 /// Spec file names: this prefix, the slice name, `.json`.
 pub const SPEC_PREFIX: &str = "egpu.io-slice_";
