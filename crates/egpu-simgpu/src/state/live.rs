@@ -80,8 +80,9 @@ static ATFORK: std::sync::Once = std::sync::Once::new();
 
 extern "C" fn close_inherited_locks() {
     // In the fork child, before anything else runs: the parent's lock
-    // descriptions stay the parent's. try_lock: the parent's lock may have
-    // been held at fork (then leave the fds, as before).
+    // descriptions stay the parent's. try_lock: another thread may have held
+    // the mutex at fork; then the fds stay open in the child, and the
+    // parent's slots count as live for as long as the child lives.
     if let Ok(mut fds) = ALL_FDS.try_lock() {
         for fd in fds.drain(..) {
             // SAFETY: fd was one of ours at fork; close is async-signal-safe.
