@@ -81,13 +81,17 @@ impl Drop for Container {
 fn bundle(dir: &Path, cdi_dir: &Path, device: &str, script: &str, host_usr: bool) -> PathBuf {
     let rootfs = dir.join("rootfs");
     std::fs::create_dir_all(rootfs.join("etc")).unwrap();
-    let mut binds = vec![("/usr".to_string(), "/usr".to_string()), (target_dir().display().to_string(), "/opt/egpu".to_string())];
-    for d in ["bin", "lib", "lib64", "sbin"].into_iter().filter(|_| host_usr) {
-        let host = Path::new("/").join(d);
-        match std::fs::read_link(&host) {
-            Ok(to) => std::os::unix::fs::symlink(to, rootfs.join(d)).unwrap(),
-            Err(_) if host.is_dir() => binds.push((host.display().to_string(), format!("/{d}"))),
-            Err(_) => {}
+    let mut binds = Vec::new();
+    if host_usr {
+        binds.push(("/usr".to_string(), "/usr".to_string()));
+        binds.push((target_dir().display().to_string(), "/opt/egpu".to_string()));
+        for d in ["bin", "lib", "lib64", "sbin"] {
+            let host = Path::new("/").join(d);
+            match std::fs::read_link(&host) {
+                Ok(to) => std::os::unix::fs::symlink(to, rootfs.join(d)).unwrap(),
+                Err(_) if host.is_dir() => binds.push((host.display().to_string(), format!("/{d}"))),
+                Err(_) => {}
+            }
         }
     }
     std::fs::write(rootfs.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
@@ -104,7 +108,7 @@ fn bundle(dir: &Path, cdi_dir: &Path, device: &str, script: &str, host_usr: bool
     v["process"]["terminal"] = false.into();
     v["process"]["args"] = serde_json::json!(["/bin/sh", "-c", script]);
     let mounts = v["mounts"].as_array_mut().unwrap();
-    for (src, dst) in binds.into_iter().filter(|_| host_usr) {
+    for (src, dst) in binds {
         mounts.push(serde_json::json!({"destination": dst, "type": "bind", "source": src, "options": ["rbind", "ro"]}));
     }
     std::fs::write(&config, v.to_string()).unwrap();
