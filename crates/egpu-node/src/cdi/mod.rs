@@ -158,7 +158,8 @@ pub fn slice_spec(cfg: &NodeConfig, name: &str, slice_dir: &Path, device_uuids: 
     Spec { cdi_version: CDI_VERSION.into(), kind: KIND.into(), devices: vec![Device { name: name.into(), container_edits: Edits { env, mounts, hooks } }] }
 }
 
-fn spec_file(name: &str) -> String {
+/// The file name of a slice's spec in the CDI directory.
+pub fn spec_file(name: &str) -> String {
     format!("{SPEC_PREFIX}{name}.json")
 }
 

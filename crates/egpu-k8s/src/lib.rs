@@ -1,0 +1,48 @@
+//! eGPU on Kubernetes, node side: the kubelet device plugin.
+//!
+//! Contract:
+//! - The plugin advertises the extended resource `egpu.io/gpu-memory` (by
+//!   default): one device per memory unit of each GPU ([`tokens`]). The
+//!   kubelet counts them, so a node is never promised more GPU memory than
+//!   it has, and a container's request becomes a slice with a hard memory
+//!   limit of exactly what it asked for, on one GPU, created through egpud's
+//!   gRPC API and handed to the runtime as a CDI device.
+//! - It talks only to the kubelet (registration, pod-resources) and to egpud,
+//!   over unix sockets: no API server access is needed on the node.
+//! - The protocols are the kubelet's published ones (`proto/k8s/`), written
+//!   for eGPU with the published names and field numbers.
+//!
+//! Modules: [`tokens`] (device IDs, the preferred allocation: pure),
+//! [`plugin`] (the gRPC service, registration, refresh and sweep loops).
+
+pub mod plugin;
+pub mod tokens;
+
+/// Generated types of the kubelet's device-plugin API (`v1beta1`).
+#[allow(clippy::all)]
+pub mod deviceplugin {
+    tonic::include_proto!("v1beta1");
+}
+
+/// Generated types of the kubelet's pod-resources API (`v1`).
+#[allow(clippy::all)]
+pub mod podresources {
+    tonic::include_proto!("v1");
+}
+
+use hyper_util::rt::TokioIo;
+use std::path::Path;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+/// A gRPC channel to a unix socket (the kubelet's, or egpud's).
+pub async fn unix_channel(path: &Path, timeout: std::time::Duration) -> Result<Channel, tonic::transport::Error> {
+    let p = path.to_path_buf();
+    Endpoint::from_static("http://unix.local")
+        .connect_timeout(timeout)
+        .timeout(timeout)
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let p = p.clone();
+            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(p).await?)) }
+        }))
+        .await
+}

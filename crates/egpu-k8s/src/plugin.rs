@@ -1,0 +1,518 @@
+//! The device plugin: gRPC service, registration with the kubelet, and the
+//! refresh / sweep loop.
+//!
+//! - **Serve** `DevicePlugin` on `<kubelet dir>/device-plugins/<socket>` and
+//!   **register** it with the kubelet's `Registration` service. The kubelet
+//!   wipes that directory when it restarts; the plugin notices its socket is
+//!   gone (checked every `poll`) and serves and registers again.
+//! - **Refresh** every `poll`: egpud's GPUs and slices, and the kubelet's
+//!   pod-resources list. Memory held by slices made outside Kubernetes
+//!   (`egpu create`) is reported as that many unhealthy tokens, so the
+//!   kubelet does not promise it to pods. While egpud cannot be reached every
+//!   token is unhealthy: the kubelet admits no new pod that needs one, and
+//!   running workloads keep their limits (egpud's own promise).
+//! - **Allocate** turns the tokens the kubelet chose into a slice (memory =
+//!   tokens × unit on their GPU, compute guarantee in proportion to that
+//!   memory, cap the whole GPU) and answers with its CDI device.
+//! - **Sweep**: a slice this plugin made whose tokens no container holds any
+//!   more (per pod-resources), and older than `sweep_grace`, is deleted. No
+//!   slice is ever deleted while pod-resources cannot be read.
+
+use crate::deviceplugin as dp;
+use crate::podresources as pr;
+use crate::tokens::{self, Inventory, SLICE_PREFIX};
+use egpu_node::proto as node;
+use std::collections::{HashMap, HashSet};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status};
+
+/// The device-plugin API version this plugin speaks.
+pub const API_VERSION: &str = "v1beta1";
+/// The default extended resource.
+pub const DEFAULT_RESOURCE: &str = "egpu.io/gpu-memory";
+pub const HEALTHY: &str = "Healthy";
+pub const UNHEALTHY: &str = "Unhealthy";
+
+/// How the plugin runs.
+#[derive(Debug, Clone)]
+pub struct PluginConfig {
+    /// egpud's socket.
+    pub egpud_socket: PathBuf,
+    /// The kubelet's root directory (`/var/lib/kubelet`): its
+    /// `device-plugins/` and `pod-resources/` sockets are under it.
+    pub kubelet_dir: PathBuf,
+    /// The extended resource advertised, e.g. `egpu.io/gpu-memory`.
+    pub resource_name: String,
+    /// Bytes of GPU memory per device (token).
+    pub unit_bytes: u64,
+    /// The directory egpud writes CDI specs into (its `--cdi-dir`).
+    pub cdi_dir: PathBuf,
+    /// How often egpud and the kubelet are read, and the socket checked.
+    pub poll: Duration,
+    /// How long a new slice is kept before the kubelet must list it.
+    pub sweep_grace: Duration,
+}
+
+impl PluginConfig {
+    pub fn device_plugin_dir(&self) -> PathBuf {
+        self.kubelet_dir.join("device-plugins")
+    }
+    /// The plugin's socket file name: `egpu-<resource without its domain>.sock`.
+    pub fn endpoint(&self) -> String {
+        let short = self.resource_name.rsplit('/').next().unwrap_or(&self.resource_name);
+        format!("egpu-{short}.sock")
+    }
+    pub fn pod_resources_socket(&self) -> PathBuf {
+        self.kubelet_dir.join("pod-resources/kubelet.sock")
+    }
+}
+
+/// Why the plugin stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginError {
+    #[error("cannot serve on {path}: {source}")]
+    Serve { path: PathBuf, source: std::io::Error },
+    #[error("the kubelet refused to register {resource}: {message}. Is another plugin serving this resource?")]
+    Refused { resource: String, message: String },
+    #[error("bad configuration: {0}")]
+    Config(String),
+}
+
+/// What one refresh read.
+#[derive(Debug, Default)]
+struct Snapshot {
+    inventory: Option<Inventory>,
+    devices: Vec<dp::Device>,
+}
+
+/// State shared by the service and the loops.
+#[derive(Debug)]
+pub struct Shared {
+    cfg: PluginConfig,
+    snapshot: Mutex<Snapshot>,
+    devices: watch::Sender<Vec<dp::Device>>,
+}
+
+impl Shared {
+    pub fn new(cfg: PluginConfig) -> Result<Arc<Shared>, PluginError> {
+        if cfg.unit_bytes < (1 << 20) {
+            return Err(PluginError::Config(format!("--memory-unit {} B is below 1 MiB; use e.g. 1GiB or 512MiB", cfg.unit_bytes)));
+        }
+        if !cfg.resource_name.contains('/') {
+            return Err(PluginError::Config(format!("resource '{}' needs a domain, e.g. egpu.io/gpu-memory", cfg.resource_name)));
+        }
+        let (devices, _) = watch::channel(Vec::new());
+        Ok(Arc::new(Shared { cfg, snapshot: Mutex::new(Snapshot::default()), devices }))
+    }
+
+    pub fn config(&self) -> &PluginConfig {
+        &self.cfg
+    }
+
+    /// The devices last advertised.
+    pub fn devices(&self) -> Vec<dp::Device> {
+        self.devices.borrow().clone()
+    }
+
+    async fn egpud(&self) -> Result<egpu_node::client::Client, Status> {
+        egpu_node::client::connect(&self.cfg.egpud_socket).await.map_err(|e| Status::unavailable(e.to_string()))
+    }
+
+    /// Reads egpud and the kubelet once: updates the advertised devices and
+    /// deletes slices no container holds.
+    pub async fn refresh(&self) {
+        let read = async {
+            let mut c = self.egpud().await?;
+            let n = c.get_node(node::GetNodeRequest {}).await?.into_inner();
+            let s = c.list_slices(node::ListSlicesRequest {}).await?.into_inner().slices;
+            Ok::<_, Status>((c, n, s))
+        };
+        // egpud's slices first, then the kubelet's list: a slice in the first
+        // was made before the second was read, so the kubelet has recorded its
+        // container unless it is younger than the grace period.
+        let read = read.await;
+        let held = self.held_tokens().await;
+        let (inventory, devices) = match read {
+            Ok((mut client, n, slices)) => {
+                let inv = Inventory {
+                    unit_bytes: self.cfg.unit_bytes,
+                    gpus: n.devices.iter().map(|d| tokens::Gpu { index: d.index, uuid: d.uuid.clone(), memory_bytes: d.memory_bytes }).collect(),
+                };
+                let devices = advertise(&inv, &slices, held.as_ref());
+                if let Some(held) = &held {
+                    self.sweep(&mut client, &slices, held).await;
+                }
+                (Some(inv), devices)
+            }
+            Err(e) => {
+                tracing::warn!("egpud unreachable, every {} device is reported unhealthy: {}", self.cfg.resource_name, e.message());
+                let mut devices = self.devices();
+                devices.iter_mut().for_each(|d| d.health = UNHEALTHY.into());
+                (None, devices)
+            }
+        };
+        self.snapshot.lock().expect("snapshot lock").inventory = inventory;
+        self.devices.send_if_modified(|cur| {
+            let changed = *cur != devices;
+            *cur = devices.clone();
+            changed
+        });
+        self.snapshot.lock().expect("snapshot lock").devices = devices;
+    }
+
+    /// The tokens each container holds, per the kubelet's pod-resources
+    /// API: `None` when it cannot be read.
+    async fn held_tokens(&self) -> Option<Vec<Vec<String>>> {
+        let path = self.cfg.pod_resources_socket();
+        let list = async {
+            let ch = crate::unix_channel(&path, Duration::from_secs(10)).await.map_err(|e| Status::unavailable(e.to_string()))?;
+            pr::pod_resources_lister_client::PodResourcesListerClient::new(ch).list(pr::ListPodResourcesRequest {}).await
+        };
+        match list.await {
+            Ok(r) => Some(
+                r.into_inner()
+                    .pod_resources
+                    .iter()
+                    .flat_map(|p| &p.containers)
+                    .flat_map(|c| &c.devices)
+                    .filter(|d| d.resource_name == self.cfg.resource_name && !d.device_ids.is_empty())
+                    .map(|d| d.device_ids.clone())
+                    .collect(),
+            ),
+            Err(e) => {
+                tracing::warn!("cannot read the kubelet's pod resources at {} ({}); no slice is swept until it can be read", path.display(), e.message());
+                None
+            }
+        }
+    }
+
+    async fn sweep(&self, client: &mut egpu_node::client::Client, slices: &[node::Slice], held: &[Vec<String>]) {
+        let live: HashSet<String> = held.iter().map(|ids| tokens::slice_name(ids)).collect();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        for s in slices {
+            let old_enough = now.saturating_sub(s.created_unix) >= self.cfg.sweep_grace.as_secs();
+            if s.name.starts_with(SLICE_PREFIX) && !live.contains(&s.name) && old_enough {
+                match client.delete_slice(node::DeleteSliceRequest { name: s.name.clone(), force: false }).await {
+                    Ok(_) => tracing::info!(slice = %s.name, "deleted: no container holds its {} any more", self.cfg.resource_name),
+                    Err(e) => tracing::warn!(slice = %s.name, "cannot delete a slice no container holds: {}", e.message()),
+                }
+            }
+        }
+    }
+
+    /// Makes (or finds) the slice of one container's tokens.
+    async fn allocate_one(&self, ids: &[String]) -> Result<dp::ContainerAllocateResponse, Status> {
+        let inv = self.snapshot.lock().expect("snapshot lock").inventory.clone();
+        let Some(inv) = inv else {
+            return Err(Status::unavailable(format!(
+                "egpud is not reachable at {}; start it (egpud --cdi-dir {}) and the pod will be admitted on retry",
+                self.cfg.egpud_socket.display(),
+                self.cfg.cdi_dir.display()
+            )));
+        };
+        let (gpu, n) = inv.resolve(ids).map_err(|e| Status::failed_precondition(format!("{}: {e}", self.cfg.resource_name)))?;
+        let name = tokens::slice_name(ids);
+        let memory = n as u64 * self.cfg.unit_bytes;
+        let share = u32::try_from((u128::from(memory) * 10_000 / u128::from(gpu.memory_bytes.max(1))).min(10_000)).unwrap_or(10_000);
+        let want = node::DeviceShareSpec { device: gpu.index, memory_bytes: memory, compute_share_bps: share, compute_limit_bps: 10_000, memory_burst_bytes: 0 };
+        let mut c = self.egpud().await?;
+        match c.create_slice(node::CreateSliceRequest { name: name.clone(), devices: vec![want], ephemeral: false, owner_pid: 0, ..Default::default() }).await {
+            Ok(_) => tracing::info!(slice = %name, gpu = gpu.index, memory, "created for the kubelet"),
+            Err(e) if e.code() == tonic::Code::AlreadyExists => {
+                // A repeated Allocate for the same tokens (kubelet restart, retry).
+                let s = c.get_slice(node::GetSliceRequest { name: name.clone() }).await?.into_inner();
+                let same = matches!(s.devices.as_slice(), [d] if d.device == gpu.index && d.memory_limit_bytes == memory);
+                if !same {
+                    return Err(Status::already_exists(format!("slice {name} exists with other devices or memory; delete it (egpu rm {name}) and retry")));
+                }
+            }
+            Err(e) => return Err(Status::new(e.code(), format!("egpud refused slice {name} ({memory} B on GPU {}): {}", gpu.index, e.message()))),
+        }
+        let spec = self.cfg.cdi_dir.join(egpu_node::cdi::spec_file(&name));
+        if !spec.exists() {
+            let _ = c.delete_slice(node::DeleteSliceRequest { name: name.clone(), force: false }).await;
+            return Err(Status::failed_precondition(format!(
+                "egpud wrote no CDI spec {}: start egpud with --cdi-dir {} (or point the plugin's --cdi-dir at egpud's)",
+                spec.display(),
+                self.cfg.cdi_dir.display()
+            )));
+        }
+        Ok(dp::ContainerAllocateResponse {
+            envs: HashMap::from([("EGPU_SLICE".to_string(), name.clone())]),
+            cdi_devices: vec![dp::CdiDevice { name: egpu_node::cdi::device_name(&name) }],
+            ..Default::default()
+        })
+    }
+}
+
+/// The device list for the kubelet: every token, healthy except as many of
+/// each GPU's highest-numbered free tokens as the memory guaranteed to
+/// slices made outside Kubernetes covers (rounded up), and every token when
+/// the held set is unknown and such slices exist on that GPU too.
+fn advertise(inv: &Inventory, slices: &[node::Slice], held: Option<&Vec<Vec<String>>>) -> Vec<dp::Device> {
+    let mut foreign: HashMap<u32, u64> = HashMap::new();
+    for s in slices.iter().filter(|s| !s.name.starts_with(SLICE_PREFIX)) {
+        for d in &s.devices {
+            *foreign.entry(d.device).or_default() += d.memory_limit_bytes;
+        }
+    }
+    let held: HashSet<&str> = held.map(|h| h.iter().flatten().map(String::as_str).collect()).unwrap_or_default();
+    let mut out = Vec::new();
+    for g in &inv.gpus {
+        let n = inv.tokens_of(g);
+        let mut reserve = foreign.get(&g.index).copied().unwrap_or(0).div_ceil(inv.unit_bytes);
+        let mut health = vec![HEALTHY; n as usize];
+        for k in (0..n).rev() {
+            if reserve == 0 {
+                break;
+            }
+            if !held.contains(tokens::token_id(&g.uuid, k).as_str()) {
+                health[k as usize] = UNHEALTHY;
+                reserve -= 1;
+            }
+        }
+        out.extend((0..n).map(|k| dp::Device { id: tokens::token_id(&g.uuid, k), health: health[k as usize].into(), topology: None }));
+    }
+    out
+}
+
+/// The `DevicePlugin` gRPC service. Its `ListAndWatch` streams end when
+/// `stopped` turns true, so that a server being replaced (kubelet restart)
+/// or shut down is not held open by the kubelet's stream.
+#[derive(Debug, Clone)]
+pub struct Service {
+    pub shared: Arc<Shared>,
+    pub stopped: watch::Receiver<bool>,
+}
+
+type DeviceStream = Pin<Box<dyn Stream<Item = Result<dp::ListAndWatchResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl dp::device_plugin_server::DevicePlugin for Service {
+    async fn get_device_plugin_options(&self, _: Request<dp::Empty>) -> Result<Response<dp::DevicePluginOptions>, Status> {
+        Ok(Response::new(options()))
+    }
+
+    type ListAndWatchStream = DeviceStream;
+
+    async fn list_and_watch(&self, _: Request<dp::Empty>) -> Result<Response<DeviceStream>, Status> {
+        let mut devices = self.shared.devices.subscribe();
+        let mut stopped = self.stopped.clone();
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::spawn(async move {
+            loop {
+                let list = devices.borrow_and_update().clone();
+                if tx.send(Ok(dp::ListAndWatchResponse { devices: list })).await.is_err() {
+                    return; // the kubelet went away
+                }
+                tokio::select! {
+                    _ = stopped.wait_for(|s| *s) => return,
+                    changed = devices.changed() => if changed.is_err() { return },
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))))
+    }
+
+    async fn get_preferred_allocation(&self, req: Request<dp::PreferredAllocationRequest>) -> Result<Response<dp::PreferredAllocationResponse>, Status> {
+        let container_responses = req
+            .into_inner()
+            .container_requests
+            .iter()
+            .map(|r| dp::ContainerPreferredAllocationResponse {
+                device_i_ds: tokens::preferred(&r.available_device_i_ds, &r.must_include_device_i_ds, usize::try_from(r.allocation_size).unwrap_or(0)),
+            })
+            .collect();
+        Ok(Response::new(dp::PreferredAllocationResponse { container_responses }))
+    }
+
+    async fn allocate(&self, req: Request<dp::AllocateRequest>) -> Result<Response<dp::AllocateResponse>, Status> {
+        let mut container_responses = Vec::new();
+        for r in &req.into_inner().container_requests {
+            container_responses.push(self.shared.allocate_one(&r.devices_ids).await?);
+        }
+        Ok(Response::new(dp::AllocateResponse { container_responses }))
+    }
+
+    async fn pre_start_container(&self, _: Request<dp::PreStartContainerRequest>) -> Result<Response<dp::PreStartContainerResponse>, Status> {
+        Ok(Response::new(dp::PreStartContainerResponse {}))
+    }
+}
+
+fn options() -> dp::DevicePluginOptions {
+    dp::DevicePluginOptions { pre_start_required: false, get_preferred_allocation_available: true }
+}
+
+/// The identity of a file, to notice it was removed or replaced.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// Runs the plugin until `shutdown` resolves: refresh loop, and serve +
+/// register again every time the kubelet removes the socket.
+pub async fn run(shared: Arc<Shared>, shutdown: impl std::future::Future<Output = ()>) -> Result<(), PluginError> {
+    let cfg = shared.cfg.clone();
+    // Read once before serving, so the kubelet's first list is the node's.
+    shared.refresh().await;
+    let refresher = {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + shared.cfg.poll, shared.cfg.poll);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                shared.refresh().await;
+            }
+        })
+    };
+    tokio::pin!(shutdown);
+    let sock = cfg.device_plugin_dir().join(cfg.endpoint());
+    let result = loop {
+        match std::fs::remove_file(&sock) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => break Err(PluginError::Serve { path: sock.clone(), source }),
+        }
+        let listener = match tokio::net::UnixListener::bind(&sock) {
+            Ok(l) => l,
+            Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
+                tracing::warn!("{} does not exist yet (is the kubelet running?); waiting", cfg.device_plugin_dir().display());
+                tokio::select! {
+                    _ = &mut shutdown => break Ok(()),
+                    _ = tokio::time::sleep(cfg.poll) => continue,
+                }
+            }
+            Err(source) => break Err(PluginError::Serve { path: sock.clone(), source }),
+        };
+        let id = file_id(&sock);
+        let (stop, stopped) = watch::channel(false);
+        let service = Service { shared: shared.clone(), stopped: stopped.clone() };
+        let mut until_stopped = stopped;
+        let server = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(dp::device_plugin_server::DevicePluginServer::new(service))
+                .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), async move {
+                    let _ = until_stopped.wait_for(|s| *s).await;
+                }),
+        );
+        // Register (the kubelet may still be starting: retry until it answers).
+        let registered = loop {
+            match register(&cfg).await {
+                Ok(()) => break Ok(()),
+                Err(e) if e.code() == tonic::Code::Unavailable || e.code() == tonic::Code::Unknown && e.message().contains("transport") => {
+                    tracing::warn!("kubelet registration socket not answering ({}); retrying", e.message());
+                }
+                Err(e) => break Err(PluginError::Refused { resource: cfg.resource_name.clone(), message: e.message().to_string() }),
+            }
+            tokio::select! {
+                _ = &mut shutdown => break Ok(()),
+                _ = tokio::time::sleep(cfg.poll) => {}
+            }
+        };
+        if let Err(e) = registered {
+            let _ = stop.send(true);
+            let _ = server.await;
+            break Err(e);
+        }
+        tracing::info!("registered {} with the kubelet, serving {}", cfg.resource_name, sock.display());
+        // Watch the socket: the kubelet removes it when it restarts.
+        let mut tick = tokio::time::interval(cfg.poll);
+        let done = loop {
+            tokio::select! {
+                _ = &mut shutdown => break true,
+                _ = tick.tick() => {
+                    if file_id(&sock) != id || server.is_finished() {
+                        tracing::info!("{} was removed (kubelet restart?): serving and registering again", sock.display());
+                        break false;
+                    }
+                }
+            }
+        };
+        let _ = stop.send(true);
+        let _ = server.await;
+        if done {
+            if file_id(&sock) == id {
+                let _ = std::fs::remove_file(&sock);
+            }
+            break Ok(());
+        }
+    };
+    refresher.abort();
+    result
+}
+
+async fn register(cfg: &PluginConfig) -> Result<(), Status> {
+    let path = cfg.device_plugin_dir().join("kubelet.sock");
+    let ch = crate::unix_channel(&path, Duration::from_secs(10)).await.map_err(|e| Status::unavailable(format!("{}: {e}", path.display())))?;
+    dp::registration_client::RegistrationClient::new(ch)
+        .register(dp::RegisterRequest {
+            version: API_VERSION.into(),
+            endpoint: cfg.endpoint(),
+            resource_name: cfg.resource_name.clone(),
+            options: Some(options()),
+        })
+        .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slice(name: &str, device: u32, gib: u64) -> node::Slice {
+        node::Slice {
+            name: name.into(),
+            devices: vec![node::SliceDevice { device, memory_limit_bytes: gib << 30, ..Default::default() }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn foreign_slices_make_free_tokens_unhealthy_from_the_top() {
+        let inv = Inventory {
+            unit_bytes: 1 << 30,
+            gpus: vec![
+                tokens::Gpu { index: 0, uuid: "GPU-a".into(), memory_bytes: 4 << 30 },
+                tokens::Gpu { index: 1, uuid: "GPU-b".into(), memory_bytes: 4 << 30 },
+            ],
+        };
+        let mut half = slice("train", 1, 1);
+        half.devices[0].memory_limit_bytes += 1; // 1 GiB + 1 B: two tokens
+        let slices = [half, slice(&tokens::slice_name(&["GPU-a_0".into()]), 0, 1)];
+        // GPU-b_3 is held by a container: the reserve skips it.
+        let held = vec![vec!["GPU-b_3".to_string()]];
+        let d = advertise(&inv, &slices, Some(&held));
+        let unhealthy: Vec<&str> = d.iter().filter(|d| d.health == UNHEALTHY).map(|d| d.id.as_str()).collect();
+        assert_eq!(unhealthy, ["GPU-b_1", "GPU-b_2"]);
+        assert_eq!(d.len(), 8);
+        // Without the held set the top tokens are taken.
+        let d = advertise(&inv, &slices, None);
+        let unhealthy: Vec<&str> = d.iter().filter(|d| d.health == UNHEALTHY).map(|d| d.id.as_str()).collect();
+        assert_eq!(unhealthy, ["GPU-b_2", "GPU-b_3"]);
+    }
+
+    #[test]
+    fn endpoint_and_config_checks() {
+        let cfg = PluginConfig {
+            egpud_socket: "/x".into(),
+            kubelet_dir: "/var/lib/kubelet".into(),
+            resource_name: DEFAULT_RESOURCE.into(),
+            unit_bytes: 1 << 30,
+            cdi_dir: "/var/run/cdi".into(),
+            poll: Duration::from_secs(1),
+            sweep_grace: Duration::from_secs(30),
+        };
+        assert_eq!(cfg.endpoint(), "egpu-gpu-memory.sock");
+        assert!(Shared::new(cfg.clone()).is_ok());
+        let e = Shared::new(PluginConfig { unit_bytes: 4096, ..cfg.clone() }).unwrap_err();
+        assert!(e.to_string().contains("below 1 MiB"), "{e}");
+        let e = Shared::new(PluginConfig { resource_name: "gpu-memory".into(), ..cfg }).unwrap_err();
+        assert!(e.to_string().contains("needs a domain"), "{e}");
+    }
+}

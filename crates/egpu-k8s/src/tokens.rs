@@ -1,0 +1,278 @@
+//! Memory tokens: the device IDs the plugin advertises to the kubelet.
+//!
+//! Each GPU of the node is cut into tokens of one memory unit (default
+//! 1 GiB): token `<GPU UUID>_<k>`, k from 0. A container that asks for
+//! `egpu.io/gpu-memory: 10` is given ten tokens by the kubelet, which keeps
+//! the node-wide count; the plugin turns them into a slice of ten units on
+//! the GPU they belong to. Pure code: no IO.
+
+use std::collections::BTreeMap;
+
+/// The separator between a token's GPU UUID and its number.
+const SEP: char = '_';
+
+/// A GPU as the plugin sees it: its index and UUID in egpud, its memory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Gpu {
+    pub index: u32,
+    pub uuid: String,
+    pub memory_bytes: u64,
+}
+
+/// The node's GPUs and the size of one token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Inventory {
+    pub unit_bytes: u64,
+    pub gpus: Vec<Gpu>,
+}
+
+/// Why a set of tokens cannot become a slice.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TokenError {
+    #[error("device ID '{0}' is not one this plugin advertised (expected <GPU UUID>_<number>); was the plugin restarted with another --memory-unit, or the GPUs changed?")]
+    Unknown(String),
+    #[error("no devices requested")]
+    Empty,
+    #[error(
+        "the kubelet chose memory on {gpus} GPUs ({detail}), but a slice's memory comes from one GPU: no GPU on this node had {want} unit(s) free when the pod was admitted. Ask for less, or let the scheduler place the pod on a node with a freer GPU"
+    )]
+    Spread { gpus: usize, detail: String, want: usize },
+}
+
+/// The device ID of token `k` of the GPU `uuid`.
+pub fn token_id(uuid: &str, k: u32) -> String {
+    format!("{uuid}{SEP}{k}")
+}
+
+/// Splits a device ID into its GPU UUID and token number.
+pub fn parse_token(id: &str) -> Option<(&str, u32)> {
+    let (uuid, k) = id.rsplit_once(SEP)?;
+    if uuid.is_empty() || k.is_empty() || !k.bytes().all(|b| b.is_ascii_digit()) || (k.len() > 1 && k.starts_with('0')) {
+        return None;
+    }
+    Some((uuid, k.parse().ok()?))
+}
+
+impl Inventory {
+    /// How many tokens GPU `gpu` has (whole units only).
+    pub fn tokens_of(&self, gpu: &Gpu) -> u32 {
+        u32::try_from(gpu.memory_bytes / self.unit_bytes.max(1)).unwrap_or(u32::MAX)
+    }
+
+    /// Every token of the node, GPU by GPU.
+    pub fn all_tokens(&self) -> impl Iterator<Item = (&Gpu, u32, String)> + '_ {
+        self.gpus.iter().flat_map(move |g| (0..self.tokens_of(g)).map(move |k| (g, k, token_id(&g.uuid, k))))
+    }
+
+    /// The GPU a set of tokens lies on, and how many there are; refused
+    /// when they are unknown, empty, or spread over several GPUs.
+    pub fn resolve(&self, ids: &[String]) -> Result<(&Gpu, usize), TokenError> {
+        let mut per_gpu: BTreeMap<u32, usize> = BTreeMap::new();
+        let mut seen = std::collections::HashSet::new();
+        for id in ids {
+            let gpu = parse_token(id)
+                .and_then(|(uuid, k)| self.gpus.iter().find(|g| g.uuid == uuid && k < self.tokens_of(g)))
+                .ok_or_else(|| TokenError::Unknown(egpu_core::slice::shown(id)))?;
+            if seen.insert(id.as_str()) {
+                *per_gpu.entry(gpu.index).or_default() += 1;
+            }
+        }
+        match per_gpu.len() {
+            0 => Err(TokenError::Empty),
+            1 => {
+                let (&index, &n) = per_gpu.iter().next().expect("one entry");
+                Ok((self.gpus.iter().find(|g| g.index == index).expect("resolved above"), n))
+            }
+            gpus => Err(TokenError::Spread {
+                gpus,
+                detail: per_gpu.iter().map(|(i, n)| format!("{n} on GPU {i}")).collect::<Vec<_>>().join(", "),
+                want: seen.len(),
+            }),
+        }
+    }
+}
+
+/// The plugin's answer to `GetPreferredAllocation`: `size` tokens from
+/// `available`, all of `must_include` among them, on one GPU when any GPU
+/// can hold them all. Among the GPUs that can, the one with the fewest
+/// tokens available is chosen (best fit), so that larger requests still find
+/// a GPU with room; the lowest-numbered tokens are taken. When no single GPU
+/// can, the tokens come from the GPUs with the most available first (the
+/// allocation will then be refused by `Allocate`, with the reason).
+pub fn preferred(available: &[String], must_include: &[String], size: usize) -> Vec<String> {
+    // GPU UUID -> its available tokens, by number; unparseable IDs are never preferred.
+    let mut by_gpu: BTreeMap<&str, BTreeMap<u32, &String>> = BTreeMap::new();
+    for id in available.iter().chain(must_include) {
+        if let Some((uuid, k)) = parse_token(id) {
+            by_gpu.entry(uuid).or_default().insert(k, id);
+        }
+    }
+    let mut out: Vec<String> = Vec::with_capacity(size);
+    for id in must_include {
+        if out.len() < size && !out.contains(id) {
+            out.push(id.clone());
+        }
+    }
+    let pinned: Vec<&str> = must_include.iter().filter_map(|id| parse_token(id).map(|(u, _)| u)).collect();
+    let fits = |uuid: &str, n: usize| n >= size && pinned.iter().all(|p| *p == uuid);
+    let best = by_gpu.iter().filter(|(u, t)| fits(u, t.len())).min_by_key(|(u, t)| (t.len(), **u)).map(|(u, _)| *u);
+    let order: Vec<&str> = match best {
+        Some(u) => vec![u],
+        None => {
+            let mut gpus: Vec<(&str, usize)> = by_gpu.iter().map(|(u, t)| (*u, t.len())).collect();
+            // Pinned GPUs first, then the fullest.
+            gpus.sort_by_key(|(u, n)| (!pinned.contains(u), std::cmp::Reverse(*n), *u));
+            gpus.into_iter().map(|(u, _)| u).collect()
+        }
+    };
+    for uuid in order {
+        for id in by_gpu[uuid].values() {
+            if out.len() >= size {
+                return out;
+            }
+            if !out.contains(id) {
+                out.push((*id).clone());
+            }
+        }
+    }
+    out
+}
+
+/// The slice name of a container's tokens: `k8s-` and 16 hex digits of a
+/// 64-bit FNV-1a hash of the sorted IDs. The same tokens always give the
+/// same name, so a repeated `Allocate` finds its slice, and the sweeper can
+/// tell from the kubelet's pod-resources list which slices are still held.
+/// (FNV-1a by hand: eight lines, and the name must not change with a
+/// hashing crate's version.)
+pub fn slice_name(ids: &[String]) -> String {
+    let mut sorted: Vec<&str> = ids.iter().map(String::as_str).collect();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (i, id) in sorted.iter().enumerate() {
+        for b in (if i > 0 { "," } else { "" }).bytes().chain(id.bytes()) {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+    format!("{SLICE_PREFIX}{h:016x}")
+}
+
+/// The prefix of every slice the plugin creates; the sweeper touches no other.
+pub const SLICE_PREFIX: &str = "k8s-";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn inv() -> Inventory {
+        Inventory {
+            unit_bytes: 1 << 30,
+            gpus: vec![
+                Gpu { index: 0, uuid: "GPU-a".into(), memory_bytes: 16 << 30 },
+                Gpu { index: 1, uuid: "GPU-b".into(), memory_bytes: (16 << 30) + 5 },
+            ],
+        }
+    }
+
+    fn ids(uuid: &str, ks: impl IntoIterator<Item = u32>) -> Vec<String> {
+        ks.into_iter().map(|k| token_id(uuid, k)).collect()
+    }
+
+    #[test]
+    fn token_ids_round_trip_and_reject_garbage() {
+        assert_eq!(parse_token("GPU-12ab-cd_7"), Some(("GPU-12ab-cd", 7)));
+        assert_eq!(parse_token(&token_id("GPU-x_y", 12)), Some(("GPU-x_y", 12)));
+        for bad in ["", "_1", "GPU-a_", "GPU-a_x", "GPU-a_-1", "GPU-a_01", "GPU-a", "GPU-a_99999999999"] {
+            assert_eq!(parse_token(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn inventory_counts_whole_units() {
+        let inv = inv();
+        assert_eq!(inv.tokens_of(&inv.gpus[1]), 16);
+        assert_eq!(inv.all_tokens().count(), 32);
+    }
+
+    #[test]
+    fn resolve_accepts_one_gpu_and_explains_a_spread() {
+        let inv = inv();
+        let (g, n) = inv.resolve(&ids("GPU-b", 3..8)).unwrap();
+        assert_eq!((g.index, n), (1, 5));
+        let mut spread = ids("GPU-a", 0..2);
+        spread.extend(ids("GPU-b", 0..3));
+        let e = inv.resolve(&spread).unwrap_err();
+        assert_eq!(e, TokenError::Spread { gpus: 2, detail: "2 on GPU 0, 3 on GPU 1".into(), want: 5 });
+        assert!(e.to_string().contains("one GPU"), "{e}");
+        assert!(matches!(inv.resolve(&ids("GPU-a", [16])), Err(TokenError::Unknown(_))), "token past the GPU's memory");
+        assert!(matches!(inv.resolve(&ids("GPU-z", [0])), Err(TokenError::Unknown(_))));
+        assert_eq!(inv.resolve(&[]), Err(TokenError::Empty));
+    }
+
+    #[test]
+    fn preferred_is_best_fit_on_one_gpu() {
+        // GPU-a has 6 tokens left, GPU-b 16.
+        let mut avail = ids("GPU-a", 10..16);
+        avail.extend(ids("GPU-b", 0..16));
+        assert_eq!(preferred(&avail, &[], 4), ids("GPU-a", 10..14), "the tighter GPU that fits");
+        assert_eq!(preferred(&avail, &[], 8), ids("GPU-b", 0..8), "only GPU-b fits 8");
+        // Nothing fits 20: the fullest GPU first.
+        let p = preferred(&avail, &[], 20);
+        assert_eq!(p.len(), 20);
+        assert_eq!(&p[..16], &ids("GPU-b", 0..16)[..]);
+        // A pinned token decides the GPU.
+        assert_eq!(preferred(&avail, &ids("GPU-b", [9]), 3), vec![token_id("GPU-b", 9), token_id("GPU-b", 0), token_id("GPU-b", 1)]);
+    }
+
+    #[test]
+    fn slice_names_are_stable_valid_and_order_free() {
+        let a = slice_name(&ids("GPU-a", [1, 2, 3]));
+        let b = slice_name(&ids("GPU-a", [3, 1, 2]));
+        assert_eq!(a, b);
+        assert_ne!(a, slice_name(&ids("GPU-a", [1, 2, 4])));
+        assert_ne!(a, slice_name(&ids("GPU-a", [1, 2])));
+        egpu_core::slice::validate_name(&a).unwrap();
+        assert_eq!(a.len(), SLICE_PREFIX.len() + 16);
+    }
+
+    proptest! {
+        #[test]
+        fn preferred_answers_what_was_asked(
+            a in proptest::collection::btree_set(0u32..24, 0..24),
+            b in proptest::collection::btree_set(0u32..24, 0..24),
+            pin in proptest::option::of((any::<bool>(), 0u32..24)),
+            size in 0usize..40,
+        ) {
+            let mut avail = ids("GPU-a", a.iter().copied());
+            avail.extend(ids("GPU-b", b.iter().copied()));
+            let must: Vec<String> = pin.map(|(on_a, k)| token_id(if on_a { "GPU-a" } else { "GPU-b" }, k)).into_iter().collect();
+            let p = preferred(&avail, &must, size);
+            let total = {
+                let mut all: std::collections::BTreeSet<&String> = avail.iter().collect();
+                all.extend(must.iter());
+                all.len()
+            };
+            prop_assert_eq!(p.len(), size.min(total));
+            let uniq: std::collections::BTreeSet<&String> = p.iter().collect();
+            prop_assert_eq!(uniq.len(), p.len(), "no token twice");
+            for id in &p {
+                prop_assert!(avail.contains(id) || must.contains(id), "{} was not offered", id);
+            }
+            if size > 0 {
+                for id in &must {
+                    prop_assert!(p.contains(id), "must-include {} missing", id);
+                }
+            }
+            // One GPU whenever one GPU can hold it all.
+            let count = |u: &str| avail.iter().chain(&must).filter(|t| parse_token(t).unwrap().0 == u).collect::<std::collections::BTreeSet<_>>().len();
+            let pinned = must.first().map(|t| parse_token(t).unwrap().0);
+            let one_fits = ["GPU-a", "GPU-b"].iter().any(|u| count(u) >= size && pinned.is_none_or(|p| p == *u));
+            if one_fits {
+                let gpus: std::collections::BTreeSet<&str> = p.iter().map(|t| parse_token(t).unwrap().0).collect();
+                prop_assert!(gpus.len() <= 1, "spread over {:?}", gpus);
+            }
+        }
+    }
+}

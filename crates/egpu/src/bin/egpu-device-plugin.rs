@@ -1,0 +1,82 @@
+//! `egpu-device-plugin`: the kubelet device plugin (logic in `egpu-k8s`).
+//! Advertises `egpu.io/gpu-memory` and turns each container's request into
+//! a slice of egpud, handed to the runtime as a CDI device.
+
+use clap::Parser;
+use egpu_core::quantity::Bytes;
+use egpu_k8s::plugin::{DEFAULT_RESOURCE, PluginConfig, Shared, run};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(Debug, Parser)]
+#[command(name = "egpu-device-plugin", version, about = "Kubelet device plugin: GPU memory as an extended resource, each container's share a slice of egpud")]
+struct Args {
+    /// egpud's socket.
+    #[arg(long, env = "EGPU_SOCKET", default_value = egpu_cli::cli::DEFAULT_SOCKET)]
+    socket: PathBuf,
+    /// The kubelet's root directory (its device-plugins/ and pod-resources/ sockets are under it).
+    #[arg(long, default_value = "/var/lib/kubelet")]
+    kubelet_dir: PathBuf,
+    /// The extended resource to advertise (domain/name).
+    #[arg(long, default_value = DEFAULT_RESOURCE)]
+    resource: String,
+    /// GPU memory per unit of the resource: a pod asking for N gets N of these.
+    #[arg(long, default_value = "1GiB")]
+    memory_unit: Bytes,
+    /// Where egpud writes its CDI specs (egpud's --cdi-dir).
+    #[arg(long, default_value = "/var/run/cdi")]
+    cdi_dir: PathBuf,
+    /// How often egpud and the kubelet are read.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    poll: Duration,
+    /// How long a new slice may wait for the kubelet to list its container before it is swept.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    sweep_grace: Duration,
+    /// Log filter (tracing's EnvFilter syntax).
+    #[arg(long, env = "EGPU_LOG", default_value = "info")]
+    log: String,
+}
+
+fn main() -> ExitCode {
+    let a = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&a.log))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    if a.poll.is_zero() {
+        eprintln!("egpu-device-plugin: --poll must be greater than 0, e.g. 1s");
+        return ExitCode::from(2);
+    }
+    let cfg = PluginConfig {
+        egpud_socket: a.socket,
+        kubelet_dir: a.kubelet_dir,
+        resource_name: a.resource,
+        unit_bytes: a.memory_unit.0,
+        cdi_dir: a.cdi_dir,
+        poll: a.poll,
+        sweep_grace: a.sweep_grace,
+    };
+    let shared = match Shared::new(cfg) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("egpu-device-plugin: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("egpu-device-plugin: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(shared, egpu_node::agent::shutdown_signal())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("egpu-device-plugin: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

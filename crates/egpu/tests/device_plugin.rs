@@ -1,0 +1,236 @@
+//! The kubelet device plugin against a kubelet stand-in: real gRPC over unix
+//! sockets, the kubelet's side (Registration, PodResourcesLister, and the
+//! calls a kubelet makes on the plugin) written here from the published API,
+//! and a real egpud on simulated GPUs publishing CDI specs.
+
+mod common;
+
+use common::{Node, target_dir, wait_until};
+use egpu_k8s::deviceplugin as dp;
+use egpu_k8s::podresources as pr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status};
+
+const RESOURCE: &str = "egpu.io/gpu-memory";
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The kubelet's side: registrations received, and the pod-resources list.
+#[derive(Clone)]
+struct Kubelet {
+    registered: mpsc::UnboundedSender<dp::RegisterRequest>,
+    pods: Arc<Mutex<Vec<pr::PodResources>>>,
+}
+
+#[tonic::async_trait]
+impl dp::registration_server::Registration for Kubelet {
+    async fn register(&self, req: Request<dp::RegisterRequest>) -> Result<Response<dp::Empty>, Status> {
+        let r = req.into_inner();
+        if r.version != "v1beta1" {
+            return Err(Status::invalid_argument(format!("unsupported version {}", r.version)));
+        }
+        self.registered.send(r).unwrap();
+        Ok(Response::new(dp::Empty {}))
+    }
+}
+
+#[tonic::async_trait]
+impl pr::pod_resources_lister_server::PodResourcesLister for Kubelet {
+    async fn list(&self, _: Request<pr::ListPodResourcesRequest>) -> Result<Response<pr::ListPodResourcesResponse>, Status> {
+        Ok(Response::new(pr::ListPodResourcesResponse { pod_resources: self.pods.lock().unwrap().clone() }))
+    }
+    async fn get_allocatable_resources(&self, _: Request<pr::AllocatableResourcesRequest>) -> Result<Response<pr::AllocatableResourcesResponse>, Status> {
+        Err(Status::unimplemented("not used"))
+    }
+}
+
+fn serve_kubelet(rt: &tokio::runtime::Runtime, dir: &Path, k: Kubelet) {
+    std::fs::create_dir_all(dir.join("device-plugins")).unwrap();
+    std::fs::create_dir_all(dir.join("pod-resources")).unwrap();
+    let _guard = rt.enter();
+    let reg = tokio::net::UnixListener::bind(dir.join("device-plugins/kubelet.sock")).unwrap();
+    let res = tokio::net::UnixListener::bind(dir.join("pod-resources/kubelet.sock")).unwrap();
+    let k2 = k.clone();
+    rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(dp::registration_server::RegistrationServer::new(k))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(reg)),
+    );
+    rt.spawn(
+        tonic::transport::Server::builder()
+            .add_service(pr::pod_resources_lister_server::PodResourcesListerServer::new(k2))
+            .serve_with_incoming(tokio_stream::wrappers::UnixListenerStream::new(res)),
+    );
+}
+
+fn holder(pod: &str, ids: &[String]) -> pr::PodResources {
+    pr::PodResources {
+        name: pod.into(),
+        namespace: "default".into(),
+        containers: vec![pr::ContainerResources {
+            name: "main".into(),
+            devices: vec![pr::ContainerDevices { resource_name: RESOURCE.into(), device_ids: ids.to_vec(), topology: None }],
+            ..Default::default()
+        }],
+    }
+}
+
+struct Plugin(Child);
+impl Drop for Plugin {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+type DpClient = dp::device_plugin_client::DevicePluginClient<tonic::transport::Channel>;
+
+async fn connect(sock: &Path) -> DpClient {
+    dp::device_plugin_client::DevicePluginClient::new(egpu_k8s::unix_channel(sock, WAIT).await.unwrap())
+}
+
+/// Reads the ListAndWatch stream until a list satisfies `cond`.
+async fn until(stream: &mut tonic::Streaming<dp::ListAndWatchResponse>, what: &str, cond: impl Fn(&[dp::Device]) -> bool) -> Vec<dp::Device> {
+    let read = async {
+        loop {
+            let m = stream.message().await.unwrap().expect("stream ended");
+            if cond(&m.devices) {
+                return m.devices;
+            }
+        }
+    };
+    tokio::time::timeout(WAIT, read).await.unwrap_or_else(|_| panic!("no device list where {what}"))
+}
+
+fn unhealthy(d: &[dp::Device]) -> Vec<String> {
+    d.iter().filter(|d| d.health != "Healthy").map(|d| d.id.clone()).collect()
+}
+
+fn spec_path(cdi: &Path, slice: &str) -> PathBuf {
+    cdi.join(format!("egpu.io-slice_{slice}.json"))
+}
+
+#[test]
+fn device_plugin_turns_kubelet_allocations_into_slices() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cdi = tmp.path().join("cdi");
+    let kdir = tmp.path().join("kubelet");
+    let mut node = Node::start_with("2x16GiB", &["--cdi-dir", cdi.to_str().unwrap()]);
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let (tx, mut registered) = mpsc::unbounded_channel();
+    let pods = Arc::new(Mutex::new(Vec::new()));
+    serve_kubelet(&rt, &kdir, Kubelet { registered: tx, pods: pods.clone() });
+
+    let log = std::fs::File::create(tmp.path().join("plugin.log")).unwrap();
+    let _plugin = Plugin(
+        Command::new(target_dir().join("egpu-device-plugin"))
+            .arg("--socket")
+            .arg(node.socket())
+            .arg("--kubelet-dir")
+            .arg(&kdir)
+            .arg("--cdi-dir")
+            .arg(&cdi)
+            .args(["--poll", "50ms", "--sweep-grace", "0s", "--log", "info"])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let plugin_log = || std::fs::read_to_string(tmp.path().join("plugin.log")).unwrap_or_default();
+
+    rt.block_on(async {
+        // 1. Registration: the published version, our socket, our resource.
+        let reg = tokio::time::timeout(WAIT, registered.recv()).await.expect("no registration").unwrap();
+        assert_eq!((reg.version.as_str(), reg.endpoint.as_str(), reg.resource_name.as_str()), ("v1beta1", "egpu-gpu-memory.sock", RESOURCE));
+        assert!(reg.options.unwrap().get_preferred_allocation_available);
+        let sock = kdir.join("device-plugins").join(&reg.endpoint);
+        let mut c = connect(&sock).await;
+        let opts = c.get_device_plugin_options(dp::Empty {}).await.unwrap().into_inner();
+        assert!(opts.get_preferred_allocation_available && !opts.pre_start_required);
+
+        // 2. One device per GiB of each GPU, all healthy.
+        let mut stream = c.list_and_watch(dp::Empty {}).await.unwrap().into_inner();
+        let devices = until(&mut stream, "32 healthy", |d| d.len() == 32 && unhealthy(d).is_empty()).await;
+        let all: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
+        // GPU 0's tokens come first, numbered from 0.
+        let uuid = |id: &str| id.rsplit_once('_').unwrap().0.to_string();
+        let (u0, u1) = (uuid(&all[0]), uuid(&all[31]));
+        assert_ne!(u0, u1);
+        let tok = |u: &str, k: u32| format!("{u}_{k}");
+        assert_eq!(all[15], tok(&u0, 15));
+        assert_eq!(all[16], tok(&u1, 0));
+
+        // 3. The preferred 10 lie on one GPU.
+        let ask = |available: Vec<String>, size: i32| dp::PreferredAllocationRequest {
+            container_requests: vec![dp::ContainerPreferredAllocationRequest { available_device_i_ds: available, must_include_device_i_ds: vec![], allocation_size: size }],
+        };
+        let pref = c.get_preferred_allocation(ask(all.clone(), 10)).await.unwrap().into_inner().container_responses.remove(0).device_i_ds;
+        assert_eq!(pref.len(), 10);
+        assert!(pref.iter().all(|id| uuid(id) == u0), "{pref:?}");
+
+        // 4. Allocate: a slice of exactly 10 GiB on GPU 0 with its CDI device.
+        // (This kubelet records the container before it asks; a real one
+        // records it after, which the sweep's grace period covers.)
+        pods.lock().unwrap().push(holder("a", &pref));
+        let alloc = |ids: Vec<String>| dp::AllocateRequest { container_requests: vec![dp::ContainerAllocateRequest { devices_ids: ids }] };
+        let r = c.allocate(alloc(pref.clone())).await.unwrap().into_inner().container_responses.remove(0);
+        let slice = egpu_k8s::tokens::slice_name(&pref);
+        assert_eq!(r.cdi_devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), [format!("egpu.io/slice={slice}")]);
+        assert_eq!(r.envs.get("EGPU_SLICE"), Some(&slice));
+        let s = node.slice(&slice);
+        assert_eq!(s["devices"].as_array().unwrap().len(), 1, "{s}");
+        assert_eq!(s["devices"][0]["device"], 0, "{s}");
+        assert_eq!(s["devices"][0]["memory_limit_bytes"], 10u64 << 30, "{s}");
+        assert_eq!(s["devices"][0]["compute_share_percent"], 62.5, "10 of 16 GiB: 62.5% guaranteed; {s}");
+        assert!(spec_path(&cdi, &slice).exists());
+        // The same tokens again (a kubelet retry) give the same slice.
+        let again = c.allocate(alloc(pref.clone())).await.unwrap().into_inner().container_responses.remove(0);
+        assert_eq!(again.cdi_devices, r.cdi_devices);
+        assert_eq!(node.slices().len(), 1);
+
+        // 5. Tokens on two GPUs are refused with the reason, and make no slice.
+        let spread = vec![tok(&u0, 12), tok(&u1, 0)];
+        let e = c.allocate(alloc(spread)).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+        assert!(e.message().contains("one GPU") && e.message().contains("1 on GPU 0, 1 on GPU 1"), "{}", e.message());
+        let e = c.allocate(alloc(vec!["GPU-other_0".into()])).await.unwrap_err();
+        assert!(e.message().contains("not one this plugin advertised"), "{}", e.message());
+        assert_eq!(node.slices().len(), 1);
+
+        // 6. A slice made outside Kubernetes takes its memory off the list:
+        // the top 3 tokens of GPU 1 become unhealthy.
+        node.ok(&["create", "--name", "batch", "--gpu-memory", "3GiB", "--device", "1"]);
+        let d = until(&mut stream, "3 unhealthy", |d| !unhealthy(d).is_empty()).await;
+        assert_eq!(unhealthy(&d), [tok(&u1, 13), tok(&u1, 14), tok(&u1, 15)]);
+
+        // 7. The container is gone from the kubelet: its slice and spec go.
+        pods.lock().unwrap().clear();
+        let gone = wait_until(WAIT, || node.slices().iter().all(|s| s["name"] != slice.as_str()));
+        assert!(gone, "slice not swept; plugin log:\n{}", plugin_log());
+        assert!(wait_until(WAIT, || !spec_path(&cdi, &slice).exists()));
+        assert_eq!(node.slices().len(), 1, "the outside slice is never swept");
+
+        // 8. The kubelet restarts (its device-plugins directory is wiped):
+        // the plugin serves and registers again.
+        std::fs::remove_file(&sock).unwrap();
+        let reg = tokio::time::timeout(WAIT, registered.recv()).await.expect("no second registration").unwrap();
+        assert_eq!(reg.resource_name, RESOURCE);
+        let mut c = connect(&sock).await;
+        let mut stream = c.list_and_watch(dp::Empty {}).await.unwrap().into_inner();
+        until(&mut stream, "32 with 3 unhealthy", |d| d.len() == 32 && unhealthy(d).len() == 3).await;
+
+        // 9. egpud dies: every device unhealthy, Allocate says why; back when it restarts.
+        node.kill9();
+        until(&mut stream, "all unhealthy", |d| d.len() == 32 && unhealthy(d).len() == 32).await;
+        let e = c.allocate(alloc(vec![tok(&u0, 0)])).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+        assert!(e.message().contains("egpud is not reachable"), "{}", e.message());
+        node.restart();
+        until(&mut stream, "healthy again", |d| d.len() == 32 && unhealthy(d).len() == 3).await;
+    });
+    drop(_plugin);
+    assert!(!plugin_log().contains("panicked"), "{}", plugin_log());
+}
