@@ -15,6 +15,8 @@
 //! Modules: [`tokens`] (device IDs, the preferred allocation: pure),
 //! [`plugin`] (the gRPC service, registration, refresh and sweep loops).
 
+pub mod annotation;
+pub mod extender;
 pub mod plugin;
 pub mod tokens;
 

@@ -20,6 +20,7 @@
 
 use crate::deviceplugin as dp;
 use crate::podresources as pr;
+use crate::annotation::{self, ANNOTATION, GpuFree, NodeGpus};
 use crate::tokens::{self, Inventory, SLICE_PREFIX};
 use egpu_node::proto as node;
 use std::collections::{HashMap, HashSet};
@@ -57,6 +58,38 @@ pub struct PluginConfig {
     pub poll: Duration,
     /// How long a new slice is kept before the kubelet must list it.
     pub sweep_grace: Duration,
+}
+
+/// Writes the `egpu.io/gpus` annotation on the plugin's own Node.
+pub struct Publisher {
+    api: kube::Api<k8s_openapi::api::core::v1::Node>,
+    node: String,
+    last: Mutex<Option<String>>,
+}
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher").field("node", &self.node).finish_non_exhaustive()
+    }
+}
+
+impl Publisher {
+    pub fn new(client: kube::Client, node: String) -> Publisher {
+        Publisher { api: kube::Api::all(client), node, last: Mutex::new(None) }
+    }
+
+    /// Patches the annotation when its value changed since the last
+    /// successful patch; a failure is logged and retried at the next refresh.
+    async fn publish(&self, value: String) {
+        if self.last.lock().expect("publisher lock").as_deref() == Some(value.as_str()) {
+            return;
+        }
+        let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION: value } } });
+        match self.api.patch(&self.node, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await {
+            Ok(_) => *self.last.lock().expect("publisher lock") = Some(value),
+            Err(e) => tracing::warn!(node = %self.node, "cannot annotate the node with its free GPU memory ({e}); the scheduler extender will not see this node's changes until it can"),
+        }
+    }
 }
 
 impl PluginConfig {
@@ -97,10 +130,11 @@ pub struct Shared {
     cfg: PluginConfig,
     snapshot: Mutex<Snapshot>,
     devices: watch::Sender<Vec<dp::Device>>,
+    publisher: Option<Publisher>,
 }
 
 impl Shared {
-    pub fn new(cfg: PluginConfig) -> Result<Arc<Shared>, PluginError> {
+    pub fn new(cfg: PluginConfig, publisher: Option<Publisher>) -> Result<Arc<Shared>, PluginError> {
         if cfg.unit_bytes < (1 << 20) {
             return Err(PluginError::Config(format!("--memory-unit {} B is below 1 MiB; use e.g. 1GiB or 512MiB", cfg.unit_bytes)));
         }
@@ -108,7 +142,7 @@ impl Shared {
             return Err(PluginError::Config(format!("resource '{}' needs a domain, e.g. egpu.io/gpu-memory", cfg.resource_name)));
         }
         let (devices, _) = watch::channel(Vec::new());
-        Ok(Arc::new(Shared { cfg, snapshot: Mutex::new(Snapshot::default()), devices }))
+        Ok(Arc::new(Shared { cfg, snapshot: Mutex::new(Snapshot::default()), devices, publisher }))
     }
 
     pub fn config(&self) -> &PluginConfig {
@@ -142,11 +176,14 @@ impl Shared {
             Ok((mut client, n, slices)) => {
                 let inv = Inventory {
                     unit_bytes: self.cfg.unit_bytes,
-                    gpus: n.devices.iter().map(|d| tokens::Gpu { index: d.index, uuid: d.uuid.clone(), memory_bytes: d.memory_bytes }).collect(),
+                    gpus: n.devices.iter().map(|d| tokens::Gpu { index: d.index, uuid: d.uuid.clone(), model: d.name.clone(), memory_bytes: d.memory_bytes }).collect(),
                 };
                 let devices = advertise(&inv, &slices, held.as_ref());
                 if let Some(held) = &held {
                     self.sweep(&mut client, &slices, held).await;
+                    if let Some(p) = &self.publisher {
+                        p.publish(node_gpus(&inv, &devices, held).to_json()).await;
+                    }
                 }
                 (Some(inv), devices)
             }
@@ -280,6 +317,25 @@ fn advertise(inv: &Inventory, slices: &[node::Slice], held: Option<&Vec<Vec<Stri
         out.extend((0..n).map(|k| dp::Device { id: tokens::token_id(&g.uuid, k), health: health[k as usize].into(), topology: None }));
     }
     out
+}
+
+/// The node annotation: per GPU, its units and those that are healthy and
+/// held by no container.
+fn node_gpus(inv: &Inventory, devices: &[dp::Device], held: &[Vec<String>]) -> NodeGpus {
+    let held: HashSet<&str> = held.iter().flatten().map(String::as_str).collect();
+    let gpus = inv
+        .gpus
+        .iter()
+        .map(|g| {
+            let units = inv.tokens_of(g);
+            let free = (0..units)
+                .map(|k| tokens::token_id(&g.uuid, k))
+                .filter(|id| !held.contains(id.as_str()) && devices.iter().any(|d| d.id == *id && d.health == HEALTHY))
+                .count();
+            GpuFree { index: g.index, uuid: g.uuid.clone(), model: g.model.clone(), units, free: u32::try_from(free).unwrap_or(u32::MAX) }
+        })
+        .collect();
+    NodeGpus { v: annotation::VERSION, unit_bytes: inv.unit_bytes, gpus }
 }
 
 /// The `DevicePlugin` gRPC service. Its `ListAndWatch` streams end when
@@ -478,8 +534,8 @@ mod tests {
         let inv = Inventory {
             unit_bytes: 1 << 30,
             gpus: vec![
-                tokens::Gpu { index: 0, uuid: "GPU-a".into(), memory_bytes: 4 << 30 },
-                tokens::Gpu { index: 1, uuid: "GPU-b".into(), memory_bytes: 4 << 30 },
+                tokens::Gpu { index: 0, uuid: "GPU-a".into(), model: "m".into(), memory_bytes: 4 << 30 },
+                tokens::Gpu { index: 1, uuid: "GPU-b".into(), model: "m".into(), memory_bytes: 4 << 30 },
             ],
         };
         let mut half = slice("train", 1, 1);
@@ -509,10 +565,10 @@ mod tests {
             sweep_grace: Duration::from_secs(30),
         };
         assert_eq!(cfg.endpoint(), "egpu-gpu-memory.sock");
-        assert!(Shared::new(cfg.clone()).is_ok());
-        let e = Shared::new(PluginConfig { unit_bytes: 4096, ..cfg.clone() }).unwrap_err();
+        assert!(Shared::new(cfg.clone(), None).is_ok());
+        let e = Shared::new(PluginConfig { unit_bytes: 4096, ..cfg.clone() }, None).unwrap_err();
         assert!(e.to_string().contains("below 1 MiB"), "{e}");
-        let e = Shared::new(PluginConfig { resource_name: "gpu-memory".into(), ..cfg }).unwrap_err();
+        let e = Shared::new(PluginConfig { resource_name: "gpu-memory".into(), ..cfg }, None).unwrap_err();
         assert!(e.to_string().contains("needs a domain"), "{e}");
     }
 }

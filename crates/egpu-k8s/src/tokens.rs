@@ -16,6 +16,8 @@ const SEP: char = '_';
 pub struct Gpu {
     pub index: u32,
     pub uuid: String,
+    /// The model name, e.g. `NVIDIA H200`.
+    pub model: String,
     pub memory_bytes: u64,
 }
 
@@ -170,8 +172,8 @@ mod tests {
         Inventory {
             unit_bytes: 1 << 30,
             gpus: vec![
-                Gpu { index: 0, uuid: "GPU-a".into(), memory_bytes: 16 << 30 },
-                Gpu { index: 1, uuid: "GPU-b".into(), memory_bytes: (16 << 30) + 5 },
+                Gpu { index: 0, uuid: "GPU-a".into(), model: "m".into(), memory_bytes: 16 << 30 },
+                Gpu { index: 1, uuid: "GPU-b".into(), model: "m".into(), memory_bytes: (16 << 30) + 5 },
             ],
         }
     }

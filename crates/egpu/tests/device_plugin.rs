@@ -1,7 +1,10 @@
-//! The kubelet device plugin against a kubelet stand-in: real gRPC over unix
-//! sockets, the kubelet's side (Registration, PodResourcesLister, and the
-//! calls a kubelet makes on the plugin) written here from the published API,
-//! and a real egpud on simulated GPUs publishing CDI specs.
+//! Kubernetes, node and scheduler: the kubelet device plugin against a
+//! kubelet stand-in (real gRPC over unix sockets; the kubelet's side —
+//! Registration, PodResourcesLister, and the calls a kubelet makes on the
+//! plugin — written here from the published API) and an API-server stand-in
+//! (real HTTP, the kube client's PATCH of the Node), a real egpud on simulated
+//! GPUs publishing CDI specs, and the scheduler extender over real HTTP fed
+//! the Node the plugin annotated.
 
 mod common;
 
@@ -78,6 +81,86 @@ fn holder(pod: &str, ids: &[String]) -> pr::PodResources {
     }
 }
 
+/// The API server's side: the Node's annotations, as the plugin patched them.
+#[derive(Clone, Default)]
+struct ApiServer {
+    annotations: Arc<Mutex<serde_json::Map<String, serde_json::Value>>>,
+    patches: Arc<Mutex<u32>>,
+}
+
+async fn patch_node(
+    axum::extract::State(api): axum::extract::State<ApiServer>,
+    axum::extract::Path(name): axum::extract::Path<String>,
+    headers: axum::http::HeaderMap,
+    body: String,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let ct = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
+    let patch: serde_json::Value = match serde_json::from_str(&body) {
+        Ok(v) if ct == "application/merge-patch+json" => v,
+        _ => return (axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE, format!("want a JSON merge patch, got {ct}")).into_response(),
+    };
+    let mut ann = api.annotations.lock().unwrap();
+    for (k, v) in patch["metadata"]["annotations"].as_object().cloned().unwrap_or_default() {
+        ann.insert(k, v);
+    }
+    *api.patches.lock().unwrap() += 1;
+    axum::Json(serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "annotations": *ann}})).into_response()
+}
+
+/// Serves the API-server stand-in; returns a kubeconfig file naming it.
+fn serve_api(rt: &tokio::runtime::Runtime, dir: &Path, api: ApiServer) -> PathBuf {
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let app = axum::Router::new().route("/api/v1/nodes/{name}", axum::routing::patch(patch_node)).with_state(api);
+    rt.spawn(async move { axum::serve(listener, app).await });
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://{addr}\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
+        ),
+    )
+    .unwrap();
+    kubeconfig
+}
+
+/// One HTTP/1.1 POST over a fresh connection: (status, body).
+fn post(addr: &str, path: &str, body: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    write!(c, "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}", body.len()).unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    (head.split(' ').nth(1).unwrap().parse().unwrap(), body.to_string())
+}
+
+/// The scheduler extender, started on a free port.
+struct Scheduler(Child, String);
+impl Scheduler {
+    fn start() -> Scheduler {
+        use std::io::BufRead;
+        let mut child = Command::new(target_dir().join("egpu-scheduler")).args(["--listen", "127.0.0.1:0"]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"));
+        let addr = v["addr"].as_str().unwrap().to_string();
+        Scheduler(child, addr)
+    }
+}
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn pod_asking(units: u32) -> serde_json::Value {
+    serde_json::json!({"metadata": {"name": "p", "namespace": "default"},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": {RESOURCE: units.to_string()}, "requests": {RESOURCE: units.to_string()}}}]}})
+}
+
 struct Plugin(Child);
 impl Drop for Plugin {
     fn drop(&mut self) {
@@ -123,6 +206,13 @@ fn device_plugin_turns_kubelet_allocations_into_slices() {
     let (tx, mut registered) = mpsc::unbounded_channel();
     let pods = Arc::new(Mutex::new(Vec::new()));
     serve_kubelet(&rt, &kdir, Kubelet { registered: tx, pods: pods.clone() });
+    let api = ApiServer::default();
+    let kubeconfig = serve_api(&rt, tmp.path(), api.clone());
+    let annotation = || -> Option<egpu_k8s::annotation::NodeGpus> {
+        let v = api.annotations.lock().unwrap().get(egpu_k8s::annotation::ANNOTATION)?.as_str()?.to_string();
+        Some(egpu_k8s::annotation::NodeGpus::parse(Some(&v)).unwrap())
+    };
+    let free = || annotation().map(|a| a.gpus.iter().map(|g| g.free).collect::<Vec<_>>());
 
     let log = std::fs::File::create(tmp.path().join("plugin.log")).unwrap();
     let _plugin = Plugin(
@@ -133,7 +223,9 @@ fn device_plugin_turns_kubelet_allocations_into_slices() {
             .arg(&kdir)
             .arg("--cdi-dir")
             .arg(&cdi)
-            .args(["--poll", "50ms", "--sweep-grace", "0s", "--log", "info"])
+            .args(["--poll", "50ms", "--sweep-grace", "0s", "--log", "info", "--node-name", "n1"])
+            .env("KUBECONFIG", &kubeconfig)
+            .env_remove("KUBERNETES_SERVICE_HOST")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -190,6 +282,10 @@ fn device_plugin_turns_kubelet_allocations_into_slices() {
         let again = c.allocate(alloc(pref.clone())).await.unwrap().into_inner().container_responses.remove(0);
         assert_eq!(again.cdi_devices, r.cdi_devices);
         assert_eq!(node.slices().len(), 1);
+        // The Node's annotation says what is left on each GPU.
+        assert!(wait_until(WAIT, || free() == Some(vec![6, 16])), "annotation {:?}; plugin log:\n{}", annotation(), plugin_log());
+        let a = annotation().unwrap();
+        assert_eq!((a.unit_bytes, a.gpus[0].units, a.gpus[1].uuid.as_str()), (1 << 30, 16, u1.as_str()));
 
         // 5. Tokens on two GPUs are refused with the reason, and make no slice.
         let spread = vec![tok(&u0, 12), tok(&u1, 0)];
@@ -205,6 +301,24 @@ fn device_plugin_turns_kubelet_allocations_into_slices() {
         node.ok(&["create", "--name", "batch", "--gpu-memory", "3GiB", "--device", "1"]);
         let d = until(&mut stream, "3 unhealthy", |d| !unhealthy(d).is_empty()).await;
         assert_eq!(unhealthy(&d), [tok(&u1, 13), tok(&u1, 14), tok(&u1, 15)]);
+        assert!(wait_until(WAIT, || free() == Some(vec![6, 13])), "annotation {:?}", annotation());
+
+        // The extender, fed the Node as the plugin annotated it, admits what
+        // fits one GPU and says why it refuses the rest.
+        let sched = Scheduler::start();
+        let node_obj = serde_json::json!({"metadata": {"name": "n1", "annotations": *api.annotations.lock().unwrap()}});
+        let ask = |units| serde_json::json!({"Pod": pod_asking(units), "Nodes": {"items": [node_obj.clone()]}}).to_string();
+        let (code, body) = post(&sched.1, "/filter", &ask(13));
+        assert_eq!(code, 200, "{body}");
+        let r: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(r["Nodes"]["items"][0]["metadata"]["name"], "n1", "{r}");
+        let (_, body) = post(&sched.1, "/filter", &ask(14));
+        let r: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(r["Nodes"]["items"].as_array().unwrap().len(), 0, "{r}");
+        assert!(r["FailedNodes"]["n1"].as_str().unwrap().contains("the most free on one GPU is 13"), "{r}");
+        let (code, body) = post(&sched.1, "/prioritize", &ask(4));
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&body).unwrap(), serde_json::json!([{"Host": "n1", "Score": 10}]));
 
         // 7. The container is gone from the kubelet: its slice and spec go.
         pods.lock().unwrap().clear();
@@ -212,6 +326,7 @@ fn device_plugin_turns_kubelet_allocations_into_slices() {
         assert!(gone, "slice not swept; plugin log:\n{}", plugin_log());
         assert!(wait_until(WAIT, || !spec_path(&cdi, &slice).exists()));
         assert_eq!(node.slices().len(), 1, "the outside slice is never swept");
+        assert!(wait_until(WAIT, || free() == Some(vec![16, 13])), "annotation {:?}", annotation());
 
         // 8. The kubelet restarts (its device-plugins directory is wiped):
         // the plugin serves and registers again.
@@ -233,4 +348,25 @@ fn device_plugin_turns_kubelet_allocations_into_slices() {
     });
     drop(_plugin);
     assert!(!plugin_log().contains("panicked"), "{}", plugin_log());
+}
+
+#[test]
+fn scheduler_extender_answers_bad_requests_with_the_reason() {
+    let sched = Scheduler::start();
+    let (code, body) = post(&sched.1, "/filter", "{not json");
+    assert_eq!(code, 400);
+    assert!(body.contains("not an ExtenderArgs JSON body"), "{body}");
+    // No Nodes: the extender needs nodeCacheCapable: false.
+    let (code, body) = post(&sched.1, "/filter", &serde_json::json!({"Pod": pod_asking(1), "NodeNames": ["a"]}).to_string());
+    assert_eq!(code, 200);
+    assert!(body.contains("nodeCacheCapable: false"), "{body}");
+    let (code, body) = post(&sched.1, "/prioritize", &serde_json::json!({"Nodes": {"items": []}}).to_string());
+    assert_eq!(code, 400);
+    assert!(body.contains("no Pod"), "{body}");
+    // A quantity that is not a whole number names the container.
+    let mut pod = pod_asking(1);
+    pod["spec"]["containers"][0]["resources"]["limits"][RESOURCE] = "2Gi".into();
+    pod["spec"]["containers"][0]["resources"]["requests"][RESOURCE] = "2Gi".into();
+    let (_, body) = post(&sched.1, "/filter", &serde_json::json!({"Pod": pod, "Nodes": {"items": []}}).to_string());
+    assert!(body.contains("container 'main'") && body.contains("'2Gi'"), "{body}");
 }

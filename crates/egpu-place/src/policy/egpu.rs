@@ -142,6 +142,31 @@ fn eval(target: &TargetWorkload, prices: &Prices, node: &Node, pod: &Pod, before
     best.map_or((i64::MAX, u8::MAX), |(d, _, i)| (d, i))
 }
 
+impl EgpuPolicy {
+    /// The policy's comparison key of `pod` on every node (`None` where it
+    /// does not fit); [`Policy::place`] takes the smallest key, ties to the
+    /// smaller node name. For a scheduler that scores nodes instead of
+    /// picking one (the Kubernetes extender's prioritize).
+    pub fn node_keys(&mut self, cluster: &Cluster, pod: &Pod) -> Vec<Option<(i64, bool)>> {
+        let nodes = cluster.nodes();
+        let bin = scaled(BIN_MILLI);
+        let row = self.evals.row(pod, nodes.len());
+        let mut out = Vec::with_capacity(nodes.len());
+        for (id, node) in nodes.iter().enumerate() {
+            if !node.fits(pod) {
+                out.push(None);
+                continue;
+            }
+            if row[id].0 != node.version() {
+                let before = self.frag.get(&self.target, id, node, nodes.len());
+                row[id] = (node.version(), eval(&self.target, &self.prices, node, pod, before));
+            }
+            out.push(Some((row[id].1.0.div_euclid(bin), node.pods() == 0)));
+        }
+        out
+    }
+}
+
 impl Policy for EgpuPolicy {
     fn name(&self) -> &str {
         "egpu"

@@ -4,7 +4,7 @@
 
 use clap::Parser;
 use egpu_core::quantity::Bytes;
-use egpu_k8s::plugin::{DEFAULT_RESOURCE, PluginConfig, Shared, run};
+use egpu_k8s::plugin::{DEFAULT_RESOURCE, PluginConfig, Publisher, Shared, run};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -33,6 +33,11 @@ struct Args {
     /// How long a new slice may wait for the kubelet to list its container before it is swept.
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     sweep_grace: Duration,
+    /// This node's name (from the downward API's spec.nodeName): the plugin then writes what each GPU has
+    /// free in the Node's egpu.io/gpus annotation, for the scheduler extender. Needs API access (in-cluster
+    /// service account or KUBECONFIG) allowed to patch the Node.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, env = "EGPU_LOG", default_value = "info")]
     log: String,
@@ -58,18 +63,28 @@ fn main() -> ExitCode {
         poll: a.poll,
         sweep_grace: a.sweep_grace,
     };
-    let shared = match Shared::new(cfg) {
-        Ok(s) => s,
-        Err(e) => {
-            eprintln!("egpu-device-plugin: {e}");
-            return ExitCode::from(2);
-        }
-    };
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("egpu-device-plugin: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
+        }
+    };
+    let publisher = match a.node_name.filter(|n| !n.is_empty()) {
+        None => None,
+        Some(node) => match rt.block_on(kube::Client::try_default()) {
+            Ok(client) => Some(Publisher::new(client, node)),
+            Err(e) => {
+                eprintln!("egpu-device-plugin: --node-name {node} needs the Kubernetes API (in-cluster service account or KUBECONFIG): {e}");
+                return ExitCode::from(2);
+            }
+        },
+    };
+    let shared = match Shared::new(cfg, publisher) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("egpu-device-plugin: {e}");
+            return ExitCode::from(2);
         }
     };
     match rt.block_on(run(shared, egpu_node::agent::shutdown_signal())) {

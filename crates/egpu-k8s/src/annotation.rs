@@ -1,0 +1,105 @@
+//! The node annotation `egpu.io/gpus`: what each GPU of a node has free, in
+//! the plugin's memory units. The device plugin writes it on its own Node
+//! (`--node-name`); the scheduler extender reads it from the Node objects
+//! the scheduler sends, to check that a pod fits on *one* GPU (the kubelet
+//! only counts the node's total) and to score nodes with the placement
+//! policy.
+
+use serde::{Deserialize, Serialize};
+
+/// The annotation key.
+pub const ANNOTATION: &str = "egpu.io/gpus";
+/// The format version this code writes and reads.
+pub const VERSION: u32 = 1;
+
+/// One GPU of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuFree {
+    /// egpud's device index.
+    pub index: u32,
+    pub uuid: String,
+    /// The GPU's model name, e.g. `NVIDIA H200`.
+    pub model: String,
+    /// Memory units (tokens) the GPU has.
+    pub units: u32,
+    /// Units neither held by a container nor reserved by a slice made
+    /// outside Kubernetes.
+    pub free: u32,
+}
+
+/// The annotation's value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeGpus {
+    /// Format version ([`VERSION`]).
+    pub v: u32,
+    /// Bytes per unit.
+    pub unit_bytes: u64,
+    pub gpus: Vec<GpuFree>,
+}
+
+/// Why a node's annotation cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AnnotationError {
+    #[error("node has no {ANNOTATION} annotation: run egpu-device-plugin on it with --node-name (and RBAC to patch its Node)")]
+    Missing,
+    #[error("node's {ANNOTATION} annotation is not valid: {0}")]
+    Invalid(String),
+    #[error("node's {ANNOTATION} annotation has format version {0}; this scheduler reads version {VERSION}: upgrade the older of the two")]
+    Version(u32),
+}
+
+impl NodeGpus {
+    /// Parses and checks an annotation value.
+    pub fn parse(value: Option<&str>) -> Result<NodeGpus, AnnotationError> {
+        let value = value.ok_or(AnnotationError::Missing)?;
+        #[derive(Deserialize)]
+        struct Versioned {
+            v: u32,
+        }
+        let v: Versioned = serde_json::from_str(value).map_err(|e| AnnotationError::Invalid(e.to_string()))?;
+        if v.v != VERSION {
+            return Err(AnnotationError::Version(v.v));
+        }
+        let n: NodeGpus = serde_json::from_str(value).map_err(|e| AnnotationError::Invalid(e.to_string()))?;
+        if n.unit_bytes == 0 {
+            return Err(AnnotationError::Invalid("unit_bytes is 0".into()));
+        }
+        if let Some(g) = n.gpus.iter().find(|g| g.free > g.units) {
+            return Err(AnnotationError::Invalid(format!("GPU {} has {} units free of {}", g.index, g.free, g.units)));
+        }
+        Ok(n)
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("plain data serialises")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> NodeGpus {
+        NodeGpus {
+            v: VERSION,
+            unit_bytes: 1 << 30,
+            gpus: vec![GpuFree { index: 0, uuid: "GPU-a".into(), model: "NVIDIA H200".into(), units: 141, free: 20 }],
+        }
+    }
+
+    #[test]
+    fn round_trips_and_refuses_what_it_cannot_use() {
+        let s = sample();
+        assert_eq!(NodeGpus::parse(Some(&s.to_json())), Ok(s.clone()));
+        assert_eq!(NodeGpus::parse(None), Err(AnnotationError::Missing));
+        assert!(matches!(NodeGpus::parse(Some("{")), Err(AnnotationError::Invalid(_))));
+        assert_eq!(NodeGpus::parse(Some(r#"{"v":2,"whatever":1}"#)), Err(AnnotationError::Version(2)));
+        let mut bad = s.clone();
+        bad.gpus[0].free = 142;
+        let e = NodeGpus::parse(Some(&bad.to_json())).unwrap_err();
+        assert!(e.to_string().contains("141"), "{e}");
+        let mut bad = s;
+        bad.unit_bytes = 0;
+        assert!(matches!(NodeGpus::parse(Some(&bad.to_json())), Err(AnnotationError::Invalid(_))));
+    }
+}

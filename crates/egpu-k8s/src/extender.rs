@@ -1,0 +1,444 @@
+//! The scheduler extender: kube-scheduler's HTTP extender protocol
+//! (`filter`, `prioritize`), with eGPU's placement policy.
+//!
+//! - **Filter** keeps the nodes where every container's `egpu.io/gpu-memory`
+//!   request fits on one GPU, from the node's `egpu.io/gpus` annotation
+//!   ([`crate::annotation`]). The scheduler itself only compares the node's
+//!   total; a node whose free memory is split over GPUs would take the pod and
+//!   the device plugin would then refuse it. Each refused node gets the
+//!   reason.
+//! - **Prioritize** scores the nodes left with [`egpu_place::policy::EgpuPolicy`]'s
+//!   cost, the policy `egpu simulate` measures: the node it would pick gets
+//!   10, the others 9 less the rank of their cost among the distinct costs
+//!   (a node as good as the pick but later by name gets 9). The fragmentation it measures
+//!   is against the shapes of the last [`WINDOW`] pods the extender saw.
+//! - The scheduler must send whole Node objects (`nodeCacheCapable: false`),
+//!   as the annotation is read from them; the extender keeps no cluster
+//!   state and needs no API access.
+//!
+//! The wire types are written from the published `k8s.io/kube-scheduler/
+//! extender/v1` types; field names are Go's (capitalised), and the older
+//! lower-case spellings are accepted too.
+
+use crate::annotation::{AnnotationError, NodeGpus};
+use egpu_place::policy::EgpuPolicy;
+use egpu_place::{Cluster, NodeSpec, Placement, Pod, Qos, TargetWorkload, TypeSet};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Mutex;
+
+/// How many recent pods' shapes the fragmentation target is taken from.
+pub const WINDOW: usize = 1000;
+/// The most a node may score (the protocol's MaxExtenderPriority).
+pub const MAX_SCORE: i64 = 10;
+
+/// `ExtenderArgs`: the pod and the candidate nodes.
+#[derive(Debug, Deserialize)]
+pub struct ExtenderArgs {
+    #[serde(rename = "Pod", alias = "pod")]
+    pub pod: Option<Value>,
+    #[serde(rename = "Nodes", alias = "nodes")]
+    pub nodes: Option<NodeList>,
+    #[serde(rename = "NodeNames", alias = "nodenames")]
+    pub node_names: Option<Vec<String>>,
+}
+
+/// `v1.NodeList`, kept as JSON: the nodes that pass go back as they came.
+#[derive(Debug, Default, Deserialize, Serialize)]
+pub struct NodeList {
+    #[serde(default)]
+    pub items: Vec<Value>,
+}
+
+/// `ExtenderFilterResult`.
+#[derive(Debug, Default, Serialize, Deserialize)]
+pub struct FilterResult {
+    #[serde(rename = "Nodes", skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<NodeList>,
+    #[serde(rename = "NodeNames", skip_serializing_if = "Option::is_none")]
+    pub node_names: Option<Vec<String>>,
+    #[serde(rename = "FailedNodes")]
+    pub failed_nodes: BTreeMap<String, String>,
+    #[serde(rename = "FailedAndUnresolvableNodes")]
+    pub failed_and_unresolvable_nodes: BTreeMap<String, String>,
+    #[serde(rename = "Error")]
+    pub error: String,
+}
+
+/// `HostPriority`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostPriority {
+    #[serde(rename = "Host")]
+    pub host: String,
+    #[serde(rename = "Score")]
+    pub score: i64,
+}
+
+/// A request the extender cannot answer; it goes back in `Error`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RequestError {
+    #[error("the request has no Pod")]
+    NoPod,
+    #[error("the request has no Nodes: configure this extender with nodeCacheCapable: false, so that the scheduler sends Node objects (their egpu.io/gpus annotation is what it reads)")]
+    NoNodes,
+    #[error("container '{container}' asks for {resource}: '{value}', which is not a whole number of units")]
+    BadQuantity { container: String, resource: String, value: String },
+    #[error("container '{container}' asks for {resource} {requests} in requests but {limits} in limits: an extended resource must have both equal")]
+    Mismatch { container: String, resource: String, requests: u64, limits: u64 },
+}
+
+/// What a pod asks for: one GPU's worth of units per container that asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Demand {
+    /// Units per container, largest first.
+    pub units: Vec<u32>,
+}
+
+impl Demand {
+    /// Reads the resource requests of the pod's containers (and, when no app
+    /// container asks, of its init containers).
+    pub fn of_pod(pod: &Value, resource: &str) -> Result<Demand, RequestError> {
+        let spec = &pod["spec"];
+        let read = |key: &str| -> Result<Vec<u32>, RequestError> {
+            let mut out = Vec::new();
+            for c in spec[key].as_array().map(Vec::as_slice).unwrap_or_default() {
+                let name = c["name"].as_str().unwrap_or("?").to_string();
+                let get = |which: &str| -> Result<Option<u64>, RequestError> {
+                    match &c["resources"][which][resource] {
+                        Value::Null => Ok(None),
+                        v => {
+                            let text = v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
+                            text.trim().parse::<u64>().map(Some).map_err(|_| RequestError::BadQuantity {
+                                container: name.clone(),
+                                resource: resource.into(),
+                                value: egpu_core::slice::shown(&text),
+                            })
+                        }
+                    }
+                };
+                let (req, lim) = (get("requests")?, get("limits")?);
+                if let (Some(r), Some(l)) = (req, lim)
+                    && r != l
+                {
+                    return Err(RequestError::Mismatch { container: name, resource: resource.into(), requests: r, limits: l });
+                }
+                let n = lim.or(req).unwrap_or(0);
+                if n > 0 {
+                    out.push(u32::try_from(n).unwrap_or(u32::MAX));
+                }
+            }
+            Ok(out)
+        };
+        let mut units = read("containers")?;
+        if units.is_empty() {
+            units = read("initContainers")?;
+        }
+        units.sort_unstable_by(|a, b| b.cmp(a));
+        Ok(Demand { units })
+    }
+
+    /// Whether the containers fit on the GPUs' free units (each container on
+    /// one GPU; several may share one): best fit, largest first. `None` if
+    /// they fit, else the reason.
+    pub fn misfit(&self, gpus: &NodeGpus) -> Option<String> {
+        let mut free: Vec<u32> = gpus.gpus.iter().map(|g| g.free).collect();
+        for &u in &self.units {
+            match free.iter_mut().filter(|f| **f >= u).min() {
+                Some(f) => *f -= u,
+                None => {
+                    let gib = |n: u32| n as f64 * gpus.unit_bytes as f64 / f64::from(1u32 << 30);
+                    let largest = gpus.gpus.iter().map(|g| g.free).max().unwrap_or(0);
+                    return Some(if self.units.len() == 1 {
+                        format!("no GPU has {u} units ({:.1} GiB) free; the most free on one GPU is {largest} ({:.1} GiB)", gib(u), gib(largest))
+                    } else {
+                        format!(
+                            "the containers' {:?} units do not fit the GPUs' free units {:?} (each container's memory comes from one GPU)",
+                            self.units,
+                            gpus.gpus.iter().map(|g| g.free).collect::<Vec<_>>()
+                        )
+                    });
+                }
+            }
+        }
+        None
+    }
+}
+
+fn node_name(node: &Value) -> &str {
+    node["metadata"]["name"].as_str().unwrap_or("")
+}
+
+fn node_gpus(node: &Value) -> Result<NodeGpus, AnnotationError> {
+    NodeGpus::parse(node["metadata"]["annotations"][crate::annotation::ANNOTATION].as_str())
+}
+
+/// The extender: its resource name and the recent pods' demands.
+#[derive(Debug)]
+pub struct Extender {
+    resource: String,
+    recent: Mutex<VecDeque<u32>>,
+}
+
+impl Extender {
+    pub fn new(resource: &str) -> Extender {
+        Extender { resource: resource.into(), recent: Mutex::new(VecDeque::with_capacity(WINDOW)) }
+    }
+
+    /// `filter`.
+    pub fn filter(&self, args: ExtenderArgs) -> FilterResult {
+        let mut out = FilterResult::default();
+        let (pod, nodes) = match (args.pod, args.nodes) {
+            (None, _) => return FilterResult { error: RequestError::NoPod.to_string(), ..Default::default() },
+            (_, None) => return FilterResult { error: RequestError::NoNodes.to_string(), ..Default::default() },
+            (Some(p), Some(n)) => (p, n),
+        };
+        let demand = match Demand::of_pod(&pod, &self.resource) {
+            Ok(d) => d,
+            Err(e) => return FilterResult { error: e.to_string(), ..Default::default() },
+        };
+        if demand.units.is_empty() {
+            out.nodes = Some(nodes);
+            return out;
+        }
+        self.observe(&demand);
+        let mut pass = Vec::with_capacity(nodes.items.len());
+        for node in nodes.items {
+            let name = node_name(&node).to_string();
+            match node_gpus(&node) {
+                Err(e) => {
+                    out.failed_and_unresolvable_nodes.insert(name, format!("egpu: {e}"));
+                }
+                Ok(g) => match demand.misfit(&g) {
+                    None => pass.push(node),
+                    Some(why) => {
+                        out.failed_nodes.insert(name, format!("egpu: {why}"));
+                    }
+                },
+            }
+        }
+        out.nodes = Some(NodeList { items: pass });
+        out
+    }
+
+    fn observe(&self, d: &Demand) {
+        let mut r = self.recent.lock().expect("recent lock");
+        for &u in &d.units {
+            if r.len() == WINDOW {
+                r.pop_front();
+            }
+            r.push_back(u);
+        }
+    }
+
+    /// `prioritize`: every candidate node with a score from 0 to 10.
+    pub fn prioritize(&self, args: ExtenderArgs) -> Result<Vec<HostPriority>, RequestError> {
+        let pod = args.pod.ok_or(RequestError::NoPod)?;
+        let nodes = args.nodes.ok_or(RequestError::NoNodes)?;
+        let demand = Demand::of_pod(&pod, &self.resource)?;
+        let mut scores: Vec<HostPriority> = nodes.items.iter().map(|n| HostPriority { host: node_name(n).into(), score: 0 }).collect();
+        let Some(&largest) = demand.units.first() else {
+            return Ok(scores);
+        };
+        let recent: Vec<u32> = self.recent.lock().expect("recent lock").iter().copied().collect();
+        // Nodes grouped by units per GPU: a pod's share of a GPU depends on its size.
+        let mut groups: BTreeMap<u32, Vec<(usize, NodeGpus)>> = BTreeMap::new();
+        for (i, n) in nodes.items.iter().enumerate() {
+            if let Ok(g) = node_gpus(n)
+                && let Some(units) = g.gpus.first().map(|x| x.units).filter(|&u| u > 0)
+            {
+                groups.entry(units).or_default().push((i, g));
+            }
+        }
+        let mut keys: Vec<(usize, (i64, bool))> = Vec::new();
+        for (units, members) in groups {
+            let milli = |u: u32| ((u64::from(u) * 1000).div_ceil(u64::from(units))).clamp(1, 1000) as u32;
+            let mut cluster = Cluster::new();
+            let Ok(ty) = cluster.gpu_type_or_insert(&format!("{units}u"), u64::from(units)) else { continue };
+            let Some(pod) = sharing_pod(milli(largest), ty) else { continue };
+            let mut ids = Vec::new();
+            for (i, g) in &members {
+                let spec = NodeSpec {
+                    name: node_name(&nodes.items[*i]).into(),
+                    cpu_milli: u64::MAX / 4,
+                    memory_mib: u64::MAX / 4,
+                    gpu_type: Some(ty),
+                    nvlink_groups: vec![0; g.gpus.len().min(egpu_place::model::MAX_GPUS_PER_NODE)],
+                    max_pods: u32::MAX,
+                };
+                let Ok(id) = cluster.add_node(spec) else { continue };
+                for (gi, gpu) in g.gpus.iter().enumerate().take(egpu_place::model::MAX_GPUS_PER_NODE) {
+                    let used = 1000 - (u64::from(gpu.free.min(gpu.units)) * 1000 / u64::from(gpu.units.max(1))) as u32;
+                    if let Some(p) = (used > 0).then(|| sharing_pod(used, ty)).flatten() {
+                        let _ = cluster.apply(&Placement::new(id, &p, &[gi as u8]));
+                    }
+                }
+                ids.push((id, *i));
+            }
+            let shapes: Vec<Pod> = recent.iter().filter_map(|&u| sharing_pod(milli(u), ty)).collect();
+            let target = if shapes.is_empty() { TargetWorkload::from_pods([&pod], 1.0) } else { TargetWorkload::from_pods(&shapes, 0.95) };
+            let node_keys = EgpuPolicy::new(target).node_keys(&cluster, &pod);
+            for (id, i) in ids {
+                if let Some(k) = node_keys[id] {
+                    keys.push((i, k));
+                }
+            }
+        }
+        // The policy's pick (smallest key, then name) gets 10; every other
+        // node 9 less the rank of its key among the distinct keys.
+        let mut distinct: Vec<(i64, bool)> = keys.iter().map(|(_, k)| *k).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let pick = keys.iter().min_by(|a, b| a.1.cmp(&b.1).then_with(|| scores[a.0].host.cmp(&scores[b.0].host))).map(|(i, _)| *i);
+        for (i, k) in keys {
+            let rank = distinct.binary_search(&k).expect("key listed") as i64;
+            scores[i].score = if Some(i) == pick { MAX_SCORE } else { (MAX_SCORE - 1 - rank).max(0) };
+        }
+        Ok(scores)
+    }
+}
+
+/// A one-GPU pod of `milli` on GPUs of type `ty` (None when out of range).
+fn sharing_pod(milli: u32, ty: egpu_place::GpuTypeId) -> Option<Pod> {
+    Pod::new(0, 0, 1, milli.clamp(1, 1000), TypeSet::only(ty), Qos::Be).ok()
+}
+
+/// The extender's HTTP routes: `POST /filter`, `POST /prioritize`,
+/// `GET /healthz`. A body that is not JSON of the protocol's shape gets
+/// HTTP 400 with the reason; a request the extender cannot answer gets its
+/// reason in the result's `Error` (filter) or HTTP 400 (prioritize, whose
+/// result has no error field).
+pub fn router(ext: std::sync::Arc<Extender>) -> axum::Router {
+    use axum::extract::{DefaultBodyLimit, State};
+    use axum::http::StatusCode;
+    use axum::response::{IntoResponse, Response};
+    use axum::routing::{get, post};
+    type Ext = State<std::sync::Arc<Extender>>;
+
+    fn parse(body: &[u8]) -> Result<ExtenderArgs, Response> {
+        serde_json::from_slice(body).map_err(|e| (StatusCode::BAD_REQUEST, format!("not an ExtenderArgs JSON body: {e}")).into_response())
+    }
+    async fn filter(State(ext): Ext, body: axum::body::Bytes) -> Response {
+        match parse(&body) {
+            Ok(args) => axum::Json(ext.filter(args)).into_response(),
+            Err(r) => r,
+        }
+    }
+    async fn prioritize(State(ext): Ext, body: axum::body::Bytes) -> Response {
+        match parse(&body).map(|a| ext.prioritize(a)) {
+            Ok(Ok(list)) => axum::Json(list).into_response(),
+            Ok(Err(e)) => (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
+            Err(r) => r,
+        }
+    }
+    axum::Router::new()
+        .route("/filter", post(filter))
+        .route("/prioritize", post(prioritize))
+        .route("/healthz", get(|| async { "ok" }))
+        // The scheduler sends whole Node objects: ~10 KB each, so a
+        // 10,000-GPU cluster's request is ~10 MB.
+        .layer(DefaultBodyLimit::max(256 << 20))
+        .with_state(ext)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::annotation::{GpuFree, VERSION};
+    use serde_json::json;
+
+    const R: &str = "egpu.io/gpu-memory";
+
+    fn node(name: &str, free: &[u32]) -> Value {
+        let g = NodeGpus {
+            v: VERSION,
+            unit_bytes: 1 << 30,
+            gpus: free.iter().enumerate().map(|(i, &f)| GpuFree { index: i as u32, uuid: format!("GPU-{name}-{i}"), model: "m".into(), units: 16, free: f }).collect(),
+        };
+        json!({"metadata": {"name": name, "annotations": {"egpu.io/gpus": g.to_json()}}, "status": {"capacity": {"egpu.io/gpu-memory": "32"}}})
+    }
+
+    fn pod(units: &[&str]) -> Value {
+        let containers: Vec<Value> =
+            units.iter().enumerate().map(|(i, u)| json!({"name": format!("c{i}"), "resources": {"limits": {R: u}, "requests": {R: u}}})).collect();
+        json!({"metadata": {"name": "p", "namespace": "default"}, "spec": {"containers": containers}})
+    }
+
+    fn args(pod: Value, nodes: Vec<Value>) -> ExtenderArgs {
+        serde_json::from_value(json!({"Pod": pod, "Nodes": {"items": nodes}})).unwrap()
+    }
+
+    #[test]
+    fn demand_reads_containers_and_refuses_nonsense() {
+        assert_eq!(Demand::of_pod(&pod(&["4", "10"]), R).unwrap().units, [10, 4]);
+        let e = Demand::of_pod(&pod(&["1.5"]), R).unwrap_err();
+        assert!(e.to_string().contains("'1.5'") && e.to_string().contains("c0"), "{e}");
+        let p = json!({"spec": {"containers": [{"name": "m", "resources": {"limits": {R: "4"}, "requests": {R: "2"}}}]}});
+        assert!(matches!(Demand::of_pod(&p, R), Err(RequestError::Mismatch { .. })));
+        let p = json!({"spec": {"initContainers": [{"name": "i", "resources": {"limits": {R: 3}}}], "containers": [{"name": "m"}]}});
+        assert_eq!(Demand::of_pod(&p, R).unwrap().units, [3], "init containers count when no app container asks");
+    }
+
+    #[test]
+    fn filter_keeps_nodes_where_each_container_fits_one_gpu() {
+        let ext = Extender::new(R);
+        let mut unannotated = node("c", &[16]);
+        unannotated["metadata"]["annotations"] = json!({});
+        let r = ext.filter(args(pod(&["10"]), vec![node("a", &[6, 6]), node("b", &[12, 0]), unannotated]));
+        let names: Vec<&str> = r.nodes.as_ref().unwrap().items.iter().map(node_name).collect();
+        assert_eq!(names, ["b"]);
+        assert!(r.failed_nodes["a"].contains("no GPU has 10 units") && r.failed_nodes["a"].contains("is 6"), "{:?}", r.failed_nodes);
+        assert!(r.failed_and_unresolvable_nodes["c"].contains("--node-name"), "{:?}", r.failed_and_unresolvable_nodes);
+        // Two containers share a GPU when it has room for both, or take one each.
+        let r = ext.filter(args(pod(&["8", "8"]), vec![node("one", &[16]), node("split", &[8, 7]), node("two", &[8, 8])]));
+        let names: Vec<&str> = r.nodes.as_ref().unwrap().items.iter().map(node_name).collect();
+        assert_eq!(names, ["one", "two"]);
+        assert!(r.failed_nodes["split"].contains("[8, 8]"), "{:?}", r.failed_nodes);
+        // A pod that asks for none passes everywhere, untouched.
+        let r = ext.filter(args(json!({"spec": {"containers": [{"name": "x"}]}}), vec![node("a", &[0])]));
+        assert_eq!(r.nodes.unwrap().items.len(), 1);
+        // Errors go back in Error.
+        let r = ext.filter(serde_json::from_value(json!({"Pod": pod(&["1"])})).unwrap());
+        assert!(r.error.contains("nodeCacheCapable: false"), "{}", r.error);
+    }
+
+    #[test]
+    fn prioritize_prefers_the_hole_the_pod_completes() {
+        let ext = Extender::new(R);
+        // 4 units: "exact" has a GPU with exactly 4 free, "empty" is idle,
+        // "ragged" leaves a 3-unit hole.
+        let nodes = vec![node("empty", &[16, 16]), node("exact", &[4, 16]), node("ragged", &[7, 16])];
+        let s = ext.prioritize(args(pod(&["4"]), nodes)).unwrap();
+        let score = |n: &str| s.iter().find(|h| h.host == n).unwrap().score;
+        assert_eq!(score("exact"), MAX_SCORE, "{s:?}");
+        assert!(score("exact") > score("ragged") && score("ragged") > score("empty"), "idle nodes last; {s:?}");
+        // The top score is the node the policy itself places the pod on.
+        let mut cluster = Cluster::new();
+        let ty = cluster.gpu_type_or_insert("16u", 16).unwrap();
+        let p = sharing_pod(250, ty).unwrap();
+        for (name, free) in [("empty", [1000, 1000]), ("exact", [250, 1000]), ("ragged", [437, 1000])] {
+            let id = cluster.add_node(NodeSpec { name: name.into(), cpu_milli: 1 << 40, memory_mib: 1 << 40, gpu_type: Some(ty), nvlink_groups: vec![0, 0], max_pods: 100 }).unwrap();
+            for (g, f) in free.iter().enumerate() {
+                if *f < 1000 {
+                    cluster.apply(&Placement::new(id, &sharing_pod(1000 - f, ty).unwrap(), &[g as u8])).unwrap();
+                }
+            }
+        }
+        use egpu_place::Policy;
+        let placed = EgpuPolicy::new(TargetWorkload::from_pods([&p], 1.0)).place(&cluster, &p).unwrap();
+        assert_eq!(cluster.nodes()[placed.node].name(), "exact");
+        assert!(s.iter().all(|h| (0..=MAX_SCORE).contains(&h.score)));
+        // A node it does not fit scores 0; a pod asking nothing scores all 0.
+        let s = ext.prioritize(args(pod(&["12"]), vec![node("full", &[4, 4]), node("free", &[16, 16])])).unwrap();
+        assert_eq!(s, [HostPriority { host: "full".into(), score: 0 }, HostPriority { host: "free".into(), score: MAX_SCORE }]);
+    }
+
+    #[test]
+    fn wire_names_are_gos_and_lower_case_is_accepted() {
+        let a: ExtenderArgs = serde_json::from_value(json!({"pod": {}, "nodes": {"items": []}, "nodenames": ["x"]})).unwrap();
+        assert!(a.pod.is_some() && a.nodes.is_some() && a.node_names.is_some());
+        let v = serde_json::to_value(FilterResult { error: "e".into(), ..Default::default() }).unwrap();
+        assert_eq!(v, json!({"FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": "e"}));
+        assert_eq!(serde_json::to_value(HostPriority { host: "h".into(), score: 3 }).unwrap(), json!({"Host": "h", "Score": 3}));
+    }
+}
