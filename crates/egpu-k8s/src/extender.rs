@@ -315,20 +315,19 @@ pub fn router(ext: std::sync::Arc<Extender>) -> axum::Router {
     use axum::routing::{get, post};
     type Ext = State<std::sync::Arc<Extender>>;
 
-    fn parse(body: &[u8]) -> Result<ExtenderArgs, Response> {
-        serde_json::from_slice(body).map_err(|e| (StatusCode::BAD_REQUEST, format!("not an ExtenderArgs JSON body: {e}")).into_response())
+    fn parse(body: &[u8]) -> Result<ExtenderArgs, String> {
+        serde_json::from_slice(body).map_err(|e| format!("not an ExtenderArgs JSON body: {e}"))
     }
     async fn filter(State(ext): Ext, body: axum::body::Bytes) -> Response {
         match parse(&body) {
             Ok(args) => axum::Json(ext.filter(args)).into_response(),
-            Err(r) => r,
+            Err(why) => (StatusCode::BAD_REQUEST, why).into_response(),
         }
     }
     async fn prioritize(State(ext): Ext, body: axum::body::Bytes) -> Response {
-        match parse(&body).map(|a| ext.prioritize(a)) {
-            Ok(Ok(list)) => axum::Json(list).into_response(),
-            Ok(Err(e)) => (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
-            Err(r) => r,
+        match parse(&body).and_then(|a| ext.prioritize(a).map_err(|e| e.to_string())) {
+            Ok(list) => axum::Json(list).into_response(),
+            Err(why) => (StatusCode::BAD_REQUEST, why).into_response(),
         }
     }
     axum::Router::new()
