@@ -131,6 +131,10 @@ pub struct Shared {
     snapshot: Mutex<Snapshot>,
     devices: watch::Sender<Vec<dp::Device>>,
     publisher: Option<Publisher>,
+    /// When each of this plugin's slices was first seen held by no container.
+    missing_since: Mutex<HashMap<String, std::time::Instant>>,
+    /// Slices the sweep has warned it cannot delete.
+    sweep_warned: Mutex<HashSet<String>>,
 }
 
 impl Shared {
@@ -142,7 +146,7 @@ impl Shared {
             return Err(PluginError::Config(format!("resource '{}' needs a domain, e.g. egpu.io/gpu-memory", cfg.resource_name)));
         }
         let (devices, _) = watch::channel(Vec::new());
-        Ok(Arc::new(Shared { cfg, snapshot: Mutex::new(Snapshot::default()), devices, publisher }))
+        Ok(Arc::new(Shared { cfg, snapshot: Mutex::new(Snapshot::default()), devices, publisher, missing_since: Mutex::new(HashMap::new()), sweep_warned: Mutex::new(HashSet::new()) }))
     }
 
     pub fn config(&self) -> &PluginConfig {
@@ -229,16 +233,35 @@ impl Shared {
         }
     }
 
+    /// Deletes this plugin's slices whose tokens no container has held for
+    /// the whole grace period. "The whole period", not "now": a kubelet that
+    /// has just restarted lists no pod until it has synced them, and a slice
+    /// must not go in that window. (egpud refuses, too, to delete a slice
+    /// with live processes, as the delete is not forced.)
     async fn sweep(&self, client: &mut egpu_node::client::Client, slices: &[node::Slice], held: &[Vec<String>]) {
         let live: HashSet<String> = held.iter().map(|ids| tokens::slice_name(ids)).collect();
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
-        for s in slices {
-            let old_enough = now.saturating_sub(s.created_unix) >= self.cfg.sweep_grace.as_secs();
-            if s.name.starts_with(SLICE_PREFIX) && !live.contains(&s.name) && old_enough {
-                match client.delete_slice(node::DeleteSliceRequest { name: s.name.clone(), force: false }).await {
-                    Ok(_) => tracing::info!(slice = %s.name, "deleted: no container holds its {} any more", self.cfg.resource_name),
-                    Err(e) => tracing::warn!(slice = %s.name, "cannot delete a slice no container holds: {}", e.message()),
+        let grace = self.cfg.sweep_grace;
+        let due: Vec<&node::Slice> = {
+            let mut missing = self.missing_since.lock().expect("sweep lock");
+            missing.retain(|name, _| slices.iter().any(|s| &s.name == name) && !live.contains(name));
+            slices
+                .iter()
+                .filter(|s| s.name.starts_with(SLICE_PREFIX) && !live.contains(&s.name))
+                .filter(|s| {
+                    let since = *missing.entry(s.name.clone()).or_insert_with(std::time::Instant::now);
+                    since.elapsed() >= grace && now.saturating_sub(s.created_unix) >= grace.as_secs()
+                })
+                .collect()
+        };
+        for s in due {
+            match client.delete_slice(node::DeleteSliceRequest { name: s.name.clone(), force: false }).await {
+                Ok(_) => tracing::info!(slice = %s.name, "deleted: no container holds its {} any more", self.cfg.resource_name),
+                // Once per slice: the sweep retries every poll.
+                Err(e) if self.sweep_warned.lock().expect("sweep lock").insert(s.name.clone()) => {
+                    tracing::warn!(slice = %s.name, "cannot delete a slice no container holds (retrying quietly): {}", e.message())
                 }
+                Err(_) => {}
             }
         }
     }

@@ -196,41 +196,82 @@ fn spec_path(cdi: &Path, slice: &str) -> PathBuf {
     cdi.join(format!("egpu.io-slice_{slice}.json"))
 }
 
+/// A node as the tests need it: egpud (publishing CDI specs), the kubelet
+/// and API-server stand-ins, and the plugin with `--sweep-grace grace`.
+struct Rig {
+    tmp: tempfile::TempDir,
+    cdi: PathBuf,
+    kdir: PathBuf,
+    node: Node,
+    rt: tokio::runtime::Runtime,
+    registered: mpsc::UnboundedReceiver<dp::RegisterRequest>,
+    pods: Arc<Mutex<Vec<pr::PodResources>>>,
+    api: ApiServer,
+    _plugin: Plugin,
+}
+
+impl Rig {
+    fn start(grace: &str) -> Rig {
+        let tmp = tempfile::tempdir().unwrap();
+        let cdi = tmp.path().join("cdi");
+        let kdir = tmp.path().join("kubelet");
+        let node = Node::start_with("2x16GiB", &["--cdi-dir", cdi.to_str().unwrap()]);
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+        let (tx, registered) = mpsc::unbounded_channel();
+        let pods = Arc::new(Mutex::new(Vec::new()));
+        serve_kubelet(&rt, &kdir, Kubelet { registered: tx, pods: pods.clone() });
+        let api = ApiServer::default();
+        let kubeconfig = serve_api(&rt, tmp.path(), api.clone());
+        let log = std::fs::File::create(tmp.path().join("plugin.log")).unwrap();
+        let plugin = Plugin(
+            Command::new(target_dir().join("egpu-device-plugin"))
+                .arg("--socket")
+                .arg(node.socket())
+                .arg("--kubelet-dir")
+                .arg(&kdir)
+                .arg("--cdi-dir")
+                .arg(&cdi)
+                .args(["--poll", "50ms", "--sweep-grace", grace, "--log", "info", "--node-name", "n1"])
+                .env("KUBECONFIG", &kubeconfig)
+                .env_remove("KUBERNETES_SERVICE_HOST")
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        );
+        Rig { tmp, cdi, kdir, node, rt, registered, pods, api, _plugin: plugin }
+    }
+
+    fn annotation(&self) -> Option<egpu_k8s::annotation::NodeGpus> {
+        self.api.annotation()
+    }
+
+    fn free(&self) -> Option<Vec<u32>> {
+        self.api.free()
+    }
+
+    fn plugin_log(&self) -> String {
+        std::fs::read_to_string(self.tmp.path().join("plugin.log")).unwrap_or_default()
+    }
+}
+
+impl ApiServer {
+    /// The Node's `egpu.io/gpus`, as last patched.
+    fn annotation(&self) -> Option<egpu_k8s::annotation::NodeGpus> {
+        let v = self.annotations.lock().unwrap().get(egpu_k8s::annotation::ANNOTATION)?.as_str()?.to_string();
+        Some(egpu_k8s::annotation::NodeGpus::parse(Some(&v)).unwrap())
+    }
+
+    /// Free units per GPU, per the Node's annotation.
+    fn free(&self) -> Option<Vec<u32>> {
+        self.annotation().map(|a| a.gpus.iter().map(|g| g.free).collect())
+    }
+}
+
 #[test]
 fn device_plugin_turns_kubelet_allocations_into_slices() {
-    let tmp = tempfile::tempdir().unwrap();
-    let cdi = tmp.path().join("cdi");
-    let kdir = tmp.path().join("kubelet");
-    let mut node = Node::start_with("2x16GiB", &["--cdi-dir", cdi.to_str().unwrap()]);
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let (tx, mut registered) = mpsc::unbounded_channel();
-    let pods = Arc::new(Mutex::new(Vec::new()));
-    serve_kubelet(&rt, &kdir, Kubelet { registered: tx, pods: pods.clone() });
-    let api = ApiServer::default();
-    let kubeconfig = serve_api(&rt, tmp.path(), api.clone());
-    let annotation = || -> Option<egpu_k8s::annotation::NodeGpus> {
-        let v = api.annotations.lock().unwrap().get(egpu_k8s::annotation::ANNOTATION)?.as_str()?.to_string();
-        Some(egpu_k8s::annotation::NodeGpus::parse(Some(&v)).unwrap())
-    };
-    let free = || annotation().map(|a| a.gpus.iter().map(|g| g.free).collect::<Vec<_>>());
-
-    let log = std::fs::File::create(tmp.path().join("plugin.log")).unwrap();
-    let _plugin = Plugin(
-        Command::new(target_dir().join("egpu-device-plugin"))
-            .arg("--socket")
-            .arg(node.socket())
-            .arg("--kubelet-dir")
-            .arg(&kdir)
-            .arg("--cdi-dir")
-            .arg(&cdi)
-            .args(["--poll", "50ms", "--sweep-grace", "0s", "--log", "info", "--node-name", "n1"])
-            .env("KUBECONFIG", &kubeconfig)
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    );
+    let Rig { tmp, cdi, kdir, mut node, rt, mut registered, pods, api, _plugin } = Rig::start("0s");
+    let (annotation, free) = (|| api.annotation(), || api.free());
     let plugin_log = || std::fs::read_to_string(tmp.path().join("plugin.log")).unwrap_or_default();
 
     rt.block_on(async {
@@ -369,4 +410,40 @@ fn scheduler_extender_answers_bad_requests_with_the_reason() {
     pod["spec"]["containers"][0]["resources"]["requests"][RESOURCE] = "2Gi".into();
     let (_, body) = post(&sched.1, "/filter", &serde_json::json!({"Pod": pod, "Nodes": {"items": []}}).to_string());
     assert!(body.contains("container 'main'") && body.contains("'2Gi'"), "{body}");
+}
+
+/// A container the kubelet stops listing (as a restarting kubelet does until
+/// it has synced its pods) keeps its slice until it has been missing for the
+/// whole grace period, however old the slice is; then the slice goes.
+#[test]
+fn a_slice_outlives_a_short_absence_from_the_kubelets_list() {
+    const GRACE: u64 = 8;
+    let mut rig = Rig::start(&format!("{GRACE}s"));
+    let reg = rig.rt.block_on(async { tokio::time::timeout(WAIT, rig.registered.recv()).await }).expect("no registration").unwrap();
+    let sock = rig.kdir.join("device-plugins").join(&reg.endpoint);
+    let ids: Vec<String> = rig.rt.block_on(async {
+        let mut c = connect(&sock).await;
+        let mut stream = c.list_and_watch(dp::Empty {}).await.unwrap().into_inner();
+        let all = until(&mut stream, "32 devices", |d| d.len() == 32).await;
+        let ids: Vec<String> = all[..4].iter().map(|d| d.id.clone()).collect();
+        rig.pods.lock().unwrap().push(holder("a", &ids));
+        c.allocate(dp::AllocateRequest { container_requests: vec![dp::ContainerAllocateRequest { devices_ids: ids.clone() }] }).await.unwrap();
+        ids
+    });
+    let slice = egpu_k8s::tokens::slice_name(&ids);
+    assert!(wait_until(WAIT, || rig.free() == Some(vec![12, 16])), "{:?}", rig.annotation());
+    // Let the slice grow older than the grace period (the age is what is
+    // tested here, so this waits on the clock).
+    let created = rig.node.slice(&slice)["created_unix"].as_u64().unwrap();
+    let age = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs().saturating_sub(created);
+    assert!(wait_until(Duration::from_secs(GRACE + 5), || age() > GRACE));
+    // The kubelet lists nothing. The refresh that first sees it has run once
+    // the annotation shows the units free (it is written after that
+    // refresh's sweep), and the slice is still there.
+    rig.pods.lock().unwrap().clear();
+    assert!(wait_until(WAIT, || rig.free() == Some(vec![16, 16])), "{:?}", rig.annotation());
+    assert!(rig.node.slices().iter().any(|s| s["name"] == slice.as_str()), "swept before the grace period; plugin log:\n{}", rig.plugin_log());
+    assert!(rig.cdi.join(format!("egpu.io-slice_{slice}.json")).exists());
+    // Missing for the whole period: it goes.
+    assert!(wait_until(WAIT, || rig.node.slices().is_empty()), "not swept; plugin log:\n{}", rig.plugin_log());
 }

@@ -30,8 +30,9 @@ struct Args {
     /// How often egpud and the kubelet are read.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     poll: Duration,
-    /// How long a new slice may wait for the kubelet to list its container before it is swept.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    /// A slice this plugin made is deleted once the kubelet has listed no container holding it for this long
+    /// (and the slice is at least this old): long enough for a restarted kubelet to list its pods again.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     sweep_grace: Duration,
     /// This node's name (from the downward API's spec.nodeName): the plugin then writes what each GPU has
     /// free in the Node's egpu.io/gpus annotation, for the scheduler extender. Needs API access (in-cluster
