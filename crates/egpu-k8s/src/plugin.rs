@@ -56,8 +56,12 @@ pub struct PluginConfig {
     pub cdi_dir: PathBuf,
     /// How often egpud and the kubelet are read, and the socket checked.
     pub poll: Duration,
-    /// How long a new slice is kept before the kubelet must list it.
+    /// How long a slice is kept while no container holds it.
     pub sweep_grace: Duration,
+    /// The CDI kind of the GPU vendor's spec (`nvidia.com/gpu`): each
+    /// container is also given `<kind>=<GPU index>`, the GPU itself, beside
+    /// the slice. `None` on a simulated node.
+    pub gpu_cdi_kind: Option<String>,
 }
 
 /// Writes the `egpu.io/gpus` annotation on the plugin's own Node.
@@ -141,6 +145,11 @@ impl Shared {
     pub fn new(cfg: PluginConfig, publisher: Option<Publisher>) -> Result<Arc<Shared>, PluginError> {
         if cfg.unit_bytes < (1 << 20) {
             return Err(PluginError::Config(format!("--memory-unit {} B is below 1 MiB; use e.g. 1GiB or 512MiB", cfg.unit_bytes)));
+        }
+        if let Some(kind) = &cfg.gpu_cdi_kind
+            && (kind.split('/').count() != 2 || kind.contains('=') || kind.starts_with('/') || kind.ends_with('/'))
+        {
+            return Err(PluginError::Config(format!("--gpu-cdi-kind '{kind}' is not a CDI kind (vendor/class, e.g. nvidia.com/gpu)")));
         }
         if !cfg.resource_name.contains('/') {
             return Err(PluginError::Config(format!("resource '{}' needs a domain, e.g. egpu.io/gpu-memory", cfg.resource_name)));
@@ -305,7 +314,7 @@ impl Shared {
         }
         Ok(dp::ContainerAllocateResponse {
             envs: HashMap::from([("EGPU_SLICE".to_string(), name.clone())]),
-            cdi_devices: vec![dp::CdiDevice { name: egpu_node::cdi::device_name(&name) }],
+            cdi_devices: cdi_devices(&self.cfg, &name, gpu),
             ..Default::default()
         })
     }
@@ -338,6 +347,16 @@ fn advertise(inv: &Inventory, slices: &[node::Slice], held: Option<&Vec<Vec<Stri
             }
         }
         out.extend((0..n).map(|k| dp::Device { id: tokens::token_id(&g.uuid, k), health: health[k as usize].into(), topology: None }));
+    }
+    out
+}
+
+/// The CDI devices a container gets: its slice, and its GPU from the
+/// vendor's spec when `--gpu-cdi-kind` names one.
+fn cdi_devices(cfg: &PluginConfig, slice: &str, gpu: &tokens::Gpu) -> Vec<dp::CdiDevice> {
+    let mut out = vec![dp::CdiDevice { name: egpu_node::cdi::device_name(slice) }];
+    if let Some(kind) = cfg.gpu_cdi_kind.as_deref().filter(|k| !k.is_empty()) {
+        out.push(dp::CdiDevice { name: format!("{kind}={}", gpu.index) });
     }
     out
 }
@@ -586,8 +605,16 @@ mod tests {
             cdi_dir: "/var/run/cdi".into(),
             poll: Duration::from_secs(1),
             sweep_grace: Duration::from_secs(30),
+            gpu_cdi_kind: None,
         };
         assert_eq!(cfg.endpoint(), "egpu-gpu-memory.sock");
+        let gpu = tokens::Gpu { index: 3, uuid: "GPU-x".into(), model: "m".into(), memory_bytes: 1 << 30 };
+        let names = |cfg: &PluginConfig| cdi_devices(cfg, "k8s-1", &gpu).into_iter().map(|d| d.name).collect::<Vec<_>>();
+        assert_eq!(names(&cfg), ["egpu.io/slice=k8s-1"]);
+        let nvidia = PluginConfig { gpu_cdi_kind: Some("nvidia.com/gpu".into()), ..cfg.clone() };
+        assert_eq!(names(&nvidia), ["egpu.io/slice=k8s-1", "nvidia.com/gpu=3"]);
+        let e = Shared::new(PluginConfig { gpu_cdi_kind: Some("nvidia.com/gpu=0".into()), ..cfg.clone() }, None).unwrap_err();
+        assert!(e.to_string().contains("not a CDI kind"), "{e}");
         assert!(Shared::new(cfg.clone(), None).is_ok());
         let e = Shared::new(PluginConfig { unit_bytes: 4096, ..cfg.clone() }, None).unwrap_err();
         assert!(e.to_string().contains("below 1 MiB"), "{e}");

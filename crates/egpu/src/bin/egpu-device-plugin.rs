@@ -34,6 +34,10 @@ struct Args {
     /// (and the slice is at least this old): long enough for a restarted kubelet to list its pods again.
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     sweep_grace: Duration,
+    /// The CDI kind of the GPU vendor's spec, e.g. nvidia.com/gpu (from `nvidia-ctk cdi generate`, devices
+    /// named by index): each container then also gets `<kind>=<GPU index>`, the GPU itself. Empty: only the slice.
+    #[arg(long, default_value = "")]
+    gpu_cdi_kind: String,
     /// This node's name (from the downward API's spec.nodeName): the plugin then writes what each GPU has
     /// free in the Node's egpu.io/gpus annotation, for the scheduler extender. Needs API access (in-cluster
     /// service account or KUBECONFIG) allowed to patch the Node.
@@ -63,6 +67,7 @@ fn main() -> ExitCode {
         cdi_dir: a.cdi_dir,
         poll: a.poll,
         sweep_grace: a.sweep_grace,
+        gpu_cdi_kind: Some(a.gpu_cdi_kind).filter(|k| !k.is_empty()),
     };
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,

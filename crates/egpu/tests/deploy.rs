@@ -1,0 +1,217 @@
+//! `deploy/` checked offline: every object parses as its Kubernetes type
+//! (k8s-openapi), every flag the manifests pass exists in the binary they
+//! run, every host path a flag names is mounted where the runtime on the host
+//! finds it too, and the scheduler configuration, Service, extender and
+//! plugin agree on names, ports and the resource.
+
+mod common;
+
+use common::target_dir;
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, Service};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use serde::Deserialize;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy")
+}
+
+/// Every YAML document of `deploy/<file>`, as JSON values.
+fn docs(file: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(deploy_dir().join(file)).unwrap();
+    serde_yaml::Deserializer::from_str(&text).map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{file}: {e}"))).collect()
+}
+
+fn typed<T: serde::de::DeserializeOwned>(v: &Value) -> T {
+    serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{} {}: {e}", v["kind"], v["metadata"]["name"]))
+}
+
+/// The objects of every manifest, each parsed as its type.
+fn all_objects() -> Vec<Value> {
+    let mut out = Vec::new();
+    for f in ["egpu-node.yaml", "egpu-scheduler.yaml", "example-pod.yaml"] {
+        for d in docs(f) {
+            match d["kind"].as_str().unwrap() {
+                "Namespace" => drop(typed::<k8s_openapi::api::core::v1::Namespace>(&d)),
+                "ServiceAccount" => drop(typed::<k8s_openapi::api::core::v1::ServiceAccount>(&d)),
+                "ClusterRole" => drop(typed::<ClusterRole>(&d)),
+                "ClusterRoleBinding" => drop(typed::<ClusterRoleBinding>(&d)),
+                "DaemonSet" => drop(typed::<DaemonSet>(&d)),
+                "Deployment" => drop(typed::<Deployment>(&d)),
+                "Service" => drop(typed::<Service>(&d)),
+                "Pod" => drop(typed::<Pod>(&d)),
+                k => panic!("{f}: unexpected kind {k}"),
+            }
+            out.push(d);
+        }
+    }
+    out
+}
+
+fn find<'a>(objs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    objs.iter().find(|o| o["kind"] == kind && o["metadata"]["name"] == name).unwrap_or_else(|| panic!("no {kind} {name}"))
+}
+
+fn pod_spec(workload: &Value) -> PodSpec {
+    serde_json::from_value(workload["spec"]["template"]["spec"].clone()).unwrap()
+}
+
+/// `--flag` or `--flag=value` arguments: (flag, value).
+fn flags(c: &Container) -> Vec<(String, Option<String>)> {
+    c.args
+        .iter()
+        .flatten()
+        .filter(|a| a.starts_with("--"))
+        .map(|a| match a.split_once('=') {
+            Some((f, v)) => (f.to_string(), Some(v.to_string())),
+            None => (a.clone(), None),
+        })
+        .collect()
+}
+
+fn flag(c: &Container, name: &str) -> String {
+    flags(c).into_iter().find(|(f, _)| f == name).and_then(|(_, v)| v).unwrap_or_else(|| panic!("{} has no {name}=", c.name))
+}
+
+#[test]
+fn every_flag_exists_in_the_binary_it_is_passed_to() {
+    let objs = all_objects();
+    let mut checked = 0;
+    for o in &objs {
+        let Some(spec) = o["spec"]["template"]["spec"].as_object() else { continue };
+        let spec: PodSpec = serde_json::from_value(Value::Object(spec.clone())).unwrap();
+        for c in spec.containers.iter() {
+            let bin = &c.command.as_ref().unwrap()[0];
+            let help = std::process::Command::new(target_dir().join(bin)).arg("--help").output().unwrap();
+            assert!(help.status.success(), "{bin} --help");
+            let help = String::from_utf8(help.stdout).unwrap();
+            for (f, _) in flags(c) {
+                assert!(help.contains(&format!("{f} ")) || help.contains(&format!("{f}\n")), "{bin} has no flag {f}:\n{help}");
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 12, "only {checked} flags checked");
+}
+
+#[test]
+fn host_paths_are_mounted_where_the_host_sees_them() {
+    let objs = all_objects();
+    let ds = find(&objs, "DaemonSet", "egpu-node");
+    let spec = pod_spec(ds);
+    assert_eq!(spec.host_pid, Some(true), "egpud follows workloads by host pid");
+    let host_path = |volume: &str| -> String {
+        let v = spec.volumes.iter().flatten().find(|v| v.name == volume).unwrap_or_else(|| panic!("no volume {volume}"));
+        v.host_path.as_ref().unwrap_or_else(|| panic!("{volume} is not a hostPath")).path.clone()
+    };
+    // A path given to a binary must be inside one of its mounts; the paths
+    // the runtime reads on the host (CDI specs, the hook, slice files) must
+    // be mounted at the same path as on the host.
+    let mounted = |c: &Container, path: &str| -> (String, String) {
+        let m = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .filter(|m| path == m.mount_path || path.starts_with(&format!("{}/", m.mount_path)))
+            .max_by_key(|m| m.mount_path.len())
+            .unwrap_or_else(|| panic!("{}: {path} is not on any mount", c.name));
+        (m.mount_path.clone(), host_path(&m.name))
+    };
+    let egpud = spec.containers.iter().find(|c| c.name == "egpud").unwrap();
+    let plugin = spec.containers.iter().find(|c| c.name == "device-plugin").unwrap();
+    for f in ["--run-dir", "--state-dir", "--cdi-dir", "--hook-lib", "--cdi-hook"] {
+        let (mp, hp) = mounted(egpud, &flag(egpud, f));
+        if f != "--state-dir" {
+            assert_eq!(mp, hp, "egpud {f}: the host must see it at the same path");
+        }
+    }
+    // The plugin reaches egpud's socket and reads its CDI specs through the same host directories.
+    let (_, sock_host) = mounted(plugin, &flag(plugin, "--socket"));
+    assert_eq!(sock_host, mounted(egpud, &flag(egpud, "--run-dir")).1);
+    assert_eq!(mounted(plugin, &flag(plugin, "--cdi-dir")).1, mounted(egpud, &flag(egpud, "--cdi-dir")).1);
+    let kubelet = flag(plugin, "--kubelet-dir");
+    for sub in ["device-plugins", "pod-resources"] {
+        let (mp, hp) = mounted(plugin, &format!("{kubelet}/{sub}"));
+        assert_eq!((mp.as_str(), hp.as_str()), (format!("{kubelet}/{sub}").as_str(), format!("/var/lib/kubelet/{sub}").as_str()));
+    }
+    // The init container installs the hook where egpud's flags say it is.
+    let install = &spec.init_containers.as_ref().unwrap()[0];
+    let script = install.command.as_ref().unwrap().join(" ");
+    let dest = install.volume_mounts.as_ref().unwrap()[0].clone();
+    assert_eq!(host_path(&dest.name), mounted(egpud, &flag(egpud, "--hook-lib")).1);
+    for f in ["--hook-lib", "--cdi-hook"] {
+        let file = Path::new(&flag(egpud, f)).file_name().unwrap().to_str().unwrap().to_string();
+        assert!(script.contains(&format!("/{file}")) && script.contains(&dest.mount_path), "{script}");
+    }
+    // NODE_NAME from the downward API, and RBAC to patch the Node.
+    let env = plugin.env.iter().flatten().find(|e| e.name == "NODE_NAME").unwrap();
+    assert_eq!(env.value_from.as_ref().unwrap().field_ref.as_ref().unwrap().field_path, "spec.nodeName");
+    let role: ClusterRole = typed(find(&objs, "ClusterRole", "egpu-node"));
+    assert!(role.rules.iter().flatten().any(|r| r.resources.iter().flatten().any(|x| x == "nodes") && r.verbs.iter().any(|v| v == "patch")));
+    let binding: ClusterRoleBinding = typed(find(&objs, "ClusterRoleBinding", "egpu-node"));
+    let subject = &binding.subjects.as_ref().unwrap()[0];
+    assert_eq!((Some(subject.name.clone()), subject.namespace.clone()), (spec.service_account_name.clone(), ds["metadata"]["namespace"].as_str().map(String::from)));
+}
+
+#[test]
+fn scheduler_config_service_and_extender_agree() {
+    let objs = all_objects();
+    let cfg = &docs("scheduler-config.yaml")[0];
+    assert_eq!((cfg["apiVersion"].as_str(), cfg["kind"].as_str()), (Some("kubescheduler.config.k8s.io/v1"), Some("KubeSchedulerConfiguration")));
+    let ext = &cfg["extenders"][0];
+    assert_eq!(ext["nodeCacheCapable"], false, "the extender reads Node objects");
+    assert_eq!((ext["filterVerb"].as_str(), ext["prioritizeVerb"].as_str()), (Some("filter"), Some("prioritize")));
+    let weight = ext["weight"].as_i64().unwrap();
+    assert!(weight > 0);
+    // urlPrefix names the Service, its namespace and port.
+    let url = ext["urlPrefix"].as_str().unwrap();
+    let host_port = url.strip_prefix("http://").unwrap();
+    let (host, port) = host_port.split_once(':').unwrap();
+    let svc: Service = typed(find(&objs, "Service", "egpu-scheduler"));
+    let ns = svc.metadata.namespace.clone().unwrap();
+    assert_eq!(host, format!("egpu-scheduler.{ns}.svc"));
+    let sp = svc.spec.unwrap().ports.unwrap()[0].clone();
+    assert_eq!(sp.port.to_string(), port);
+    // The Service's target is the port the extender listens on.
+    let dep = find(&objs, "Deployment", "egpu-scheduler");
+    let c = pod_spec(dep).containers[0].clone();
+    let listen = flag(&c, "--listen");
+    let target = match sp.target_port.unwrap() {
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(p) => p.to_string(),
+        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(s) => s,
+    };
+    assert!(listen.ends_with(&format!(":{target}")), "{listen} vs {target}");
+    // One resource name everywhere: the extender's, the plugin's (its default
+    // unless passed), the scheduler's managed resource, the example pod's.
+    let resource = flag(&c, "--resource");
+    assert_eq!(ext["managedResources"][0]["name"].as_str(), Some(resource.as_str()));
+    assert_eq!(resource, egpu_k8s::plugin::DEFAULT_RESOURCE);
+    let plugin = pod_spec(find(&objs, "DaemonSet", "egpu-node")).containers.into_iter().find(|c| c.name == "device-plugin").unwrap();
+    assert!(flags(&plugin).iter().all(|(f, _)| f != "--resource"), "the plugin runs with its default resource");
+    let pod: Pod = typed(find(&objs, "Pod", "cuda-sample"));
+    let limits = pod.spec.unwrap().containers[0].resources.clone().unwrap().limits.unwrap();
+    assert!(limits.contains_key(&resource));
+}
+
+#[test]
+fn the_image_holds_what_the_manifests_run() {
+    let dockerfile = std::fs::read_to_string(deploy_dir().join("Dockerfile")).unwrap();
+    let objs = all_objects();
+    for o in &objs {
+        let Some(spec) = o["spec"]["template"]["spec"].as_object() else { continue };
+        let spec: PodSpec = serde_json::from_value(Value::Object(spec.clone())).unwrap();
+        for c in spec.containers.iter() {
+            let bin = &c.command.as_ref().unwrap()[0];
+            assert!(dockerfile.contains(&format!("/release/{bin} ")), "the Dockerfile does not install {bin}");
+        }
+        for c in spec.init_containers.iter().flatten() {
+            let script = c.command.as_ref().unwrap().join(" ");
+            for src in script.split_whitespace().filter(|w| w.starts_with("/usr/local/")) {
+                assert!(dockerfile.contains(src.rsplit('/').next().unwrap()), "the Dockerfile does not install {src}");
+            }
+            assert!(dockerfile.contains("/usr/local/lib/egpu/libegpu.so"));
+        }
+    }
+}
