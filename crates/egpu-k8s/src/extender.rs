@@ -6,7 +6,10 @@
 //!   ([`crate::annotation`]). The scheduler itself only compares the node's
 //!   total; a node whose free memory is split over GPUs would take the pod and
 //!   the device plugin would then refuse it. Each refused node gets the
-//!   reason.
+//!   reason. The annotation lags the node by a refresh and an API round
+//!   trip, and pods bound but not yet admitted are not in it: two pods
+//!   placed on one node in that window can both pass, and the second is then
+//!   refused at admission (`docs/kubernetes.md`, "Limits").
 //! - **Prioritize** scores the nodes left with [`egpu_place::policy::EgpuPolicy`]'s
 //!   cost, the policy `egpu simulate` measures: the node it would pick gets
 //!   10, the others 9 less the rank of their cost among the distinct costs
@@ -109,7 +112,7 @@ impl Demand {
                         Value::Null => Ok(None),
                         v => {
                             let text = v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
-                            text.trim().parse::<u64>().map(Some).map_err(|_| RequestError::BadQuantity {
+                            whole_quantity(&text).map(Some).ok_or_else(|| RequestError::BadQuantity {
                                 container: name.clone(),
                                 resource: resource.into(),
                                 value: egpu_core::slice::shown(&text),
@@ -165,6 +168,53 @@ impl Demand {
     }
 }
 
+/// A Kubernetes quantity that is a whole number: `10`, `2k` (2000), `2Ki`
+/// (2048), `1e3`, `1500m` is not (1.5), `1.5k` is (1500). The API server
+/// stores quantities in canonical form, so a request of 2000 comes back as
+/// `2k`. `None` for anything else.
+pub fn whole_quantity(text: &str) -> Option<u64> {
+    let t = text.trim();
+    let digits_end = t.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+')).unwrap_or(t.len());
+    let (num, suffix) = t.split_at(digits_end);
+    let num = num.strip_prefix('+').unwrap_or(num);
+    let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    if int.is_empty() && frac.is_empty() || !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit()) || frac.len() > 18 || int.len() > 20 {
+        return None;
+    }
+    // value = mantissa × 10^exp10 × 2^exp2, mantissa = int.frac as an integer.
+    let mantissa: u128 = format!("{int}{frac}").parse().ok()?;
+    let (mut exp10, exp2): (i32, u32) = match suffix {
+        "" => (0, 0),
+        "m" => (-3, 0),
+        "k" => (3, 0),
+        "M" => (6, 0),
+        "G" => (9, 0),
+        "T" => (12, 0),
+        "P" => (15, 0),
+        "E" => (18, 0),
+        "Ki" => (0, 10),
+        "Mi" => (0, 20),
+        "Gi" => (0, 30),
+        "Ti" => (0, 40),
+        "Pi" => (0, 50),
+        "Ei" => (0, 60),
+        e if e.starts_with(['e', 'E']) => (e[1..].parse::<i32>().ok().filter(|x| x.abs() <= 30)?, 0),
+        _ => return None,
+    };
+    exp10 -= frac.len() as i32;
+    let mut v = mantissa.checked_mul(1u128.checked_shl(exp2)?)?;
+    if exp10 >= 0 {
+        v = v.checked_mul(10u128.checked_pow(exp10 as u32)?)?;
+    } else {
+        let d = 10u128.checked_pow(exp10.unsigned_abs())?;
+        if v % d != 0 {
+            return None;
+        }
+        v /= d;
+    }
+    u64::try_from(v).ok()
+}
+
 fn node_name(node: &Value) -> &str {
     node["metadata"]["name"].as_str().unwrap_or("")
 }
@@ -177,12 +227,20 @@ fn node_gpus(node: &Value) -> Result<NodeGpus, AnnotationError> {
 #[derive(Debug)]
 pub struct Extender {
     resource: String,
-    recent: Mutex<VecDeque<u32>>,
+    recent: Mutex<Recent>,
+}
+
+/// The last [`WINDOW`] containers' units, each pod counted once (a pod the
+/// scheduler retries must not fill the window with its own shape).
+#[derive(Debug, Default)]
+struct Recent {
+    units: VecDeque<(String, u32)>,
+    pods: std::collections::HashSet<String>,
 }
 
 impl Extender {
     pub fn new(resource: &str) -> Extender {
-        Extender { resource: resource.into(), recent: Mutex::new(VecDeque::with_capacity(WINDOW)) }
+        Extender { resource: resource.into(), recent: Mutex::new(Recent::default()) }
     }
 
     /// `filter`.
@@ -201,7 +259,7 @@ impl Extender {
             out.nodes = Some(nodes);
             return out;
         }
-        self.observe(&demand);
+        self.observe(pod["metadata"]["uid"].as_str().unwrap_or(""), &demand);
         let mut pass = Vec::with_capacity(nodes.items.len());
         for node in nodes.items {
             let name = node_name(&node).to_string();
@@ -221,13 +279,19 @@ impl Extender {
         out
     }
 
-    fn observe(&self, d: &Demand) {
+    fn observe(&self, uid: &str, d: &Demand) {
         let mut r = self.recent.lock().expect("recent lock");
+        if !uid.is_empty() && !r.pods.insert(uid.to_string()) {
+            return;
+        }
         for &u in &d.units {
-            if r.len() == WINDOW {
-                r.pop_front();
+            if r.units.len() == WINDOW
+                && let Some((old, _)) = r.units.pop_front()
+                && !r.units.iter().any(|(p, _)| *p == old)
+            {
+                r.pods.remove(&old);
             }
-            r.push_back(u);
+            r.units.push_back((uid.to_string(), u));
         }
     }
 
@@ -240,7 +304,7 @@ impl Extender {
         let Some(&largest) = demand.units.first() else {
             return Ok(scores);
         };
-        let recent: Vec<u32> = self.recent.lock().expect("recent lock").iter().copied().collect();
+        let recent: Vec<u32> = self.recent.lock().expect("recent lock").units.iter().map(|(_, u)| *u).collect();
         // Nodes grouped by units per GPU: a pod's share of a GPU depends on its size.
         let mut groups: BTreeMap<u32, Vec<(usize, NodeGpus)>> = BTreeMap::new();
         for (i, n) in nodes.items.iter().enumerate() {
@@ -372,6 +436,7 @@ mod tests {
         assert_eq!(Demand::of_pod(&pod(&["4", "10"]), R).unwrap().units, [10, 4]);
         let e = Demand::of_pod(&pod(&["1.5"]), R).unwrap_err();
         assert!(e.to_string().contains("'1.5'") && e.to_string().contains("c0"), "{e}");
+        assert_eq!(Demand::of_pod(&pod(&["2k"]), R).unwrap().units, [2000], "canonical form of 2000");
         let p = json!({"spec": {"containers": [{"name": "m", "resources": {"limits": {R: "4"}, "requests": {R: "2"}}}]}});
         assert!(matches!(Demand::of_pod(&p, R), Err(RequestError::Mismatch { .. })));
         let p = json!({"spec": {"initContainers": [{"name": "i", "resources": {"limits": {R: 3}}}], "containers": [{"name": "m"}]}});
@@ -430,6 +495,34 @@ mod tests {
         // A node it does not fit scores 0; a pod asking nothing scores all 0.
         let s = ext.prioritize(args(pod(&["12"]), vec![node("full", &[4, 4]), node("free", &[16, 16])])).unwrap();
         assert_eq!(s, [HostPriority { host: "full".into(), score: 0 }, HostPriority { host: "free".into(), score: MAX_SCORE }]);
+    }
+
+    #[test]
+    fn quantities_that_are_whole_numbers() {
+        for (q, v) in [("10", 10), ("+3", 3), ("2k", 2000), ("2Ki", 2048), ("1Gi", 1 << 30), ("1.5k", 1500), ("1e3", 1000), ("1500m", 0), ("3000m", 3), ("1.", 1), (".5k", 500), ("0", 0), (" 7 ", 7), ("1E2", 100)] {
+            if q == "1500m" {
+                assert_eq!(whole_quantity(q), None, "1.5 is not whole");
+            } else {
+                assert_eq!(whole_quantity(q), Some(v), "{q}");
+            }
+        }
+        for q in ["", "x", ".", "-1", "1.5", "2 Gi", "2gi", "1e", "1e-2", "99999999999999999999999", "1Ei0", "1e99"] {
+            assert_eq!(whole_quantity(q), None, "{q}");
+        }
+    }
+
+    #[test]
+    fn the_target_window_counts_each_pod_once() {
+        let ext = Extender::new(R);
+        let mut p = pod(&["4"]);
+        p["metadata"]["uid"] = "u1".into();
+        for _ in 0..5 {
+            ext.filter(args(p.clone(), vec![node("a", &[16])]));
+        }
+        assert_eq!(ext.recent.lock().unwrap().units.len(), 1);
+        p["metadata"]["uid"] = "u2".into();
+        ext.filter(args(p, vec![node("a", &[16])]));
+        assert_eq!(ext.recent.lock().unwrap().units.len(), 2);
     }
 
     #[test]

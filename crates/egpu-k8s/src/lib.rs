@@ -7,13 +7,18 @@
 //!   it has, and a container's request becomes a slice with a hard memory
 //!   limit of exactly what it asked for, on one GPU, created through egpud's
 //!   gRPC API and handed to the runtime as a CDI device.
-//! - It talks only to the kubelet (registration, pod-resources) and to egpud,
-//!   over unix sockets: no API server access is needed on the node.
+//! - It talks to the kubelet (registration, pod-resources) and to egpud,
+//!   over unix sockets. With `--node-name` it also patches its own Node's
+//!   `egpu.io/gpus` annotation ([`annotation`]) through the API server, for
+//!   the scheduler extender ([`extender`]), which reads it from the Node
+//!   objects kube-scheduler sends and needs no API access itself.
 //! - The protocols are the kubelet's published ones (`proto/k8s/`), written
 //!   for eGPU with the published names and field numbers.
 //!
 //! Modules: [`tokens`] (device IDs, the preferred allocation: pure),
-//! [`plugin`] (the gRPC service, registration, refresh and sweep loops).
+//! [`plugin`] (the gRPC service, registration, refresh and sweep loops),
+//! [`annotation`] (the Node annotation's format), [`extender`] (the
+//! kube-scheduler extender).
 
 pub mod annotation;
 pub mod extender;

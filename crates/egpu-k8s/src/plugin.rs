@@ -6,17 +6,21 @@
 //!   wipes that directory when it restarts; the plugin notices its socket is
 //!   gone (checked every `poll`) and serves and registers again.
 //! - **Refresh** every `poll`: egpud's GPUs and slices, and the kubelet's
-//!   pod-resources list. Memory held by slices made outside Kubernetes
-//!   (`egpu create`) is reported as that many unhealthy tokens, so the
-//!   kubelet does not promise it to pods. While egpud cannot be reached every
-//!   token is unhealthy: the kubelet admits no new pod that needs one, and
-//!   running workloads keep their limits (egpud's own promise).
+//!   pod-resources list. Memory egpud has promised elsewhere (slices made
+//!   outside Kubernetes with `egpu create`, plugin slices no container holds
+//!   that wait for the sweep, lent burst memory) is reported as that many
+//!   unhealthy tokens, so the kubelet does not promise it to pods. While
+//!   egpud cannot be reached every token is unhealthy: the kubelet admits no
+//!   new pod that needs one, and running workloads keep their limits
+//!   (egpud's own promise). With `--node-name`, the Node's `egpu.io/gpus`
+//!   annotation is patched for the scheduler extender.
 //! - **Allocate** turns the tokens the kubelet chose into a slice (memory =
 //!   tokens × unit on their GPU, compute guarantee in proportion to that
 //!   memory, cap the whole GPU) and answers with its CDI device.
-//! - **Sweep**: a slice this plugin made whose tokens no container holds any
-//!   more (per pod-resources), and older than `sweep_grace`, is deleted. No
-//!   slice is ever deleted while pod-resources cannot be read.
+//! - **Sweep**: a slice this plugin made is deleted once the kubelet has
+//!   listed no container holding its tokens for the whole `sweep_grace`, and
+//!   it is at least that old, and `Allocate` has not handed it out within
+//!   that time. No slice is ever deleted while pod-resources cannot be read.
 
 use crate::deviceplugin as dp;
 use crate::podresources as pr;
@@ -56,7 +60,8 @@ pub struct PluginConfig {
     pub cdi_dir: PathBuf,
     /// How often egpud and the kubelet are read, and the socket checked.
     pub poll: Duration,
-    /// How long a slice is kept while no container holds it.
+    /// How long the kubelet must list no holder of a slice (and how old the
+    /// slice, and its last hand-out, must be) before the slice is deleted.
     pub sweep_grace: Duration,
     /// The CDI kind of the GPU vendor's spec (`nvidia.com/gpu`): each
     /// container is also given `<kind>=<GPU index>`, the GPU itself, beside
@@ -68,8 +73,15 @@ pub struct PluginConfig {
 pub struct Publisher {
     api: kube::Api<k8s_openapi::api::core::v1::Node>,
     node: String,
-    last: Mutex<Option<String>>,
+    /// The value last patched, and when.
+    last: Mutex<Option<(String, std::time::Instant)>>,
 }
+
+/// How long one patch of the Node may take before the refresh goes on.
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
+/// An unchanged annotation is patched again this often, in case someone
+/// removed it or the Node was re-created.
+const REPUBLISH_EVERY: Duration = Duration::from_secs(60);
 
 impl std::fmt::Debug for Publisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -83,15 +95,20 @@ impl Publisher {
     }
 
     /// Patches the annotation when its value changed since the last
-    /// successful patch; a failure is logged and retried at the next refresh.
+    /// successful patch, or that was [`REPUBLISH_EVERY`] ago; a failure or a
+    /// patch slower than [`PUBLISH_TIMEOUT`] is logged and retried at the
+    /// next refresh, which it does not hold up longer.
     async fn publish(&self, value: String) {
-        if self.last.lock().expect("publisher lock").as_deref() == Some(value.as_str()) {
+        let fresh = |l: &Option<(String, std::time::Instant)>| l.as_ref().is_some_and(|(v, at)| *v == value && at.elapsed() < REPUBLISH_EVERY);
+        if fresh(&self.last.lock().expect("publisher lock")) {
             return;
         }
         let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION: value } } });
-        match self.api.patch(&self.node, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch)).await {
-            Ok(_) => *self.last.lock().expect("publisher lock") = Some(value),
-            Err(e) => tracing::warn!(node = %self.node, "cannot annotate the node with its free GPU memory ({e}); the scheduler extender will not see this node's changes until it can"),
+        let params = kube::api::PatchParams::default();
+        match tokio::time::timeout(PUBLISH_TIMEOUT, self.api.patch(&self.node, &params, &kube::api::Patch::Merge(&patch))).await {
+            Ok(Ok(_)) => *self.last.lock().expect("publisher lock") = Some((value, std::time::Instant::now())),
+            Ok(Err(e)) => tracing::warn!(node = %self.node, "cannot annotate the node with its free GPU memory ({e}); the scheduler extender will not see this node's changes until it can"),
+            Err(_) => tracing::warn!(node = %self.node, "annotating the node took over {PUBLISH_TIMEOUT:?}; retrying at the next refresh"),
         }
     }
 }
@@ -139,6 +156,8 @@ pub struct Shared {
     missing_since: Mutex<HashMap<String, std::time::Instant>>,
     /// Slices the sweep has warned it cannot delete.
     sweep_warned: Mutex<HashSet<String>>,
+    /// When Allocate last handed each slice out.
+    allocated_at: Mutex<HashMap<String, std::time::Instant>>,
 }
 
 impl Shared {
@@ -155,7 +174,7 @@ impl Shared {
             return Err(PluginError::Config(format!("resource '{}' needs a domain, e.g. egpu.io/gpu-memory", cfg.resource_name)));
         }
         let (devices, _) = watch::channel(Vec::new());
-        Ok(Arc::new(Shared { cfg, snapshot: Mutex::new(Snapshot::default()), devices, publisher, missing_since: Mutex::new(HashMap::new()), sweep_warned: Mutex::new(HashSet::new()) }))
+        Ok(Arc::new(Shared { cfg, snapshot: Mutex::new(Snapshot::default()), devices, publisher, missing_since: Mutex::new(HashMap::new()), sweep_warned: Mutex::new(HashSet::new()), allocated_at: Mutex::new(HashMap::new()) }))
     }
 
     pub fn config(&self) -> &PluginConfig {
@@ -253,13 +272,19 @@ impl Shared {
         let grace = self.cfg.sweep_grace;
         let due: Vec<&node::Slice> = {
             let mut missing = self.missing_since.lock().expect("sweep lock");
+            let mut allocated = self.allocated_at.lock().expect("sweep lock");
             missing.retain(|name, _| slices.iter().any(|s| &s.name == name) && !live.contains(name));
+            allocated.retain(|name, _| slices.iter().any(|s| &s.name == name));
+            self.sweep_warned.lock().expect("sweep lock").retain(|name| missing.contains_key(name));
             slices
                 .iter()
                 .filter(|s| s.name.starts_with(SLICE_PREFIX) && !live.contains(&s.name))
                 .filter(|s| {
                     let since = *missing.entry(s.name.clone()).or_insert_with(std::time::Instant::now);
-                    since.elapsed() >= grace && now.saturating_sub(s.created_unix) >= grace.as_secs()
+                    // Handed out again by Allocate (the same units): the
+                    // kubelet lists its new holder only after the answer.
+                    let reissued = allocated.get(&s.name).is_some_and(|t| t.elapsed() < grace);
+                    since.elapsed() >= grace && now.saturating_sub(s.created_unix) >= grace.as_secs() && !reissued
                 })
                 .collect()
         };
@@ -280,7 +305,7 @@ impl Shared {
         let inv = self.snapshot.lock().expect("snapshot lock").inventory.clone();
         let Some(inv) = inv else {
             return Err(Status::unavailable(format!(
-                "egpud is not reachable at {}; start it (egpud --cdi-dir {}) and the pod will be admitted on retry",
+                "egpud is not reachable at {}; start it (egpud --cdi-dir {}). The kubelet rejects this pod; its controller's next one is admitted once egpud answers",
                 self.cfg.egpud_socket.display(),
                 self.cfg.cdi_dir.display()
             )));
@@ -312,6 +337,8 @@ impl Shared {
                 self.cfg.cdi_dir.display()
             )));
         }
+        self.missing_since.lock().expect("sweep lock").remove(&name);
+        self.allocated_at.lock().expect("sweep lock").insert(name.clone(), std::time::Instant::now());
         Ok(dp::ContainerAllocateResponse {
             envs: HashMap::from([("EGPU_SLICE".to_string(), name.clone())]),
             cdi_devices: cdi_devices(&self.cfg, &name, gpu),
@@ -321,14 +348,22 @@ impl Shared {
 }
 
 /// The device list for the kubelet: every token, healthy except as many of
-/// each GPU's highest-numbered free tokens as the memory guaranteed to
-/// slices made outside Kubernetes covers (rounded up), and every token when
-/// the held set is unknown and such slices exist on that GPU too.
+/// each GPU's highest-numbered tokens no container holds as the memory
+/// egpud has promised elsewhere covers (rounded up): the guarantees of
+/// slices made outside Kubernetes, of plugin slices no container holds any
+/// more (known only when the kubelet's list could be read), and burst
+/// memory lent to any slice.
 fn advertise(inv: &Inventory, slices: &[node::Slice], held: Option<&Vec<Vec<String>>>) -> Vec<dp::Device> {
+    let live: Option<HashSet<String>> = held.map(|h| h.iter().map(|ids| tokens::slice_name(ids)).collect());
     let mut foreign: HashMap<u32, u64> = HashMap::new();
-    for s in slices.iter().filter(|s| !s.name.starts_with(SLICE_PREFIX)) {
+    for s in slices {
+        // A plugin slice whose units a container holds is counted by those
+        // units; one no container holds any more (waiting for the sweep)
+        // still has its memory in egpud, but the kubelet has freed its units.
+        let counted = !s.name.starts_with(SLICE_PREFIX) || live.as_ref().is_some_and(|l| !l.contains(&s.name));
         for d in &s.devices {
-            *foreign.entry(d.device).or_default() += d.memory_limit_bytes;
+            // Burst memory lent to a slice cannot be guaranteed to a new one either.
+            *foreign.entry(d.device).or_default() += if counted { d.memory_limit_bytes } else { 0 } + d.memory_granted_bytes;
         }
     }
     let held: HashSet<&str> = held.map(|h| h.iter().flatten().map(String::as_str).collect()).unwrap_or_default();
@@ -454,8 +489,21 @@ fn file_id(path: &Path) -> Option<(u64, u64)> {
 
 /// Runs the plugin until `shutdown` resolves: refresh loop, and serve +
 /// register again every time the kubelet removes the socket.
-pub async fn run(shared: Arc<Shared>, shutdown: impl std::future::Future<Output = ()>) -> Result<(), PluginError> {
+pub async fn run(shared: Arc<Shared>, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), PluginError> {
     let cfg = shared.cfg.clone();
+    // The shutdown future is awaited once, here; every wait below is on this
+    // flag, which can be awaited any number of times.
+    let (stop_all, stopping) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_all.send(true);
+    });
+    let shutting_down = || {
+        let mut rx = stopping.clone();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    };
     // Read once before serving, so the kubelet's first list is the node's.
     shared.refresh().await;
     let refresher = {
@@ -469,7 +517,6 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl std::future::Future<Output 
             }
         })
     };
-    tokio::pin!(shutdown);
     let sock = cfg.device_plugin_dir().join(cfg.endpoint());
     let result = loop {
         match std::fs::remove_file(&sock) {
@@ -482,16 +529,16 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl std::future::Future<Output 
             Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
                 tracing::warn!("{} does not exist yet (is the kubelet running?); waiting", cfg.device_plugin_dir().display());
                 tokio::select! {
-                    _ = &mut shutdown => break Ok(()),
+                    _ = shutting_down() => break Ok(()),
                     _ = tokio::time::sleep(cfg.poll) => continue,
                 }
             }
             Err(source) => break Err(PluginError::Serve { path: sock.clone(), source }),
         };
         let id = file_id(&sock);
-        let (stop, stopped) = watch::channel(false);
-        let service = Service { shared: shared.clone(), stopped: stopped.clone() };
-        let mut until_stopped = stopped;
+        let (stop, server_stopped) = watch::channel(false);
+        let service = Service { shared: shared.clone(), stopped: server_stopped.clone() };
+        let mut until_stopped = server_stopped;
         let server = tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(dp::device_plugin_server::DevicePluginServer::new(service))
@@ -502,28 +549,36 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl std::future::Future<Output 
         // Register (the kubelet may still be starting: retry until it answers).
         let registered = loop {
             match register(&cfg).await {
-                Ok(()) => break Ok(()),
+                Ok(()) => break Registration::Done,
                 Err(e) if e.code() == tonic::Code::Unavailable || e.code() == tonic::Code::Unknown && e.message().contains("transport") => {
                     tracing::warn!("kubelet registration socket not answering ({}); retrying", e.message());
                 }
-                Err(e) => break Err(PluginError::Refused { resource: cfg.resource_name.clone(), message: e.message().to_string() }),
+                Err(e) => break Registration::Refused(PluginError::Refused { resource: cfg.resource_name.clone(), message: e.message().to_string() }),
             }
             tokio::select! {
-                _ = &mut shutdown => break Ok(()),
+                _ = shutting_down() => break Registration::ShutDown,
                 _ = tokio::time::sleep(cfg.poll) => {}
             }
         };
-        if let Err(e) = registered {
+        let outcome = match registered {
+            Registration::Done => None,
+            Registration::ShutDown => Some(Ok(())),
+            Registration::Refused(e) => Some(Err(e)),
+        };
+        if let Some(outcome) = outcome {
             let _ = stop.send(true);
             let _ = server.await;
-            break Err(e);
+            if file_id(&sock) == id {
+                let _ = std::fs::remove_file(&sock);
+            }
+            break outcome;
         }
         tracing::info!("registered {} with the kubelet, serving {}", cfg.resource_name, sock.display());
         // Watch the socket: the kubelet removes it when it restarts.
         let mut tick = tokio::time::interval(cfg.poll);
         let done = loop {
             tokio::select! {
-                _ = &mut shutdown => break true,
+                _ = shutting_down() => break true,
                 _ = tick.tick() => {
                     if file_id(&sock) != id || server.is_finished() {
                         tracing::info!("{} was removed (kubelet restart?): serving and registering again", sock.display());
@@ -543,6 +598,13 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl std::future::Future<Output 
     };
     refresher.abort();
     result
+}
+
+/// How one registration attempt loop ended.
+enum Registration {
+    Done,
+    ShutDown,
+    Refused(PluginError),
 }
 
 async fn register(cfg: &PluginConfig) -> Result<(), Status> {
@@ -587,9 +649,19 @@ mod tests {
         let held = vec![vec!["GPU-b_3".to_string()]];
         let d = advertise(&inv, &slices, Some(&held));
         let unhealthy: Vec<&str> = d.iter().filter(|d| d.health == UNHEALTHY).map(|d| d.id.as_str()).collect();
-        assert_eq!(unhealthy, ["GPU-b_1", "GPU-b_2"]);
+        // GPU-a: the plugin slice no container holds still has its 1 GiB.
+        assert_eq!(unhealthy, ["GPU-a_3", "GPU-b_1", "GPU-b_2"]);
         assert_eq!(d.len(), 8);
-        // Without the held set the top tokens are taken.
+        // Held again: its units count for it, nothing more is reserved.
+        let held2 = vec![held[0].clone(), vec!["GPU-a_0".to_string()]];
+        let d = advertise(&inv, &slices, Some(&held2));
+        assert_eq!(d.iter().filter(|d| d.health == UNHEALTHY).count(), 2);
+        // Borrowed burst memory is reserved too.
+        let mut lent = slices.clone();
+        lent[0].devices[0].memory_granted_bytes = 1 << 30;
+        let d = advertise(&inv, &lent, Some(&held2));
+        assert_eq!(d.iter().filter(|d| d.health == UNHEALTHY).count(), 3);
+        // Without the held set only outside slices count, from the top.
         let d = advertise(&inv, &slices, None);
         let unhealthy: Vec<&str> = d.iter().filter(|d| d.health == UNHEALTHY).map(|d| d.id.as_str()).collect();
         assert_eq!(unhealthy, ["GPU-b_2", "GPU-b_3"]);

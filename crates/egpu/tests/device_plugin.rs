@@ -162,6 +162,18 @@ fn pod_asking(units: u32) -> serde_json::Value {
 }
 
 struct Plugin(Child);
+impl Plugin {
+    /// SIGTERM, then its exit status.
+    fn terminate(&mut self) -> std::process::ExitStatus {
+        common::signal(self.0.id(), libc::SIGTERM);
+        let mut status = None;
+        assert!(wait_until(WAIT, || {
+            status = self.0.try_wait().unwrap();
+            status.is_some()
+        }));
+        status.unwrap()
+    }
+}
 impl Drop for Plugin {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -386,8 +398,12 @@ fn device_plugin_turns_kubelet_allocations_into_slices() {
         assert!(e.message().contains("egpud is not reachable"), "{}", e.message());
         node.restart();
         until(&mut stream, "healthy again", |d| d.len() == 32 && unhealthy(d).len() == 3).await;
+        // 10. SIGTERM: the plugin ends its streams, exits 0 and removes its socket.
+        let mut plugin = _plugin;
+        assert!(plugin.terminate().success(), "{}", plugin_log());
+        assert!(stream.message().await.map_or(true, |m| m.is_none()), "the stream ends");
+        assert!(!sock.exists());
     });
-    drop(_plugin);
     assert!(!plugin_log().contains("panicked"), "{}", plugin_log());
 }
 
@@ -406,10 +422,10 @@ fn scheduler_extender_answers_bad_requests_with_the_reason() {
     assert!(body.contains("no Pod"), "{body}");
     // A quantity that is not a whole number names the container.
     let mut pod = pod_asking(1);
-    pod["spec"]["containers"][0]["resources"]["limits"][RESOURCE] = "2Gi".into();
-    pod["spec"]["containers"][0]["resources"]["requests"][RESOURCE] = "2Gi".into();
+    pod["spec"]["containers"][0]["resources"]["limits"][RESOURCE] = "500m".into();
+    pod["spec"]["containers"][0]["resources"]["requests"][RESOURCE] = "500m".into();
     let (_, body) = post(&sched.1, "/filter", &serde_json::json!({"Pod": pod, "Nodes": {"items": []}}).to_string());
-    assert!(body.contains("container 'main'") && body.contains("'2Gi'"), "{body}");
+    assert!(body.contains("container 'main'") && body.contains("'500m'"), "{body}");
 }
 
 /// A container the kubelet stops listing (as a restarting kubelet does until
@@ -421,14 +437,14 @@ fn a_slice_outlives_a_short_absence_from_the_kubelets_list() {
     let mut rig = Rig::start(&format!("{GRACE}s"));
     let reg = rig.rt.block_on(async { tokio::time::timeout(WAIT, rig.registered.recv()).await }).expect("no registration").unwrap();
     let sock = rig.kdir.join("device-plugins").join(&reg.endpoint);
-    let ids: Vec<String> = rig.rt.block_on(async {
+    let (ids, mut stream) = rig.rt.block_on(async {
         let mut c = connect(&sock).await;
         let mut stream = c.list_and_watch(dp::Empty {}).await.unwrap().into_inner();
         let all = until(&mut stream, "32 devices", |d| d.len() == 32).await;
         let ids: Vec<String> = all[..4].iter().map(|d| d.id.clone()).collect();
         rig.pods.lock().unwrap().push(holder("a", &ids));
         c.allocate(dp::AllocateRequest { container_requests: vec![dp::ContainerAllocateRequest { devices_ids: ids.clone() }] }).await.unwrap();
-        ids
+        (ids, stream)
     });
     let slice = egpu_k8s::tokens::slice_name(&ids);
     assert!(wait_until(WAIT, || rig.free() == Some(vec![12, 16])), "{:?}", rig.annotation());
@@ -438,12 +454,46 @@ fn a_slice_outlives_a_short_absence_from_the_kubelets_list() {
     let age = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs().saturating_sub(created);
     assert!(wait_until(Duration::from_secs(GRACE + 5), || age() > GRACE));
     // The kubelet lists nothing. The refresh that first sees it has run once
-    // the annotation shows the units free (it is written after that
-    // refresh's sweep), and the slice is still there.
+    // the kubelet is told that 4 other units of GPU 0 are not to be promised
+    // (the slice still holds its memory in egpud, the kubelet freed its
+    // units), and the slice is still there.
     rig.pods.lock().unwrap().clear();
-    assert!(wait_until(WAIT, || rig.free() == Some(vec![16, 16])), "{:?}", rig.annotation());
+    let d = rig.rt.block_on(until(&mut stream, "4 reserved", |d| unhealthy(d).len() == 4));
+    assert!(unhealthy(&d).iter().all(|id| id.starts_with(ids[0].rsplit_once('_').unwrap().0)), "{:?}", unhealthy(&d));
     assert!(rig.node.slices().iter().any(|s| s["name"] == slice.as_str()), "swept before the grace period; plugin log:\n{}", rig.plugin_log());
     assert!(rig.cdi.join(format!("egpu.io-slice_{slice}.json")).exists());
-    // Missing for the whole period: it goes.
+    assert!(wait_until(WAIT, || rig.free() == Some(vec![12, 16])), "the annotation counts the reserve; {:?}", rig.annotation());
+    // Missing for the whole period: it goes, and its memory with it.
     assert!(wait_until(WAIT, || rig.node.slices().is_empty()), "not swept; plugin log:\n{}", rig.plugin_log());
+    rig.rt.block_on(until(&mut stream, "nothing reserved", |d| unhealthy(d).is_empty()));
+    assert!(wait_until(WAIT, || rig.free() == Some(vec![16, 16])), "{:?}", rig.annotation());
+}
+
+/// SIGTERM while the kubelet is not answering: a clean exit, no panic.
+#[test]
+fn device_plugin_stops_cleanly_before_it_has_registered() {
+    let tmp = tempfile::tempdir().unwrap();
+    let node = Node::start("1x16GiB");
+    let kdir = tmp.path().join("kubelet");
+    std::fs::create_dir_all(kdir.join("device-plugins")).unwrap();
+    let log = tmp.path().join("plugin.log");
+    let mut plugin = Plugin(
+        Command::new(target_dir().join("egpu-device-plugin"))
+            .arg("--socket")
+            .arg(node.socket())
+            .arg("--kubelet-dir")
+            .arg(&kdir)
+            .args(["--poll", "50ms"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let sock = kdir.join("device-plugins/egpu-gpu-memory.sock");
+    // It serves, and retries registering with a kubelet that is not there.
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(wait_until(WAIT, || sock.exists() && text().contains("retrying")), "{}", text());
+    assert!(plugin.terminate().success(), "{}", text());
+    assert!(!text().contains("panicked"), "{}", text());
+    assert!(!sock.exists());
 }

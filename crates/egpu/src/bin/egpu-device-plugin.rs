@@ -69,6 +69,12 @@ fn main() -> ExitCode {
         sweep_grace: a.sweep_grace,
         gpu_cdi_kind: Some(a.gpu_cdi_kind).filter(|k| !k.is_empty()),
     };
+    if a.sweep_grace < Duration::from_secs(30) {
+        tracing::warn!(
+            "--sweep-grace {:?} is short: the kubelet lists a container's units only after Allocate returns, and after a restart only once it has synced its pods; a slice may be deleted under a container that is starting",
+            a.sweep_grace
+        );
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
