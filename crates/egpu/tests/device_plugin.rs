@@ -497,3 +497,26 @@ fn device_plugin_stops_cleanly_before_it_has_registered() {
     assert!(!text().contains("panicked"), "{}", text());
     assert!(!sock.exists());
 }
+
+/// Bad flags: exit 2 with what was wrong and what to give instead.
+#[test]
+fn kubernetes_binaries_refuse_bad_flags_with_the_reason() {
+    let run = |bin: &str, args: &[&str]| {
+        let o = Command::new(target_dir().join(bin)).args(args).output().unwrap();
+        (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    for (bin, args, needle) in [
+        ("egpu-device-plugin", &["--memory-unit", "4KiB"][..], "below 1 MiB"),
+        ("egpu-device-plugin", &["--memory-unit", "lots"][..], "is not a size"),
+        ("egpu-device-plugin", &["--resource", "gpu-memory"][..], "needs a domain"),
+        ("egpu-device-plugin", &["--gpu-cdi-kind", "nvidia.com/gpu=0"][..], "not a CDI kind"),
+        ("egpu-device-plugin", &["--poll", "0s"][..], "--poll must be greater than 0"),
+        ("egpu-device-plugin", &["--log", "x=["][..], "give a level"),
+        ("egpu-scheduler", &["--listen", "localhost"][..], "invalid value 'localhost' for '--listen"),
+        ("egpu-scheduler", &["--log", "x=["][..], "give a level"),
+    ] {
+        let (code, err) = run(bin, args);
+        assert_eq!(code, Some(2), "{bin} {args:?}: {err}");
+        assert!(err.contains(needle), "{bin} {args:?}: {err}");
+    }
+}

@@ -44,17 +44,13 @@ struct Args {
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
     /// Log filter (tracing's EnvFilter syntax).
-    #[arg(long, env = "EGPU_LOG", default_value = "info")]
+    #[arg(long, env = "EGPU_LOG", default_value = "info", value_parser = egpu_cli::daemon::log_filter)]
     log: String,
 }
 
 fn main() -> ExitCode {
     let a = Args::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&a.log))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    egpu_cli::daemon::init_logging(&a.log);
     if a.poll.is_zero() {
         eprintln!("egpu-device-plugin: --poll must be greater than 0, e.g. 1s");
         return ExitCode::from(2);

@@ -18,11 +18,7 @@ fn main() -> ExitCode {
             std::env::set_var(SIM_STATE_ENV, config.sim_state_path());
         }
     }
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&args.log))
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    egpu_cli::daemon::init_logging(&args.log);
     match run(config, args.metrics_addr) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
