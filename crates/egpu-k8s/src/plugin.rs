@@ -18,9 +18,14 @@
 //!   tokens × unit on their GPU, compute guarantee in proportion to that
 //!   memory, cap the whole GPU) and answers with its CDI device.
 //! - **Sweep**: a slice this plugin made is deleted once the kubelet has
-//!   listed no container holding its tokens for the whole `sweep_grace`, and
-//!   it is at least that old, and `Allocate` has not handed it out within
-//!   that time. No slice is ever deleted while pod-resources cannot be read.
+//!   listed no container holding its tokens for [`PluginConfig::sweep_settle`]
+//!   (a tenth of `sweep_grace`, at most 30 s) and `Allocate` has not handed
+//!   it out within that time. For a grace period after the kubelet
+//!   (re)registers the plugin or its list could not be read, the list may be
+//!   incomplete: the slice must then be missing for the whole `sweep_grace`
+//!   and be that old. egpud refuses to delete a slice with live processes
+//!   (the delete is not forced). No slice is deleted while pod-resources
+//!   cannot be read.
 
 use crate::deviceplugin as dp;
 use crate::podresources as pr;
@@ -82,6 +87,8 @@ const PUBLISH_TIMEOUT: Duration = Duration::from_secs(10);
 /// An unchanged annotation is patched again this often, in case someone
 /// removed it or the Node was re-created.
 const REPUBLISH_EVERY: Duration = Duration::from_secs(60);
+/// At most one patch this often (lent burst memory can change every poll).
+const PUBLISH_MIN_GAP: Duration = Duration::from_secs(2);
 
 impl std::fmt::Debug for Publisher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -99,8 +106,10 @@ impl Publisher {
     /// patch slower than [`PUBLISH_TIMEOUT`] is logged and retried at the
     /// next refresh, which it does not hold up longer.
     async fn publish(&self, value: String) {
-        let fresh = |l: &Option<(String, std::time::Instant)>| l.as_ref().is_some_and(|(v, at)| *v == value && at.elapsed() < REPUBLISH_EVERY);
-        if fresh(&self.last.lock().expect("publisher lock")) {
+        let skip = |l: &Option<(String, std::time::Instant)>| {
+            l.as_ref().is_some_and(|(v, at)| (*v == value && at.elapsed() < REPUBLISH_EVERY) || at.elapsed() < PUBLISH_MIN_GAP)
+        };
+        if skip(&self.last.lock().expect("publisher lock")) {
             return;
         }
         let patch = serde_json::json!({ "metadata": { "annotations": { ANNOTATION: value } } });
@@ -124,6 +133,12 @@ impl PluginConfig {
     }
     pub fn pod_resources_socket(&self) -> PathBuf {
         self.kubelet_dir.join("pod-resources/kubelet.sock")
+    }
+    /// How long a slice must be missing from the kubelet's list, when the
+    /// list is settled, before it is swept: a tenth of the grace period, at
+    /// most 30 s.
+    pub fn sweep_settle(&self) -> Duration {
+        (self.sweep_grace / 10).min(Duration::from_secs(30))
     }
 }
 
@@ -158,6 +173,13 @@ pub struct Shared {
     sweep_warned: Mutex<HashSet<String>>,
     /// When Allocate last handed each slice out.
     allocated_at: Mutex<HashMap<String, std::time::Instant>>,
+    /// Until when the kubelet's list may be incomplete (it restarted, or its
+    /// list could not be read): the sweep then waits the whole grace period.
+    unsettled_until: Mutex<std::time::Instant>,
+    /// The last list of held tokens read.
+    last_held: Mutex<Option<Vec<Vec<String>>>>,
+    /// Held by Allocate, and by the sweep while it deletes.
+    alloc_lock: tokio::sync::Mutex<()>,
 }
 
 impl Shared {
@@ -174,11 +196,22 @@ impl Shared {
             return Err(PluginError::Config(format!("resource '{}' needs a domain, e.g. egpu.io/gpu-memory", cfg.resource_name)));
         }
         let (devices, _) = watch::channel(Vec::new());
-        Ok(Arc::new(Shared { cfg, snapshot: Mutex::new(Snapshot::default()), devices, publisher, missing_since: Mutex::new(HashMap::new()), sweep_warned: Mutex::new(HashSet::new()), allocated_at: Mutex::new(HashMap::new()) }))
+        Ok(Arc::new(Shared { cfg, snapshot: Mutex::new(Snapshot::default()), devices, publisher, missing_since: Mutex::new(HashMap::new()),
+            sweep_warned: Mutex::new(HashSet::new()),
+            allocated_at: Mutex::new(HashMap::new()),
+            unsettled_until: Mutex::new(std::time::Instant::now()),
+            last_held: Mutex::new(None),
+            alloc_lock: tokio::sync::Mutex::new(()),
+        }))
     }
 
     pub fn config(&self) -> &PluginConfig {
         &self.cfg
+    }
+
+    /// The kubelet's list may be incomplete for a grace period from now.
+    fn unsettle(&self) {
+        *self.unsettled_until.lock().expect("sweep lock") = std::time::Instant::now() + self.cfg.sweep_grace;
     }
 
     /// The devices last advertised.
@@ -204,18 +237,26 @@ impl Shared {
         // container unless it is younger than the grace period.
         let read = read.await;
         let held = self.held_tokens().await;
+        // While the kubelet's list cannot be read, the reserve follows the
+        // last list read (nothing is swept or published meanwhile).
+        let last_held = match &held {
+            Some(h) => {
+                *self.last_held.lock().expect("held lock") = Some(h.clone());
+                Some(h.clone())
+            }
+            None => self.last_held.lock().expect("held lock").clone(),
+        };
+        let mut annotation = None;
         let (inventory, devices) = match read {
             Ok((mut client, n, slices)) => {
                 let inv = Inventory {
                     unit_bytes: self.cfg.unit_bytes,
                     gpus: n.devices.iter().map(|d| tokens::Gpu { index: d.index, uuid: d.uuid.clone(), model: d.name.clone(), memory_bytes: d.memory_bytes }).collect(),
                 };
-                let devices = advertise(&inv, &slices, held.as_ref());
+                let devices = advertise(&inv, &slices, last_held.as_ref());
                 if let Some(held) = &held {
                     self.sweep(&mut client, &slices, held).await;
-                    if let Some(p) = &self.publisher {
-                        p.publish(node_gpus(&inv, &devices, held).to_json()).await;
-                    }
+                    annotation = Some(node_gpus(&inv, &devices, held).to_json());
                 }
                 (Some(inv), devices)
             }
@@ -233,6 +274,10 @@ impl Shared {
             changed
         });
         self.snapshot.lock().expect("snapshot lock").devices = devices;
+        // After the kubelet's list went out: a slow API server delays only this.
+        if let (Some(p), Some(value)) = (&self.publisher, annotation) {
+            p.publish(value).await;
+        }
     }
 
     /// The tokens each container holds, per the kubelet's pod-resources
@@ -256,20 +301,23 @@ impl Shared {
             ),
             Err(e) => {
                 tracing::warn!("cannot read the kubelet's pod resources at {} ({}); no slice is swept until it can be read", path.display(), e.message());
+                self.unsettle();
                 None
             }
         }
     }
 
-    /// Deletes this plugin's slices whose tokens no container has held for
-    /// the whole grace period. "The whole period", not "now": a kubelet that
-    /// has just restarted lists no pod until it has synced them, and a slice
-    /// must not go in that window. (egpud refuses, too, to delete a slice
-    /// with live processes, as the delete is not forced.)
+    /// Deletes this plugin's slices whose tokens no container holds (rules
+    /// in the module doc). "Missing for a while", not "missing now": a
+    /// kubelet that has just restarted lists no pod until it has synced
+    /// them, and a slice must not go in that window.
     async fn sweep(&self, client: &mut egpu_node::client::Client, slices: &[node::Slice], held: &[Vec<String>]) {
         let live: HashSet<String> = held.iter().map(|ids| tokens::slice_name(ids)).collect();
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         let grace = self.cfg.sweep_grace;
+        let settle = self.cfg.sweep_settle();
+        let unsettled = *self.unsettled_until.lock().expect("sweep lock") > std::time::Instant::now();
+        let decided = std::time::Instant::now();
         let due: Vec<&node::Slice> = {
             let mut missing = self.missing_since.lock().expect("sweep lock");
             let mut allocated = self.allocated_at.lock().expect("sweep lock");
@@ -281,14 +329,23 @@ impl Shared {
                 .filter(|s| s.name.starts_with(SLICE_PREFIX) && !live.contains(&s.name))
                 .filter(|s| {
                     let since = *missing.entry(s.name.clone()).or_insert_with(std::time::Instant::now);
-                    // Handed out again by Allocate (the same units): the
-                    // kubelet lists its new holder only after the answer.
-                    let reissued = allocated.get(&s.name).is_some_and(|t| t.elapsed() < grace);
-                    since.elapsed() >= grace && now.saturating_sub(s.created_unix) >= grace.as_secs() && !reissued
+                    // Handed out by Allocate just now: the kubelet lists its
+                    // holder only after the answer.
+                    let fresh = allocated.get(&s.name).is_some_and(|t| t.elapsed() < settle);
+                    if unsettled {
+                        since.elapsed() >= grace && now.saturating_sub(s.created_unix) >= grace.as_secs() && !fresh
+                    } else {
+                        since.elapsed() >= settle && !fresh
+                    }
                 })
                 .collect()
         };
+        // Allocate cannot hand one of these out while they are deleted.
+        let _allocating = self.alloc_lock.lock().await;
         for s in due {
+            if self.allocated_at.lock().expect("sweep lock").get(&s.name).is_some_and(|t| *t >= decided) {
+                continue;
+            }
             match client.delete_slice(node::DeleteSliceRequest { name: s.name.clone(), force: false }).await {
                 Ok(_) => tracing::info!(slice = %s.name, "deleted: no container holds its {} any more", self.cfg.resource_name),
                 // Once per slice: the sweep retries every poll.
@@ -302,6 +359,7 @@ impl Shared {
 
     /// Makes (or finds) the slice of one container's tokens.
     async fn allocate_one(&self, ids: &[String]) -> Result<dp::ContainerAllocateResponse, Status> {
+        let _allocating = self.alloc_lock.lock().await;
         let inv = self.snapshot.lock().expect("snapshot lock").inventory.clone();
         let Some(inv) = inv else {
             return Err(Status::unavailable(format!(
@@ -518,7 +576,19 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl std::future::Future<Output 
         })
     };
     let sock = cfg.device_plugin_dir().join(cfg.endpoint());
+    // The socket this process last served; a different one at the path is
+    // another instance's (a rolling update's new pod): wait for it to go.
+    let mut ours: Option<Option<(u64, u64)>> = None;
     let result = loop {
+        if let Some(id) = ours
+            && file_id(&sock).is_some()
+            && file_id(&sock) != id
+        {
+            tokio::select! {
+                _ = shutting_down() => break Ok(()),
+                _ = tokio::time::sleep(cfg.poll) => continue,
+            }
+        }
         match std::fs::remove_file(&sock) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -536,6 +606,7 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl std::future::Future<Output 
             Err(source) => break Err(PluginError::Serve { path: sock.clone(), source }),
         };
         let id = file_id(&sock);
+        ours = Some(id);
         let (stop, server_stopped) = watch::channel(false);
         let service = Service { shared: shared.clone(), stopped: server_stopped.clone() };
         let mut until_stopped = server_stopped;
@@ -574,6 +645,8 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl std::future::Future<Output 
             break outcome;
         }
         tracing::info!("registered {} with the kubelet, serving {}", cfg.resource_name, sock.display());
+        // A (re)started kubelet lists no pod until it has synced them.
+        shared.unsettle();
         // Watch the socket: the kubelet removes it when it restarts.
         let mut tick = tokio::time::interval(cfg.poll);
         let done = loop {
