@@ -87,6 +87,8 @@ pub enum RequestError {
     NoNodes,
     #[error("container '{container}' asks for {resource}: '{value}', which is not a whole number of units")]
     BadQuantity { container: String, resource: String, value: String },
+    #[error("an init container asks for {resource}: not supported (an init container's units pass to the app containers after it); give the memory to the app containers only")]
+    InitContainer { resource: String },
     #[error("container '{container}' asks for {resource} {requests} in requests but {limits} in limits: an extended resource must have both equal")]
     Mismatch { container: String, resource: String, requests: u64, limits: u64 },
 }
@@ -99,8 +101,9 @@ pub struct Demand {
 }
 
 impl Demand {
-    /// Reads the resource requests of the pod's containers (and, when no app
-    /// container asks, of its init containers).
+    /// Reads the resource requests of the pod's containers. Init containers
+    /// that ask are refused: the kubelet lends their devices to the app
+    /// containers after them, which would put two slices on one set of units.
     pub fn of_pod(pod: &Value, resource: &str) -> Result<Demand, RequestError> {
         let spec = &pod["spec"];
         let read = |key: &str| -> Result<Vec<u32>, RequestError> {
@@ -133,10 +136,10 @@ impl Demand {
             }
             Ok(out)
         };
-        let mut units = read("containers")?;
-        if units.is_empty() {
-            units = read("initContainers")?;
+        if !read("initContainers")?.is_empty() {
+            return Err(RequestError::InitContainer { resource: resource.into() });
         }
+        let mut units = read("containers")?;
         units.sort_unstable_by(|a, b| b.cmp(a));
         Ok(Demand { units })
     }
@@ -440,7 +443,9 @@ mod tests {
         let p = json!({"spec": {"containers": [{"name": "m", "resources": {"limits": {R: "4"}, "requests": {R: "2"}}}]}});
         assert!(matches!(Demand::of_pod(&p, R), Err(RequestError::Mismatch { .. })));
         let p = json!({"spec": {"initContainers": [{"name": "i", "resources": {"limits": {R: 3}}}], "containers": [{"name": "m"}]}});
-        assert_eq!(Demand::of_pod(&p, R).unwrap().units, [3], "init containers count when no app container asks");
+        assert_eq!(Demand::of_pod(&p, R), Err(RequestError::InitContainer { resource: R.into() }));
+        let p = json!({"spec": {"initContainers": [{"name": "i"}], "containers": [{"name": "m", "resources": {"limits": {R: 3}}}]}});
+        assert_eq!(Demand::of_pod(&p, R).unwrap().units, [3], "init containers that ask nothing are fine");
     }
 
     #[test]

@@ -1,15 +1,16 @@
 //! `deploy/` checked offline: every object parses as its Kubernetes type
-//! (k8s-openapi), every flag the manifests pass exists in the binary they
-//! run, every host path a flag names is mounted where the runtime on the host
-//! finds it too, and the scheduler configuration, Service, extender and
-//! plugin agree on names, ports and the resource.
+//! (k8s-openapi) and writes back the same (so a misspelt field, which the
+//! parser would skip, is caught), every flag the manifests pass exists in the
+//! binary they run, every host path a flag names is mounted where the runtime
+//! on the host finds it too, and the scheduler's configuration, the extender,
+//! the plugin and the example pod agree on names, ports and the resource.
 
 mod common;
 
 use common::target_dir;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
-use k8s_openapi::api::core::v1::{Container, Pod, PodSpec, Service};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, PodSpec};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use serde::Deserialize;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -24,8 +25,11 @@ fn docs(file: &str) -> Vec<Value> {
     serde_yaml::Deserializer::from_str(&text).map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{file}: {e}"))).collect()
 }
 
-fn typed<T: serde::de::DeserializeOwned>(v: &Value) -> T {
-    serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{} {}: {e}", v["kind"], v["metadata"]["name"]))
+fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(v: &Value) -> T {
+    let t: T = serde_json::from_value(v.clone()).unwrap_or_else(|e| panic!("{} {}: {e}", v["kind"], v["metadata"]["name"]));
+    // The parser skips unknown fields; what it kept must be all there was.
+    assert_eq!(&serde_json::to_value(&t).unwrap(), v, "{} {}: a field the type does not have (misspelt?)", v["kind"], v["metadata"]["name"]);
+    t
 }
 
 /// The objects of every manifest, each parsed as its type.
@@ -38,9 +42,11 @@ fn all_objects() -> Vec<Value> {
                 "ServiceAccount" => drop(typed::<k8s_openapi::api::core::v1::ServiceAccount>(&d)),
                 "ClusterRole" => drop(typed::<ClusterRole>(&d)),
                 "ClusterRoleBinding" => drop(typed::<ClusterRoleBinding>(&d)),
+                "Role" => drop(typed::<Role>(&d)),
+                "RoleBinding" => drop(typed::<RoleBinding>(&d)),
+                "ConfigMap" => drop(typed::<ConfigMap>(&d)),
                 "DaemonSet" => drop(typed::<DaemonSet>(&d)),
                 "Deployment" => drop(typed::<Deployment>(&d)),
-                "Service" => drop(typed::<Service>(&d)),
                 "Pod" => drop(typed::<Pod>(&d)),
                 k => panic!("{f}: unexpected kind {k}"),
             }
@@ -71,6 +77,11 @@ fn flags(c: &Container) -> Vec<(String, Option<String>)> {
         .collect()
 }
 
+/// A container of eGPU's image (not, e.g., kube-scheduler's).
+fn is_ours(c: &Container) -> bool {
+    c.image.as_deref().is_some_and(|i| i.contains("/egpu:"))
+}
+
 fn flag(c: &Container, name: &str) -> String {
     flags(c).into_iter().find(|(f, _)| f == name).and_then(|(_, v)| v).unwrap_or_else(|| panic!("{} has no {name}=", c.name))
 }
@@ -82,7 +93,7 @@ fn every_flag_exists_in_the_binary_it_is_passed_to() {
     for o in &objs {
         let Some(spec) = o["spec"]["template"]["spec"].as_object() else { continue };
         let spec: PodSpec = serde_json::from_value(Value::Object(spec.clone())).unwrap();
-        for c in spec.containers.iter() {
+        for c in spec.containers.iter().filter(|c| is_ours(c)) {
             let bin = &c.command.as_ref().unwrap()[0];
             let help = std::process::Command::new(target_dir().join(bin)).arg("--help").output().unwrap();
             assert!(help.status.success(), "{bin} --help");
@@ -156,43 +167,55 @@ fn host_paths_are_mounted_where_the_host_sees_them() {
 }
 
 #[test]
-fn scheduler_config_service_and_extender_agree() {
+fn the_scheduler_its_extender_and_the_example_pod_agree() {
     let objs = all_objects();
-    let cfg = &docs("scheduler-config.yaml")[0];
+    let dep = find(&objs, "Deployment", "egpu-scheduler");
+    let ns = dep["metadata"]["namespace"].as_str().unwrap().to_string();
+    let spec = pod_spec(dep);
+    let sched = spec.containers.iter().find(|c| c.name == "kube-scheduler").unwrap();
+    let ext_c = spec.containers.iter().find(|c| c.name == "extender").unwrap();
+    // kube-scheduler's --config is a key of the ConfigMap mounted there.
+    let cfg_path = sched.command.as_ref().unwrap().iter().find_map(|a| a.strip_prefix("--config=")).unwrap().to_string();
+    let mount = sched.volume_mounts.iter().flatten().find(|m| cfg_path.starts_with(&format!("{}/", m.mount_path))).expect("--config is not on a mount");
+    let vol = spec.volumes.iter().flatten().find(|v| v.name == mount.name).unwrap();
+    let cm_name = vol.config_map.as_ref().unwrap().name.clone();
+    let cm: ConfigMap = typed(find(&objs, "ConfigMap", &cm_name));
+    let key = cfg_path.rsplit('/').next().unwrap();
+    let cfg: Value = serde_yaml::from_str(&cm.data.unwrap()[key]).unwrap();
     assert_eq!((cfg["apiVersion"].as_str(), cfg["kind"].as_str()), (Some("kubescheduler.config.k8s.io/v1"), Some("KubeSchedulerConfiguration")));
+    // The extender entry: on the pod's loopback, at the port it listens on.
     let ext = &cfg["extenders"][0];
     assert_eq!(ext["nodeCacheCapable"], false, "the extender reads Node objects");
+    assert_eq!((ext["enableHTTPS"].as_bool(), ext["ignorable"].as_bool()), (Some(false), Some(false)));
     assert_eq!((ext["filterVerb"].as_str(), ext["prioritizeVerb"].as_str()), (Some("filter"), Some("prioritize")));
-    let weight = ext["weight"].as_i64().unwrap();
-    assert!(weight > 0);
-    // urlPrefix names the Service, its namespace and port.
-    let url = ext["urlPrefix"].as_str().unwrap();
-    let host_port = url.strip_prefix("http://").unwrap();
-    let (host, port) = host_port.split_once(':').unwrap();
-    let svc: Service = typed(find(&objs, "Service", "egpu-scheduler"));
-    let ns = svc.metadata.namespace.clone().unwrap();
-    assert_eq!(host, format!("egpu-scheduler.{ns}.svc"));
-    let sp = svc.spec.unwrap().ports.unwrap()[0].clone();
-    assert_eq!(sp.port.to_string(), port);
-    // The Service's target is the port the extender listens on.
-    let dep = find(&objs, "Deployment", "egpu-scheduler");
-    let c = pod_spec(dep).containers[0].clone();
-    let listen = flag(&c, "--listen");
-    let target = match sp.target_port.unwrap() {
-        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(p) => p.to_string(),
-        k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::String(s) => s,
-    };
-    assert!(listen.ends_with(&format!(":{target}")), "{listen} vs {target}");
-    // One resource name everywhere: the extender's, the plugin's (its default
-    // unless passed), the scheduler's managed resource, the example pod's.
-    let resource = flag(&c, "--resource");
+    assert!(ext["weight"].as_i64().unwrap() > 0);
+    assert_eq!(ext["urlPrefix"].as_str().unwrap(), format!("http://{}", flag(ext_c, "--listen")));
+    // One resource name everywhere: the extender's, the plugin's default, the
+    // scheduler's managed resource, the example pod's.
+    let resource = flag(ext_c, "--resource");
     assert_eq!(ext["managedResources"][0]["name"].as_str(), Some(resource.as_str()));
     assert_eq!(resource, egpu_k8s::plugin::DEFAULT_RESOURCE);
     let plugin = pod_spec(find(&objs, "DaemonSet", "egpu-node")).containers.into_iter().find(|c| c.name == "device-plugin").unwrap();
     assert!(flags(&plugin).iter().all(|(f, _)| f != "--resource"), "the plugin runs with its default resource");
     let pod: Pod = typed(find(&objs, "Pod", "cuda-sample"));
-    let limits = pod.spec.unwrap().containers[0].resources.clone().unwrap().limits.unwrap();
-    assert!(limits.contains_key(&resource));
+    let pspec = pod.spec.unwrap();
+    assert!(pspec.containers[0].resources.clone().unwrap().limits.unwrap().contains_key(&resource));
+    // The example pod asks for this scheduler by its profile's name.
+    assert_eq!(cfg["profiles"][0]["schedulerName"].as_str(), pspec.scheduler_name.as_deref());
+    // Leader election in its own namespace, which a Role lets it use.
+    assert_eq!(cfg["leaderElection"]["resourceNamespace"].as_str(), Some(ns.as_str()));
+    let sa = spec.service_account_name.clone().unwrap();
+    let bound = |kind: &str, role: &str| {
+        objs.iter().filter(|o| o["kind"] == kind).any(|o| {
+            o["roleRef"]["name"] == role && o["subjects"].as_array().unwrap().iter().any(|s| s["name"] == sa.as_str() && s["namespace"] == ns.as_str())
+        })
+    };
+    assert!(bound("ClusterRoleBinding", "system:kube-scheduler") && bound("ClusterRoleBinding", "system:volume-scheduler"));
+    assert!(bound("RoleBinding", "extension-apiserver-authentication-reader"));
+    let leases: Role = typed(find(&objs, "Role", "egpu-scheduler-leases"));
+    assert_eq!(leases.metadata.namespace.as_deref(), Some(ns.as_str()));
+    assert!(leases.rules.iter().flatten().any(|r| r.resources.iter().flatten().any(|x| x == "leases") && ["get", "create", "update"].iter().all(|v| r.verbs.iter().any(|x| x == v))));
+    assert!(bound("RoleBinding", "egpu-scheduler-leases"));
 }
 
 #[test]
@@ -202,16 +225,19 @@ fn the_image_holds_what_the_manifests_run() {
     for o in &objs {
         let Some(spec) = o["spec"]["template"]["spec"].as_object() else { continue };
         let spec: PodSpec = serde_json::from_value(Value::Object(spec.clone())).unwrap();
-        for c in spec.containers.iter() {
+        for c in spec.containers.iter().filter(|c| is_ours(c)) {
             let bin = &c.command.as_ref().unwrap()[0];
             assert!(dockerfile.contains(&format!("/release/{bin} ")), "the Dockerfile does not install {bin}");
         }
         for c in spec.init_containers.iter().flatten() {
             let script = c.command.as_ref().unwrap().join(" ");
-            for src in script.split_whitespace().filter(|w| w.starts_with("/usr/local/")) {
-                assert!(dockerfile.contains(src.rsplit('/').next().unwrap()), "the Dockerfile does not install {src}");
+            let sources: Vec<&str> = script.split(|c: char| c.is_whitespace() || c == ';').filter(|w| w.starts_with("/usr/local/")).collect();
+            assert!(sources.len() >= 2, "{script}");
+            for src in sources {
+                let (dir, file) = src.rsplit_once('/').unwrap();
+                let installed = if dir.ends_with("/bin") { format!("/release/{file} ") } else { src.to_string() };
+                assert!(dockerfile.contains(&installed), "the Dockerfile does not install {src}");
             }
-            assert!(dockerfile.contains("/usr/local/lib/egpu/libegpu.so"));
         }
     }
 }

@@ -141,7 +141,7 @@ struct Scheduler(Child, String);
 impl Scheduler {
     fn start() -> Scheduler {
         use std::io::BufRead;
-        let mut child = Command::new(target_dir().join("egpu-scheduler")).args(["--listen", "127.0.0.1:0"]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+        let mut child = clean("egpu-scheduler").args(["--listen", "127.0.0.1:0"]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
         let mut line = String::new();
         std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
         let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"));
@@ -185,6 +185,17 @@ type DpClient = dp::device_plugin_client::DevicePluginClient<tonic::transport::C
 
 async fn connect(sock: &Path) -> DpClient {
     dp::device_plugin_client::DevicePluginClient::new(egpu_k8s::unix_channel(sock, WAIT).await.unwrap())
+}
+
+/// A command for one of the binaries, without what the environment of a CI
+/// runner (perhaps itself in Kubernetes) could add: its node's name, a
+/// kubeconfig, a log filter, an egpud socket.
+fn clean(bin: &str) -> Command {
+    let mut c = Command::new(target_dir().join(bin));
+    for v in ["NODE_NAME", "KUBECONFIG", "EGPU_LOG", "EGPU_SOCKET", "KUBERNETES_SERVICE_HOST"] {
+        c.env_remove(v);
+    }
+    c
 }
 
 /// Reads the ListAndWatch stream until a list satisfies `cond`.
@@ -236,7 +247,7 @@ impl Rig {
         let kubeconfig = serve_api(&rt, tmp.path(), api.clone());
         let log = std::fs::File::create(tmp.path().join("plugin.log")).unwrap();
         let plugin = Plugin(
-            Command::new(target_dir().join("egpu-device-plugin"))
+            clean("egpu-device-plugin")
                 .arg("--socket")
                 .arg(node.socket())
                 .arg("--kubelet-dir")
@@ -245,7 +256,6 @@ impl Rig {
                 .arg(&cdi)
                 .args(["--poll", "50ms", "--sweep-grace", grace, "--log", "info", "--node-name", "n1"])
                 .env("KUBECONFIG", &kubeconfig)
-                .env_remove("KUBERNETES_SERVICE_HOST")
                 .stdout(Stdio::null())
                 .stderr(log)
                 .spawn()
@@ -497,7 +507,7 @@ fn device_plugin_stops_cleanly_before_it_has_registered() {
     std::fs::create_dir_all(kdir.join("device-plugins")).unwrap();
     let log = tmp.path().join("plugin.log");
     let mut plugin = Plugin(
-        Command::new(target_dir().join("egpu-device-plugin"))
+        clean("egpu-device-plugin")
             .arg("--socket")
             .arg(node.socket())
             .arg("--kubelet-dir")
@@ -521,7 +531,7 @@ fn device_plugin_stops_cleanly_before_it_has_registered() {
 #[test]
 fn kubernetes_binaries_refuse_bad_flags_with_the_reason() {
     let run = |bin: &str, args: &[&str]| {
-        let o = Command::new(target_dir().join(bin)).args(args).output().unwrap();
+        let o = clean(bin).args(args).output().unwrap();
         (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
     };
     for (bin, args, needle) in [
