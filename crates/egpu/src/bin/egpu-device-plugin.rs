@@ -30,8 +30,9 @@ struct Args {
     /// How often egpud and the kubelet are read.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     poll: Duration,
-    /// A slice this plugin made is deleted once the kubelet has listed no container holding it for this long
-    /// (and the slice is at least this old): long enough for a restarted kubelet to list its pods again.
+    /// After the kubelet (re)registers the plugin, or its pod list could not be read, a slice is deleted only once
+    /// no container has held it for this long (long enough for a restarted kubelet to list its pods again);
+    /// otherwise after a tenth of it (at most 30 s).
     #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
     sweep_grace: Duration,
     /// The CDI kind of the GPU vendor's spec, e.g. nvidia.com/gpu (from `nvidia-ctk cdi generate`, devices
