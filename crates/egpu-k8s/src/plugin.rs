@@ -196,7 +196,12 @@ impl Shared {
             return Err(PluginError::Config(format!("resource '{}' needs a domain, e.g. egpu.io/gpu-memory", cfg.resource_name)));
         }
         let (devices, _) = watch::channel(Vec::new());
-        Ok(Arc::new(Shared { cfg, snapshot: Mutex::new(Snapshot::default()), devices, publisher, missing_since: Mutex::new(HashMap::new()),
+        Ok(Arc::new(Shared {
+            cfg,
+            snapshot: Mutex::new(Snapshot::default()),
+            devices,
+            publisher,
+            missing_since: Mutex::new(HashMap::new()),
             sweep_warned: Mutex::new(HashSet::new()),
             allocated_at: Mutex::new(HashMap::new()),
             unsettled_until: Mutex::new(std::time::Instant::now()),
@@ -234,7 +239,8 @@ impl Shared {
         };
         // egpud's slices first, then the kubelet's list: a slice in the first
         // was made before the second was read, so the kubelet has recorded its
-        // container unless it is younger than the grace period.
+        // container unless Allocate has only just answered (the sweep keeps
+        // such a slice).
         let read = read.await;
         let held = self.held_tokens().await;
         // While the kubelet's list cannot be read, the reserve follows the
@@ -322,7 +328,8 @@ impl Shared {
             let mut missing = self.missing_since.lock().expect("sweep lock");
             let mut allocated = self.allocated_at.lock().expect("sweep lock");
             missing.retain(|name, _| slices.iter().any(|s| &s.name == name) && !live.contains(name));
-            allocated.retain(|name, _| slices.iter().any(|s| &s.name == name));
+            // (An entry for a slice made after `slices` was read is kept too.)
+            allocated.retain(|name, at| slices.iter().any(|s| &s.name == name) || at.elapsed() < settle.max(grace));
             self.sweep_warned.lock().expect("sweep lock").retain(|name| missing.contains_key(name));
             slices
                 .iter()
