@@ -72,11 +72,15 @@ pub struct PluginConfig {
     /// container is also given `<kind>=<GPU index>`, the GPU itself, beside
     /// the slice. `None` on a simulated node.
     pub gpu_cdi_kind: Option<String>,
+    /// How often this node's pods are listed for their `egpu.io/`
+    /// annotations (with `--node-name`).
+    pub pod_poll: Duration,
 }
 
 /// Writes the `egpu.io/gpus` annotation on the plugin's own Node.
 pub struct Publisher {
     api: kube::Api<k8s_openapi::api::core::v1::Node>,
+    pods: kube::Api<k8s_openapi::api::core::v1::Pod>,
     node: String,
     /// The value last patched, and when.
     last: Mutex<Option<(String, std::time::Instant)>>,
@@ -98,7 +102,7 @@ impl std::fmt::Debug for Publisher {
 
 impl Publisher {
     pub fn new(client: kube::Client, node: String) -> Publisher {
-        Publisher { api: kube::Api::all(client), node, last: Mutex::new(None) }
+        Publisher { api: kube::Api::all(client.clone()), pods: kube::Api::all(client), node, last: Mutex::new(None) }
     }
 
     /// Patches the annotation when its value changed since the last
@@ -153,6 +157,39 @@ pub enum PluginError {
     Config(String),
 }
 
+/// `egpu.io/` annotations of a node's pods, by (namespace, name).
+type PodAnnotations = HashMap<(String, String), std::collections::BTreeMap<String, String>>;
+
+/// A container holding units, per the kubelet.
+#[derive(Debug, Clone)]
+struct Holder {
+    namespace: String,
+    pod: String,
+    ids: Vec<String>,
+}
+
+/// Pod annotations that resize a running pod's slices live (with
+/// `--node-name`): the guaranteed compute share, the compute cap, and the
+/// memory burst cap. Absent, a slice has its defaults: a share in
+/// proportion to its memory, the whole GPU as cap, no burst.
+pub const COMPUTE_ANNOTATION: &str = "egpu.io/gpu-compute";
+pub const COMPUTE_LIMIT_ANNOTATION: &str = "egpu.io/gpu-compute-limit";
+pub const MEMORY_BURST_ANNOTATION: &str = "egpu.io/gpu-memory-burst";
+
+/// What a pod's annotations ask of its slices: (share, cap) in basis
+/// points and the burst cap in bytes, over the defaults; or the reason an
+/// annotation cannot be read.
+fn wanted(annotations: &std::collections::BTreeMap<String, String>, default_share: u32) -> Result<(u32, u32, u64), String> {
+    use egpu_core::quantity::{Bytes, Percent};
+    let pct = |key: &str, default: u32| -> Result<u32, String> {
+        annotations.get(key).map_or(Ok(default), |v| v.parse::<Percent>().map(|p| p.0).map_err(|e| format!("{key}: {e}")))
+    };
+    let share = pct(COMPUTE_ANNOTATION, default_share)?;
+    let limit = pct(COMPUTE_LIMIT_ANNOTATION, 10_000)?;
+    let burst = annotations.get(MEMORY_BURST_ANNOTATION).map_or(Ok(0), |v| v.parse::<Bytes>().map(|b| b.0).map_err(|e| format!("{MEMORY_BURST_ANNOTATION}: {e}")))?;
+    Ok((share, limit, burst))
+}
+
 /// What one refresh read.
 #[derive(Debug, Default)]
 struct Snapshot {
@@ -180,6 +217,11 @@ pub struct Shared {
     last_held: Mutex<Option<Vec<Vec<String>>>>,
     /// Held by Allocate, and by the sweep while it deletes.
     alloc_lock: tokio::sync::Mutex<()>,
+    /// This node's pods' `egpu.io/` annotations, by (namespace, name), as
+    /// last listed (`None` before the first listing, or without `--node-name`).
+    pod_annotations: Mutex<Option<PodAnnotations>>,
+    /// (slice, reason) pairs already warned about.
+    resize_warned: Mutex<HashSet<(String, String)>>,
 }
 
 impl Shared {
@@ -207,6 +249,8 @@ impl Shared {
             unsettled_until: Mutex::new(std::time::Instant::now()),
             last_held: Mutex::new(None),
             alloc_lock: tokio::sync::Mutex::new(()),
+            pod_annotations: Mutex::new(None),
+            resize_warned: Mutex::new(HashSet::new()),
         }))
     }
 
@@ -242,7 +286,8 @@ impl Shared {
         // container unless Allocate has only just answered (the sweep keeps
         // such a slice).
         let read = read.await;
-        let held = self.held_tokens().await;
+        let holders = self.held_tokens().await;
+        let held: Option<Vec<Vec<String>>> = holders.as_ref().map(|h| h.iter().map(|x| x.ids.clone()).collect());
         // While the kubelet's list cannot be read, the reserve follows the
         // last list read (nothing is swept or published meanwhile).
         let last_held = match &held {
@@ -260,8 +305,9 @@ impl Shared {
                     gpus: n.devices.iter().map(|d| tokens::Gpu { index: d.index, uuid: d.uuid.clone(), model: d.name.clone(), memory_bytes: d.memory_bytes }).collect(),
                 };
                 let devices = advertise(&inv, &slices, last_held.as_ref());
-                if let Some(held) = &held {
+                if let (Some(held), Some(holders)) = (&held, &holders) {
                     self.sweep(&mut client, &slices, held).await;
+                    self.apply_pod_annotations(&mut client, &inv, &slices, holders).await;
                     annotation = Some(node_gpus(&inv, &devices, held).to_json());
                 }
                 (Some(inv), devices)
@@ -287,8 +333,8 @@ impl Shared {
     }
 
     /// The tokens each container holds, per the kubelet's pod-resources
-    /// API: `None` when it cannot be read.
-    async fn held_tokens(&self) -> Option<Vec<Vec<String>>> {
+    /// API, with the container's pod: `None` when it cannot be read.
+    async fn held_tokens(&self) -> Option<Vec<Holder>> {
         let path = self.cfg.pod_resources_socket();
         let list = async {
             let ch = crate::unix_channel(&path, Duration::from_secs(10)).await.map_err(|e| Status::unavailable(e.to_string()))?;
@@ -299,10 +345,10 @@ impl Shared {
                 r.into_inner()
                     .pod_resources
                     .iter()
-                    .flat_map(|p| &p.containers)
-                    .flat_map(|c| &c.devices)
-                    .filter(|d| d.resource_name == self.cfg.resource_name && !d.device_ids.is_empty())
-                    .map(|d| d.device_ids.clone())
+                    .flat_map(|p| p.containers.iter().map(move |c| (p, c)))
+                    .flat_map(|(p, c)| c.devices.iter().map(move |d| (p, d)))
+                    .filter(|(_, d)| d.resource_name == self.cfg.resource_name && !d.device_ids.is_empty())
+                    .map(|(p, d)| Holder { namespace: p.namespace.clone(), pod: p.name.clone(), ids: d.device_ids.clone() })
                     .collect(),
             ),
             Err(e) => {
@@ -361,6 +407,72 @@ impl Shared {
                 }
                 Err(_) => {}
             }
+        }
+    }
+
+    /// Resizes each held slice to what its pod's annotations ask (compute
+    /// share, compute cap, burst cap), live. Only pods the last listing of
+    /// the node's pods saw are touched; a refusal (an annotation that does
+    /// not parse, or egpud's: e.g. shares over 100% of the GPU) is logged
+    /// once per slice and value.
+    async fn apply_pod_annotations(&self, client: &mut egpu_node::client::Client, inv: &Inventory, slices: &[node::Slice], holders: &[Holder]) {
+        let pods = self.pod_annotations.lock().expect("pods lock").clone();
+        let Some(pods) = pods else { return };
+        for h in holders {
+            let name = tokens::slice_name(&h.ids);
+            let (Some(ann), Some(slice)) = (pods.get(&(h.namespace.clone(), h.pod.clone())), slices.iter().find(|s| s.name == name)) else { continue };
+            let [d] = slice.devices.as_slice() else { continue };
+            let gpu_mem = inv.gpus.iter().find(|g| g.index == d.device).map_or(1, |g| g.memory_bytes.max(1));
+            let default_share = u32::try_from((u128::from(d.memory_limit_bytes) * 10_000 / u128::from(gpu_mem)).min(10_000)).unwrap_or(10_000);
+            let warn = |why: String| {
+                if self.resize_warned.lock().expect("pods lock").insert((name.clone(), why.clone())) {
+                    tracing::warn!(slice = %name, pod = %format!("{}/{}", h.namespace, h.pod), "cannot apply the pod's annotations: {why}");
+                }
+            };
+            let (share, limit, burst) = match wanted(ann, default_share) {
+                Ok(w) => w,
+                Err(why) => {
+                    warn(why);
+                    continue;
+                }
+            };
+            if (d.compute_share_bps, d.compute_limit_bps, d.memory_burst_bytes) == (share, limit, burst) {
+                continue;
+            }
+            let req = node::ResizeSliceRequest {
+                name: name.clone(),
+                compute_share_bps: Some(share),
+                compute_limit_bps: Some(limit),
+                memory_burst_bytes: Some(burst),
+                ..Default::default()
+            };
+            match client.resize_slice(req).await {
+                Ok(_) => tracing::info!(slice = %name, share, limit, burst, "resized to the pod's annotations"),
+                Err(e) => warn(format!("egpud refused: {}", e.message())),
+            }
+        }
+    }
+
+    /// Lists this node's pods and keeps their `egpu.io/` annotations.
+    pub async fn list_pods(&self) {
+        let Some(p) = &self.publisher else { return };
+        let lp = kube::api::ListParams::default().fields(&format!("spec.nodeName={}", p.node));
+        match tokio::time::timeout(PUBLISH_TIMEOUT, p.pods.list(&lp)).await {
+            Ok(Ok(list)) => {
+                let map = list
+                    .items
+                    .into_iter()
+                    .map(|pod| {
+                        let ns = pod.metadata.namespace.unwrap_or_default();
+                        let name = pod.metadata.name.unwrap_or_default();
+                        let ann = pod.metadata.annotations.unwrap_or_default().into_iter().filter(|(k, _)| k.starts_with("egpu.io/")).collect();
+                        ((ns, name), ann)
+                    })
+                    .collect();
+                *self.pod_annotations.lock().expect("pods lock") = Some(map);
+            }
+            Ok(Err(e)) => tracing::warn!("cannot list this node's pods ({e}); their egpu.io annotations are not applied until it can"),
+            Err(_) => tracing::warn!("listing this node's pods took over {PUBLISH_TIMEOUT:?}; retrying"),
         }
     }
 
@@ -571,6 +683,17 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl std::future::Future<Output 
     };
     // Read once before serving, so the kubelet's first list is the node's.
     shared.refresh().await;
+    let pod_lister = shared.publisher.is_some().then(|| {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(shared.cfg.pod_poll);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                shared.list_pods().await;
+            }
+        })
+    });
     let refresher = {
         let shared = shared.clone();
         tokio::spawn(async move {
@@ -677,6 +800,9 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl std::future::Future<Output 
         }
     };
     refresher.abort();
+    if let Some(t) = pod_lister {
+        t.abort();
+    }
     result
 }
 
@@ -748,6 +874,18 @@ mod tests {
     }
 
     #[test]
+    fn pod_annotations_ask_for_share_cap_and_burst() {
+        let ann = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<std::collections::BTreeMap<_, _>>();
+        assert_eq!(wanted(&ann(&[]), 1250), Ok((1250, 10_000, 0)), "defaults");
+        let w = wanted(&ann(&[(COMPUTE_ANNOTATION, "30%"), (COMPUTE_LIMIT_ANNOTATION, "50"), (MEMORY_BURST_ANNOTATION, "12GiB")]), 1250);
+        assert_eq!(w, Ok((3000, 5000, 12 << 30)));
+        let e = wanted(&ann(&[(COMPUTE_ANNOTATION, "lots")]), 1250).unwrap_err();
+        assert!(e.starts_with("egpu.io/gpu-compute:") && e.contains("'lots'"), "{e}");
+        let e = wanted(&ann(&[(MEMORY_BURST_ANNOTATION, "12 apples")]), 1250).unwrap_err();
+        assert!(e.starts_with("egpu.io/gpu-memory-burst:"), "{e}");
+    }
+
+    #[test]
     fn endpoint_and_config_checks() {
         let cfg = PluginConfig {
             egpud_socket: "/x".into(),
@@ -758,6 +896,7 @@ mod tests {
             poll: Duration::from_secs(1),
             sweep_grace: Duration::from_secs(30),
             gpu_cdi_kind: None,
+            pod_poll: Duration::from_secs(5),
         };
         assert_eq!(cfg.endpoint(), "egpu-gpu-memory.sock");
         let gpu = tokens::Gpu { index: 3, uuid: "GPU-x".into(), model: "m".into(), memory_bytes: 1 << 30 };

@@ -160,7 +160,8 @@ fn host_paths_are_mounted_where_the_host_sees_them() {
     let env = plugin.env.iter().flatten().find(|e| e.name == "NODE_NAME").unwrap();
     assert_eq!(env.value_from.as_ref().unwrap().field_ref.as_ref().unwrap().field_path, "spec.nodeName");
     let role: ClusterRole = typed(find(&objs, "ClusterRole", "egpu-node"));
-    assert!(role.rules.iter().flatten().any(|r| r.resources.iter().flatten().any(|x| x == "nodes") && r.verbs.iter().any(|v| v == "patch")));
+    let allows = |resource: &str, verb: &str| role.rules.iter().flatten().any(|r| r.resources.iter().flatten().any(|x| x == resource) && r.verbs.iter().any(|v| v == verb));
+    assert!(allows("nodes", "patch") && allows("pods", "list"), "the plugin patches its Node and lists its pods");
     let binding: ClusterRoleBinding = typed(find(&objs, "ClusterRoleBinding", "egpu-node"));
     let subject = &binding.subjects.as_ref().unwrap()[0];
     assert_eq!((Some(subject.name.clone()), subject.namespace.clone()), (spec.service_account_name.clone(), ds["metadata"]["namespace"].as_str().map(String::from)));

@@ -81,11 +81,25 @@ fn holder(pod: &str, ids: &[String]) -> pr::PodResources {
     }
 }
 
-/// The API server's side: the Node's annotations, as the plugin patched them.
+/// The API server's side: the Node's annotations, as the plugin patched
+/// them, and the annotations of the pod `default/a` on node `n1`, as a test
+/// sets them.
 #[derive(Clone, Default)]
 struct ApiServer {
     annotations: Arc<Mutex<serde_json::Map<String, serde_json::Value>>>,
     patches: Arc<Mutex<u32>>,
+    pod_annotations: Arc<Mutex<serde_json::Map<String, serde_json::Value>>>,
+}
+
+async fn list_pods(axum::extract::State(api): axum::extract::State<ApiServer>, axum::extract::RawQuery(q): axum::extract::RawQuery) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let q = q.unwrap_or_default();
+    if !q.contains("fieldSelector=spec.nodeName%3Dn1") {
+        return (axum::http::StatusCode::BAD_REQUEST, format!("want this node's pods only, got ?{q}")).into_response();
+    }
+    let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "a", "namespace": "default", "annotations": *api.pod_annotations.lock().unwrap()}, "spec": {"nodeName": "n1", "containers": []}});
+    axum::Json(serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": [pod]})).into_response()
 }
 
 async fn patch_node(
@@ -112,7 +126,10 @@ async fn patch_node(
 fn serve_api(rt: &tokio::runtime::Runtime, dir: &Path, api: ApiServer) -> PathBuf {
     let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
     let addr = listener.local_addr().unwrap();
-    let app = axum::Router::new().route("/api/v1/nodes/{name}", axum::routing::patch(patch_node)).with_state(api);
+    let app = axum::Router::new()
+        .route("/api/v1/nodes/{name}", axum::routing::patch(patch_node))
+        .route("/api/v1/pods", axum::routing::get(list_pods))
+        .with_state(api);
     rt.spawn(async move { axum::serve(listener, app).await });
     let kubeconfig = dir.join("kubeconfig");
     std::fs::write(
@@ -254,7 +271,7 @@ impl Rig {
                 .arg(&kdir)
                 .arg("--cdi-dir")
                 .arg(&cdi)
-                .args(["--poll", "50ms", "--sweep-grace", grace, "--log", "info", "--node-name", "n1"])
+                .args(["--poll", "50ms", "--pod-poll", "50ms", "--sweep-grace", grace, "--log", "info", "--node-name", "n1"])
                 .env("KUBECONFIG", &kubeconfig)
                 .stdout(Stdio::null())
                 .stderr(log)
@@ -349,6 +366,30 @@ fn device_plugin_turns_kubelet_allocations_into_slices() {
         assert!(wait_until(WAIT, || free() == Some(vec![6, 16])), "annotation {:?}; plugin log:\n{}", annotation(), plugin_log());
         let a = annotation().unwrap();
         assert_eq!((a.unit_bytes, a.gpus[0].units, a.gpus[1].uuid.as_str()), (1 << 30, 16, u1.as_str()));
+
+        // 4b. The pod's annotations resize its slice live: share, cap, burst.
+        let set = |kv: &[(&str, &str)]| {
+            let mut a = api.pod_annotations.lock().unwrap();
+            a.clear();
+            for (k, v) in kv {
+                a.insert(k.to_string(), serde_json::Value::from(*v));
+            }
+        };
+        let dev = |node: &Node| node.slice(&slice)["devices"][0].clone();
+        let is = |d: &serde_json::Value, share: f64, limit: f64, burst: u64| {
+            d["compute_share_percent"] == share && d["compute_limit_percent"] == limit && d["memory_burst_bytes"] == burst
+        };
+        set(&[("egpu.io/gpu-compute", "20%"), ("egpu.io/gpu-compute-limit", "50%"), ("egpu.io/gpu-memory-burst", "12GiB")]);
+        assert!(wait_until(WAIT, || is(&dev(&node), 20.0, 50.0, 12 << 30)), "{}; plugin log:\n{}", dev(&node), plugin_log());
+        set(&[("egpu.io/gpu-compute", "30%")]);
+        assert!(wait_until(WAIT, || is(&dev(&node), 30.0, 100.0, 0)), "{}", dev(&node));
+        // An annotation that does not parse changes nothing, and says why.
+        set(&[("egpu.io/gpu-compute", "lots")]);
+        assert!(wait_until(WAIT, || plugin_log().contains("cannot apply the pod's annotations: egpu.io/gpu-compute:")), "{}", plugin_log());
+        assert!(is(&dev(&node), 30.0, 100.0, 0), "{}", dev(&node));
+        // Gone: the defaults come back.
+        set(&[]);
+        assert!(wait_until(WAIT, || is(&dev(&node), 62.5, 100.0, 0)), "{}", dev(&node));
 
         // 5. Tokens on two GPUs are refused with the reason, and make no slice.
         let spread = vec![tok(&u0, 12), tok(&u1, 0)];
@@ -539,7 +580,8 @@ fn kubernetes_binaries_refuse_bad_flags_with_the_reason() {
         ("egpu-device-plugin", &["--memory-unit", "lots"][..], "is not a size"),
         ("egpu-device-plugin", &["--resource", "gpu-memory"][..], "needs a domain"),
         ("egpu-device-plugin", &["--gpu-cdi-kind", "nvidia.com/gpu=0"][..], "not a CDI kind"),
-        ("egpu-device-plugin", &["--poll", "0s"][..], "--poll must be greater than 0"),
+        ("egpu-device-plugin", &["--poll", "0s"][..], "--poll and --pod-poll must be greater than 0"),
+        ("egpu-device-plugin", &["--pod-poll", "0s"][..], "--poll and --pod-poll must be greater than 0"),
         ("egpu-device-plugin", &["--log", "x=["][..], "give a level"),
         ("egpu-scheduler", &["--listen", "localhost"][..], "invalid value 'localhost' for '--listen"),
         ("egpu-scheduler", &["--log", "x=["][..], "give a level"),

@@ -44,6 +44,10 @@ struct Args {
     /// service account or KUBECONFIG) allowed to patch the Node.
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
+    /// With --node-name: how often this node's pods are listed for the annotations that resize their slices
+    /// live (egpu.io/gpu-compute, egpu.io/gpu-compute-limit, egpu.io/gpu-memory-burst).
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pod_poll: Duration,
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, env = "EGPU_LOG", default_value = "info", value_parser = egpu_cli::daemon::log_filter)]
     log: String,
@@ -52,8 +56,8 @@ struct Args {
 fn main() -> ExitCode {
     let a = Args::parse();
     egpu_cli::daemon::init_logging(&a.log);
-    if a.poll.is_zero() {
-        eprintln!("egpu-device-plugin: --poll must be greater than 0, e.g. 1s");
+    if a.poll.is_zero() || a.pod_poll.is_zero() {
+        eprintln!("egpu-device-plugin: --poll and --pod-poll must be greater than 0, e.g. 1s");
         return ExitCode::from(2);
     }
     let cfg = PluginConfig {
@@ -65,6 +69,7 @@ fn main() -> ExitCode {
         poll: a.poll,
         sweep_grace: a.sweep_grace,
         gpu_cdi_kind: Some(a.gpu_cdi_kind).filter(|k| !k.is_empty()),
+        pod_poll: a.pod_poll,
     };
     if a.sweep_grace < Duration::from_secs(30) {
         tracing::warn!(
