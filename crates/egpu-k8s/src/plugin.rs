@@ -416,6 +416,7 @@ impl Shared {
     /// not parse, or egpud's: e.g. shares over 100% of the GPU) is logged
     /// once per slice and value.
     async fn apply_pod_annotations(&self, client: &mut egpu_node::client::Client, inv: &Inventory, slices: &[node::Slice], holders: &[Holder]) {
+        self.resize_warned.lock().expect("pods lock").retain(|(name, _)| slices.iter().any(|s| &s.name == name));
         let pods = self.pod_annotations.lock().expect("pods lock").clone();
         let Some(pods) = pods else { return };
         for h in holders {
