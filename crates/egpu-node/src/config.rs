@@ -6,6 +6,8 @@ use std::time::Duration;
 
 pub const DEFAULT_RUN_DIR: &str = "/run/egpu";
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/egpu";
+/// egpud's socket with the default run directory.
+pub const DEFAULT_SOCKET: &str = "/run/egpu/egpud.sock";
 pub const SOCKET_FILE: &str = "egpud.sock";
 /// Environment of the simulated driver (read by `libegpu_simgpu.so`).
 pub const SIM_GPUS_ENV: &str = "EGPU_SIM_GPUS";

@@ -24,6 +24,7 @@ pub mod config;
 pub mod devices;
 pub mod launch;
 pub mod lock;
+pub mod logging;
 pub mod metrics;
 pub mod owner;
 pub mod service;

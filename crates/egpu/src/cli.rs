@@ -4,7 +4,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use egpu_core::{Bytes, Percent, Priority};
 use std::path::PathBuf;
 
-pub const DEFAULT_SOCKET: &str = "/run/egpu/egpud.sock";
+pub use egpu_node::config::DEFAULT_SOCKET;
 
 #[derive(Debug, Parser)]
 #[command(name = "egpu", version, about = "Elastic GPU slices: hard memory limits and compute shares, resizable while workloads run")]

@@ -208,7 +208,9 @@ async fn connect(sock: &Path) -> DpClient {
 /// runner (perhaps itself in Kubernetes) could add: its node's name, a
 /// kubeconfig, a log filter, an egpud socket.
 fn clean(bin: &str) -> Command {
-    let mut c = Command::new(target_dir().join(bin));
+    let path = target_dir().join(bin);
+    assert!(path.exists(), "{} is not built: it is egpu-k8s's; run `cargo build --workspace` (scripts/test.sh does)", path.display());
+    let mut c = Command::new(path);
     for v in ["NODE_NAME", "KUBECONFIG", "EGPU_LOG", "EGPU_SOCKET", "KUBERNETES_SERVICE_HOST"] {
         c.env_remove(v);
     }

@@ -18,7 +18,7 @@ fn main() -> ExitCode {
             std::env::set_var(SIM_STATE_ENV, config.sim_state_path());
         }
     }
-    egpu_cli::daemon::init_logging(&args.log);
+    egpu_node::logging::init_logging(&args.log);
     match run(config, args.metrics_addr) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

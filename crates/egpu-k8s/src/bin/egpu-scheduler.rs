@@ -19,13 +19,13 @@ struct Args {
     #[arg(long, default_value = DEFAULT_RESOURCE)]
     resource: String,
     /// Log filter (tracing's EnvFilter syntax).
-    #[arg(long, env = "EGPU_LOG", default_value = "info", value_parser = egpu_cli::daemon::log_filter)]
+    #[arg(long, env = "EGPU_LOG", default_value = "info", value_parser = egpu_node::logging::log_filter)]
     log: String,
 }
 
 fn main() -> ExitCode {
     let a = Args::parse();
-    egpu_cli::daemon::init_logging(&a.log);
+    egpu_node::logging::init_logging(&a.log);
     let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {

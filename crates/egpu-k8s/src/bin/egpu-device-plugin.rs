@@ -13,7 +13,7 @@ use std::time::Duration;
 #[command(name = "egpu-device-plugin", version, about = "Kubelet device plugin: GPU memory as an extended resource, each container's share a slice of egpud")]
 struct Args {
     /// egpud's socket.
-    #[arg(long, env = "EGPU_SOCKET", default_value = egpu_cli::cli::DEFAULT_SOCKET)]
+    #[arg(long, env = "EGPU_SOCKET", default_value = egpu_node::config::DEFAULT_SOCKET)]
     socket: PathBuf,
     /// The kubelet's root directory (its device-plugins/ and pod-resources/ sockets are under it).
     #[arg(long, default_value = "/var/lib/kubelet")]
@@ -49,13 +49,13 @@ struct Args {
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pod_poll: Duration,
     /// Log filter (tracing's EnvFilter syntax).
-    #[arg(long, env = "EGPU_LOG", default_value = "info", value_parser = egpu_cli::daemon::log_filter)]
+    #[arg(long, env = "EGPU_LOG", default_value = "info", value_parser = egpu_node::logging::log_filter)]
     log: String,
 }
 
 fn main() -> ExitCode {
     let a = Args::parse();
-    egpu_cli::daemon::init_logging(&a.log);
+    egpu_node::logging::init_logging(&a.log);
     if a.poll.is_zero() || a.pod_poll.is_zero() {
         eprintln!("egpu-device-plugin: --poll and --pod-poll must be greater than 0, e.g. 1s");
         return ExitCode::from(2);

@@ -1,0 +1,20 @@
+//! The daemons' one logging set-up (egpud, egpu-device-plugin,
+//! egpu-scheduler): stderr, in colour on a terminal, with a filter checked
+//! when the flag is read.
+
+/// Logs to stderr with `filter` (checked by [`log_filter`]).
+pub fn init_logging(filter: &str) {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+}
+
+/// `--log`: refused when tracing cannot parse it, rather than silently
+/// logging at another level than the one asked for.
+pub fn log_filter(s: &str) -> Result<String, String> {
+    tracing_subscriber::EnvFilter::try_new(s)
+        .map(|_| s.to_string())
+        .map_err(|e| format!("{e}: give a level (error, warn, info, debug, trace) or directives such as info,egpu_node=debug"))
+}
