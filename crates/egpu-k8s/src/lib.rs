@@ -37,19 +37,8 @@ pub mod podresources {
     tonic::include_proto!("v1");
 }
 
-use hyper_util::rt::TokioIo;
-use std::path::Path;
-use tonic::transport::{Channel, Endpoint, Uri};
-
-/// A gRPC channel to a unix socket (the kubelet's, or egpud's).
-pub async fn unix_channel(path: &Path, timeout: std::time::Duration) -> Result<Channel, tonic::transport::Error> {
-    let p = path.to_path_buf();
-    Endpoint::from_static("http://unix.local")
-        .connect_timeout(timeout)
-        .timeout(timeout)
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let p = p.clone();
-            async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(p).await?)) }
-        }))
-        .await
+/// A gRPC channel to a unix socket (the kubelet's), connect and request
+/// timeouts alike.
+pub async fn unix_channel(path: &std::path::Path, timeout: std::time::Duration) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    egpu_node::client::unix_channel(path, timeout, timeout).await
 }

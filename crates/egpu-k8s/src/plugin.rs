@@ -423,8 +423,8 @@ impl Shared {
             let name = tokens::slice_name(&h.ids);
             let (Some(ann), Some(slice)) = (pods.get(&(h.namespace.clone(), h.pod.clone())), slices.iter().find(|s| s.name == name)) else { continue };
             let [d] = slice.devices.as_slice() else { continue };
-            let gpu_mem = inv.gpus.iter().find(|g| g.index == d.device).map_or(1, |g| g.memory_bytes.max(1));
-            let default_share = u32::try_from((u128::from(d.memory_limit_bytes) * 10_000 / u128::from(gpu_mem)).min(10_000)).unwrap_or(10_000);
+            let gpu_mem = inv.gpus.iter().find(|g| g.index == d.device).map_or(1, |g| g.memory_bytes);
+            let default_share = proportional_share(d.memory_limit_bytes, gpu_mem);
             let warn = |why: String| {
                 if self.resize_warned.lock().expect("pods lock").insert((name.clone(), why.clone())) {
                     tracing::warn!(slice = %name, pod = %format!("{}/{}", h.namespace, h.pod), "cannot apply the pod's annotations: {why}");
@@ -491,7 +491,7 @@ impl Shared {
         let (gpu, n) = inv.resolve(ids).map_err(|e| Status::failed_precondition(format!("{}: {e}", self.cfg.resource_name)))?;
         let name = tokens::slice_name(ids);
         let memory = n as u64 * self.cfg.unit_bytes;
-        let share = u32::try_from((u128::from(memory) * 10_000 / u128::from(gpu.memory_bytes.max(1))).min(10_000)).unwrap_or(10_000);
+        let share = proportional_share(memory, gpu.memory_bytes);
         let want = node::DeviceShareSpec { device: gpu.index, memory_bytes: memory, compute_share_bps: share, compute_limit_bps: 10_000, memory_burst_bytes: 0 };
         let mut c = self.egpud().await?;
         match c.create_slice(node::CreateSliceRequest { name: name.clone(), devices: vec![want], ephemeral: false, owner_pid: 0, ..Default::default() }).await {
@@ -574,10 +574,17 @@ fn cdi_devices(cfg: &PluginConfig, slice: &str, gpu: &tokens::Gpu) -> Vec<dp::Cd
     out
 }
 
+/// A slice's default guaranteed compute: its memory's fraction of the GPU,
+/// in basis points.
+fn proportional_share(memory: u64, gpu_memory: u64) -> u32 {
+    u32::try_from((u128::from(memory) * 10_000 / u128::from(gpu_memory.max(1))).min(10_000)).unwrap_or(10_000)
+}
+
 /// The node annotation: per GPU, its units and those that are healthy and
 /// held by no container.
 fn node_gpus(inv: &Inventory, devices: &[dp::Device], held: &[Vec<String>]) -> NodeGpus {
     let held: HashSet<&str> = held.iter().flatten().map(String::as_str).collect();
+    let healthy: HashSet<&str> = devices.iter().filter(|d| d.health == HEALTHY).map(|d| d.id.as_str()).collect();
     let gpus = inv
         .gpus
         .iter()
@@ -585,7 +592,7 @@ fn node_gpus(inv: &Inventory, devices: &[dp::Device], held: &[Vec<String>]) -> N
             let units = inv.tokens_of(g);
             let free = (0..units)
                 .map(|k| tokens::token_id(&g.uuid, k))
-                .filter(|id| !held.contains(id.as_str()) && devices.iter().any(|d| d.id == *id && d.health == HEALTHY))
+                .filter(|id| !held.contains(id.as_str()) && healthy.contains(id.as_str()))
                 .count();
             GpuFree { index: g.index, uuid: g.uuid.clone(), model: g.model.clone(), units, free: u32::try_from(free).unwrap_or(u32::MAX) }
         })

@@ -24,16 +24,22 @@ pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 
 /// Connects to the agent serving `socket`.
 pub async fn connect(socket: &Path) -> Result<Client, ClientError> {
-    let path = socket.to_path_buf();
-    let p = path.clone();
-    let channel = Endpoint::from_static("http://egpud.local")
-        .connect_timeout(std::time::Duration::from_secs(10))
-        .timeout(REQUEST_TIMEOUT)
+    let channel = unix_channel(socket, std::time::Duration::from_secs(10), REQUEST_TIMEOUT)
+        .await
+        .map_err(|source| ClientError::Unreachable { path: socket.to_path_buf(), source })?;
+    Ok(NodeClient::new(channel))
+}
+
+/// A gRPC channel to the server on the unix socket `path` (egpud's, or the
+/// kubelet's for the device plugin).
+pub async fn unix_channel(path: &Path, connect_timeout: std::time::Duration, request_timeout: std::time::Duration) -> Result<Channel, tonic::transport::Error> {
+    let p = path.to_path_buf();
+    Endpoint::from_static("http://unix.local")
+        .connect_timeout(connect_timeout)
+        .timeout(request_timeout)
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             let p = p.clone();
             async move { Ok::<_, std::io::Error>(TokioIo::new(tokio::net::UnixStream::connect(p).await?)) }
         }))
         .await
-        .map_err(|source| ClientError::Unreachable { path, source })?;
-    Ok(NodeClient::new(channel))
 }
