@@ -1,7 +1,8 @@
 //! Latency of the scheduler extender on a 10,000-GPU cluster: 1,250 nodes
 //! × 8 GPUs of 80 units (GiB), about 90% of the units taken, every node
 //! sent whole as kube-scheduler sends it (`nodeCacheCapable: false`), with
-//! labels, conditions and an image list like a real Node's.
+//! labels, conditions and an image list like a real Node's, and an
+//! annotation that names the pods holding units (~10 units each).
 //!
 //! `cargo bench -p egpu-k8s --bench extender` prints p50 / p99 over 200
 //! requests of each kind, in one run: parsing the request alone (the
@@ -21,14 +22,17 @@ const GPUS: usize = 8;
 const UNITS: u32 = 80;
 
 fn node(i: usize, rng: &mut rand_chacha::ChaCha8Rng) -> Value {
-    let gpus = (0..GPUS)
+    let gpus: Vec<GpuFree> = (0..GPUS)
         .map(|g| {
             // ~90% taken: most GPUs full, some with holes.
             let free = if rng.random_bool(0.6) { 0 } else { rng.random_range(0..=UNITS / 2) };
             GpuFree { index: g as u32, uuid: format!("GPU-{i:04}-{g}-0000-0000-000000000000"), model: "NVIDIA H100 80GB HBM3".into(), units: UNITS, free }
         })
         .collect();
-    let ann = NodeGpus { v: VERSION, unit_bytes: 1 << 30, gpus }.to_json();
+    // The pods holding units, named as a Deployment names them: ~10 units each.
+    let taken: u32 = gpus.iter().map(|g| g.units - g.free).sum();
+    let pods = (0..taken.div_ceil(10)).map(|k| format!("team-{}/inference-{:09x}-{:05x}", k % 7, i * 977 + k as usize, k * 31 + 7)).collect();
+    let ann = NodeGpus { v: VERSION, unit_bytes: 1 << 30, gpus, pods: Some(pods) }.to_json();
     let labels: serde_json::Map<String, Value> = (0..20).map(|k| (format!("example.com/label-{k}"), json!(format!("value-{k}-{i}")))).collect();
     let images: Vec<Value> = (0..30).map(|k| json!({"names": [format!("registry.example.com/team/image-{k}@sha256:{:064x}", k * 7919 + i), format!("registry.example.com/team/image-{k}:v1.{k}")], "sizeBytes": 123_456_789 + k})).collect();
     let conditions: Vec<Value> = ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"]

@@ -35,6 +35,13 @@ pub struct NodeGpus {
     /// Bytes per unit.
     pub unit_bytes: u64,
     pub gpus: Vec<GpuFree>,
+    /// The pods (`namespace/name`) whose containers hold units here, from
+    /// the same read of the kubelet's list as `free`: a pod named here is
+    /// counted in `free`. The extender's bind drops what it assumed for a
+    /// pod once the pod is named here. Absent (a plugin before this field):
+    /// assumptions last their whole time to live.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pods: Option<Vec<String>>,
 }
 
 /// Why a node's annotation cannot be used.
@@ -51,6 +58,20 @@ pub enum AnnotationError {
 impl NodeGpus {
     /// Parses and checks an annotation value.
     pub fn parse(value: Option<&str>) -> Result<NodeGpus, AnnotationError> {
+        NodeGpus::parse_with(value, true)
+    }
+
+    /// [`NodeGpus::parse`], skipping the pod list unless `with_pods` (the
+    /// extender needs it only for a node it has bound pods to, and on a
+    /// large cluster reading every node's list costs more than the rest of
+    /// a filter).
+    pub fn parse_with(value: Option<&str>, with_pods: bool) -> Result<NodeGpus, AnnotationError> {
+        #[derive(Deserialize)]
+        struct Lean {
+            v: u32,
+            unit_bytes: u64,
+            gpus: Vec<GpuFree>,
+        }
         let value = value.ok_or(AnnotationError::Missing)?;
         #[derive(Deserialize)]
         struct Versioned {
@@ -60,7 +81,13 @@ impl NodeGpus {
         if v.v != VERSION {
             return Err(AnnotationError::Version(v.v));
         }
-        let n: NodeGpus = serde_json::from_str(value).map_err(|e| AnnotationError::Invalid(e.to_string()))?;
+        let invalid = |e: serde_json::Error| AnnotationError::Invalid(e.to_string());
+        let n: NodeGpus = if with_pods {
+            serde_json::from_str(value).map_err(invalid)?
+        } else {
+            let l: Lean = serde_json::from_str(value).map_err(invalid)?;
+            NodeGpus { v: l.v, unit_bytes: l.unit_bytes, gpus: l.gpus, pods: None }
+        };
         if n.unit_bytes == 0 {
             return Err(AnnotationError::Invalid("unit_bytes is 0".into()));
         }
@@ -84,6 +111,7 @@ mod tests {
             v: VERSION,
             unit_bytes: 1 << 30,
             gpus: vec![GpuFree { index: 0, uuid: "GPU-a".into(), model: "NVIDIA H200".into(), units: 141, free: 20 }],
+            pods: Some(vec!["default/a".into()]),
         }
     }
 
@@ -91,6 +119,12 @@ mod tests {
     fn round_trips_and_refuses_what_it_cannot_use() {
         let s = sample();
         assert_eq!(NodeGpus::parse(Some(&s.to_json())), Ok(s.clone()));
+        // Written before the pod list existed: read, with no list.
+        let old = r#"{"v":1,"unit_bytes":1073741824,"gpus":[]}"#;
+        assert_eq!(NodeGpus::parse(Some(old)).unwrap().pods, None);
+        // Without the pod list: the rest the same.
+        let lean = NodeGpus::parse_with(Some(&s.to_json()), false).unwrap();
+        assert_eq!((lean.pods, lean.gpus), (None, s.gpus.clone()));
         assert_eq!(NodeGpus::parse(None), Err(AnnotationError::Missing));
         assert!(matches!(NodeGpus::parse(Some("{")), Err(AnnotationError::Invalid(_))));
         assert_eq!(NodeGpus::parse(Some(r#"{"v":2,"whatever":1}"#)), Err(AnnotationError::Version(2)));

@@ -1,35 +1,38 @@
 //! The scheduler extender: kube-scheduler's HTTP extender protocol
-//! (`filter`, `prioritize`), with eGPU's placement policy.
+//! (`filter`, `prioritize`, `bind`), with eGPU's placement policy.
 //!
 //! - **Filter** keeps the nodes where every container's `egpu.io/gpu-memory`
 //!   request fits on one GPU, from the node's `egpu.io/gpus` annotation
-//!   ([`crate::annotation`]). The scheduler itself only compares the node's
-//!   total; a node whose free memory is split over GPUs would take the pod and
-//!   the device plugin would then refuse it. Each refused node gets the
-//!   reason. The annotation lags the node by a refresh and an API round
-//!   trip, and pods bound but not yet admitted are not in it: two pods
-//!   placed on one node in that window can both pass, and the second is then
-//!   refused at admission (`docs/kubernetes.md`, "Limits").
+//!   ([`crate::annotation`]) less the units of pods this extender bound
+//!   there that the annotation does not count yet ([`crate::assume`]). The
+//!   scheduler itself only compares the node's total; a node whose free
+//!   memory is split over GPUs would take the pod and the device plugin
+//!   would then refuse it. Each refused node gets the reason.
 //! - **Prioritize** scores the nodes left with [`egpu_place::policy::EgpuPolicy`]'s
 //!   cost, the policy `egpu simulate` measures: the node it would pick gets
 //!   10, the others 9 less the rank of their cost among the distinct costs
 //!   (a node as good as the pick but later by name gets 9). The fragmentation it measures
 //!   is against the shapes of the last [`WINDOW`] pods the extender saw.
+//! - **Bind** binds the pod through the API server, as kube-scheduler's own
+//!   binder does, and assumes its units on the node until the node's
+//!   annotation names the pod (or `assume_ttl` passes). What race remains is
+//!   in `docs/kubernetes.md`, "Limits".
 //! - The scheduler must send whole Node objects (`nodeCacheCapable: false`),
-//!   as the annotation is read from them; the extender keeps no cluster
-//!   state and needs no API access.
+//!   as the annotation is read from them. Only `bind` needs API access.
 //!
 //! The wire types are written from the published `k8s.io/kube-scheduler/
 //! extender/v1` types; field names are Go's (capitalised), and the older
 //! lower-case spellings are accepted too.
 
 use crate::annotation::{AnnotationError, NodeGpus};
+use crate::assume::Assumed;
 use egpu_place::policy::EgpuPolicy;
 use egpu_place::{Cluster, NodeSpec, Placement, Pod, Qos, TargetWorkload, TypeSet};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 /// How many recent pods' shapes the fragmentation target is taken from.
 pub const WINDOW: usize = 1000;
@@ -222,15 +225,46 @@ fn node_name(node: &Value) -> &str {
     node["metadata"]["name"].as_str().unwrap_or("")
 }
 
-fn node_gpus(node: &Value) -> Result<NodeGpus, AnnotationError> {
-    NodeGpus::parse(node["metadata"]["annotations"][crate::annotation::ANNOTATION].as_str())
-}
-
-/// The extender: its resource name and the recent pods' demands.
-#[derive(Debug)]
+/// The extender: its resource name, the recent pods' demands, and, when it
+/// binds, the units it has bound pods to ([`crate::assume`]).
 pub struct Extender {
     resource: String,
     recent: Mutex<Recent>,
+    assumed: Mutex<Assumed>,
+    assume_ttl: Duration,
+    api: Option<kube::Client>,
+}
+
+impl std::fmt::Debug for Extender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Extender").field("resource", &self.resource).field("assume_ttl", &self.assume_ttl).field("api", &self.api.is_some()).finish_non_exhaustive()
+    }
+}
+
+/// How long an assumption lasts when the node's annotation does not name
+/// the pod (see [`crate::assume`]).
+pub const DEFAULT_ASSUME_TTL: Duration = Duration::from_secs(120);
+/// The longest a bind's API call may take.
+const BIND_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// `ExtenderBindingArgs`: the pod and the node the scheduler chose.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct BindingArgs {
+    #[serde(rename = "PodName", alias = "podName")]
+    pub pod_name: String,
+    #[serde(rename = "PodNamespace", alias = "podNamespace")]
+    pub pod_namespace: String,
+    #[serde(rename = "PodUID", alias = "podUID", default)]
+    pub pod_uid: String,
+    #[serde(rename = "Node", alias = "node")]
+    pub node: String,
+}
+
+/// `ExtenderBindingResult`: empty `Error` on success.
+#[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BindingResult {
+    #[serde(rename = "Error")]
+    pub error: String,
 }
 
 /// The last [`WINDOW`] containers' units, each pod counted once (a pod the
@@ -243,7 +277,88 @@ struct Recent {
 
 impl Extender {
     pub fn new(resource: &str) -> Extender {
-        Extender { resource: resource.into(), recent: Mutex::new(Recent::default()) }
+        Extender { resource: resource.into(), recent: Mutex::new(Recent::default()), assumed: Mutex::new(Assumed::default()), assume_ttl: DEFAULT_ASSUME_TTL, api: None }
+    }
+
+    /// With API access, `bind` binds pods (else it answers why it cannot).
+    pub fn with_api(mut self, client: kube::Client) -> Extender {
+        self.api = Some(client);
+        self
+    }
+
+    /// How long an assumption lasts without the node's annotation naming
+    /// the pod.
+    pub fn with_assume_ttl(mut self, ttl: Duration) -> Extender {
+        self.assume_ttl = ttl;
+        self
+    }
+
+    /// The node's annotation less what this extender bound there that the
+    /// annotation does not count yet.
+    fn free_on(&self, node: &Value) -> Result<NodeGpus, AnnotationError> {
+        let name = node_name(node);
+        let value = node["metadata"]["annotations"][crate::annotation::ANNOTATION].as_str();
+        // The pod list only where something is assumed: an assumption made
+        // between these two locks and read without the list is kept (and
+        // counted) until the next request, which errs on the safe side.
+        let with_pods = self.assumed.lock().expect("assume lock").has(name);
+        let g = NodeGpus::parse_with(value, with_pods)?;
+        Ok(self.assumed.lock().expect("assume lock").view(name, g, Instant::now(), self.assume_ttl))
+    }
+
+    /// `bind`: binds the pod to the node through the API server (as
+    /// kube-scheduler's own binder does, the pod's UID as precondition),
+    /// then assumes its units there until the node's annotation counts
+    /// them. Any failure goes back in `Error`, and the scheduler retries
+    /// the pod.
+    pub async fn bind(&self, a: BindingArgs) -> BindingResult {
+        let pod = format!("{}/{}", a.pod_namespace, a.pod_name);
+        match self.bind_inner(&a, &pod).await {
+            Ok(units) => {
+                tracing::info!(pod, node = a.node, ?units, "bound");
+                BindingResult::default()
+            }
+            Err(e) => {
+                tracing::warn!(pod, node = a.node, "cannot bind: {e}");
+                BindingResult { error: format!("egpu-scheduler cannot bind {pod} to {}: {e}", a.node) }
+            }
+        }
+    }
+
+    async fn bind_inner(&self, a: &BindingArgs, pod: &str) -> Result<Vec<u32>, String> {
+        use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod as KPod};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+        let client = self.api.clone().ok_or("it has no API access (no in-cluster service account and no kubeconfig); remove bindVerb from the scheduler's extender config, or give it access")?;
+        if a.pod_name.is_empty() || a.pod_namespace.is_empty() || a.node.is_empty() {
+            return Err("the request needs PodName, PodNamespace and Node".into());
+        }
+        let pods: kube::Api<KPod> = kube::Api::namespaced(client, &a.pod_namespace);
+        let remembered = self.assumed.lock().expect("assume lock").demand(&a.pod_uid);
+        let units = match remembered {
+            Some(u) => u,
+            // Not filtered by this process (it restarted, or another
+            // replica led): read the pod.
+            None => {
+                let p = tokio::time::timeout(BIND_TIMEOUT, pods.get(&a.pod_name)).await.map_err(|_| "reading the pod timed out".to_string())?.map_err(|e| format!("cannot read the pod: {e}"))?;
+                let v = serde_json::to_value(&p).map_err(|e| e.to_string())?;
+                Demand::of_pod(&v, &self.resource).map_err(|e| e.to_string())?.units
+            }
+        };
+        let binding = Binding {
+            metadata: ObjectMeta { name: Some(a.pod_name.clone()), namespace: Some(a.pod_namespace.clone()), uid: (!a.pod_uid.is_empty()).then(|| a.pod_uid.clone()), ..Default::default() },
+            target: ObjectReference { api_version: Some("v1".into()), kind: Some("Node".into()), name: Some(a.node.clone()), ..Default::default() },
+        };
+        tokio::time::timeout(BIND_TIMEOUT, pods.create_subresource::<_, Value>("binding", &a.pod_name, &kube::api::PostParams::default(), &binding))
+            .await
+            .map_err(|_| "the API server did not answer in time".to_string())?
+            .map_err(|e| e.to_string())?;
+        self.assumed.lock().expect("assume lock").assume(&a.node, pod, units.clone(), Instant::now(), self.assume_ttl);
+        Ok(units)
+    }
+
+    /// Live assumptions (bound pods the nodes' annotations do not count yet).
+    pub fn assumed(&self) -> usize {
+        self.assumed.lock().expect("assume lock").len()
     }
 
     /// `filter`.
@@ -262,11 +377,13 @@ impl Extender {
             out.nodes = Some(nodes);
             return out;
         }
-        self.observe(pod["metadata"]["uid"].as_str().unwrap_or(""), &demand);
+        let uid = pod["metadata"]["uid"].as_str().unwrap_or("");
+        self.observe(uid, &demand);
+        self.assumed.lock().expect("assume lock").remember(uid, &demand.units);
         let mut pass = Vec::with_capacity(nodes.items.len());
         for node in nodes.items {
             let name = node_name(&node).to_string();
-            match node_gpus(&node) {
+            match self.free_on(&node) {
                 Err(e) => {
                     out.failed_and_unresolvable_nodes.insert(name, format!("egpu: {e}"));
                 }
@@ -311,7 +428,7 @@ impl Extender {
         // Nodes grouped by units per GPU: a pod's share of a GPU depends on its size.
         let mut groups: BTreeMap<u32, Vec<(usize, NodeGpus)>> = BTreeMap::new();
         for (i, n) in nodes.items.iter().enumerate() {
-            if let Ok(g) = node_gpus(n)
+            if let Ok(g) = self.free_on(n)
                 && let Some(units) = g.gpus.first().map(|x| x.units).filter(|&u| u > 0)
             {
                 groups.entry(units).or_default().push((i, g));
@@ -371,7 +488,7 @@ fn sharing_pod(milli: u32, ty: egpu_place::GpuTypeId) -> Option<Pod> {
 }
 
 /// The extender's HTTP routes: `POST /filter`, `POST /prioritize`,
-/// `GET /healthz`. A body that is not JSON of the protocol's shape gets
+/// `POST /bind`, `GET /healthz`. A body that is not JSON of the protocol's shape gets
 /// HTTP 400 with the reason; a request the extender cannot answer gets its
 /// reason in the result's `Error` (filter) or HTTP 400 (prioritize, whose
 /// result has no error field).
@@ -391,6 +508,12 @@ pub fn router(ext: std::sync::Arc<Extender>) -> axum::Router {
             Err(why) => (StatusCode::BAD_REQUEST, why).into_response(),
         }
     }
+    async fn bind(State(ext): Ext, body: axum::body::Bytes) -> Response {
+        match serde_json::from_slice::<BindingArgs>(&body) {
+            Ok(args) => axum::Json(ext.bind(args).await).into_response(),
+            Err(e) => (StatusCode::BAD_REQUEST, format!("not an ExtenderBindingArgs JSON body: {e}")).into_response(),
+        }
+    }
     async fn prioritize(State(ext): Ext, body: axum::body::Bytes) -> Response {
         match parse(&body).and_then(|a| ext.prioritize(a).map_err(|e| e.to_string())) {
             Ok(list) => axum::Json(list).into_response(),
@@ -400,6 +523,7 @@ pub fn router(ext: std::sync::Arc<Extender>) -> axum::Router {
     axum::Router::new()
         .route("/filter", post(filter))
         .route("/prioritize", post(prioritize))
+        .route("/bind", post(bind))
         .route("/healthz", get(|| async { "ok" }))
         // The scheduler sends whole Node objects: ~10 KB each, so a
         // 10,000-GPU cluster's request is ~10 MB.
@@ -420,6 +544,7 @@ mod tests {
             v: VERSION,
             unit_bytes: 1 << 30,
             gpus: free.iter().enumerate().map(|(i, &f)| GpuFree { index: i as u32, uuid: format!("GPU-{name}-{i}"), model: "m".into(), units: 16, free: f }).collect(),
+            pods: None,
         };
         json!({"metadata": {"name": name, "annotations": {"egpu.io/gpus": g.to_json()}}, "status": {"capacity": {"egpu.io/gpu-memory": "32"}}})
     }

@@ -11,16 +11,18 @@
 //!   over unix sockets. With `--node-name` it also patches its own Node's
 //!   `egpu.io/gpus` annotation ([`annotation`]) through the API server, for
 //!   the scheduler extender ([`extender`]), which reads it from the Node
-//!   objects kube-scheduler sends and needs no API access itself.
+//!   objects kube-scheduler sends; the extender's API access is for binding
+//!   pods ([`assume`]).
 //! - The protocols are the kubelet's published ones (`proto/k8s/`), written
 //!   for eGPU with the published names and field numbers.
 //!
 //! Modules: [`tokens`] (device IDs, the preferred allocation: pure),
 //! [`plugin`] (the gRPC service, registration, refresh and sweep loops),
 //! [`annotation`] (the Node annotation's format), [`extender`] (the
-//! kube-scheduler extender).
+//! kube-scheduler extender), [`assume`] (its cache of bound pods).
 
 pub mod annotation;
+pub mod assume;
 pub mod extender;
 pub mod plugin;
 pub mod tokens;

@@ -308,7 +308,7 @@ impl Shared {
                 if let (Some(held), Some(holders)) = (&held, &holders) {
                     self.sweep(&mut client, &slices, held).await;
                     self.apply_pod_annotations(&mut client, &inv, &slices, holders).await;
-                    annotation = Some(node_gpus(&inv, &devices, held).to_json());
+                    annotation = Some(node_gpus(&inv, &devices, holders).to_json());
                 }
                 (Some(inv), devices)
             }
@@ -581,9 +581,10 @@ fn proportional_share(memory: u64, gpu_memory: u64) -> u32 {
 }
 
 /// The node annotation: per GPU, its units and those that are healthy and
-/// held by no container.
-fn node_gpus(inv: &Inventory, devices: &[dp::Device], held: &[Vec<String>]) -> NodeGpus {
-    let held: HashSet<&str> = held.iter().flatten().map(String::as_str).collect();
+/// held by no container; and the pods that hold units.
+fn node_gpus(inv: &Inventory, devices: &[dp::Device], holders: &[Holder]) -> NodeGpus {
+    let held: HashSet<&str> = holders.iter().flat_map(|h| &h.ids).map(String::as_str).collect();
+    let pods: std::collections::BTreeSet<String> = holders.iter().map(|h| format!("{}/{}", h.namespace, h.pod)).collect();
     let healthy: HashSet<&str> = devices.iter().filter(|d| d.health == HEALTHY).map(|d| d.id.as_str()).collect();
     let gpus = inv
         .gpus
@@ -597,7 +598,7 @@ fn node_gpus(inv: &Inventory, devices: &[dp::Device], held: &[Vec<String>]) -> N
             GpuFree { index: g.index, uuid: g.uuid.clone(), model: g.model.clone(), units, free: u32::try_from(free).unwrap_or(u32::MAX) }
         })
         .collect();
-    NodeGpus { v: annotation::VERSION, unit_bytes: inv.unit_bytes, gpus }
+    NodeGpus { v: annotation::VERSION, unit_bytes: inv.unit_bytes, gpus, pods: Some(pods.into_iter().collect()) }
 }
 
 /// The `DevicePlugin` gRPC service. Its `ListAndWatch` streams end when

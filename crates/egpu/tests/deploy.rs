@@ -188,7 +188,9 @@ fn the_scheduler_its_extender_and_the_example_pod_agree() {
     let ext = &cfg["extenders"][0];
     assert_eq!(ext["nodeCacheCapable"], false, "the extender reads Node objects");
     assert_eq!((ext["enableHTTPS"].as_bool(), ext["ignorable"].as_bool()), (Some(false), Some(false)));
-    assert_eq!((ext["filterVerb"].as_str(), ext["prioritizeVerb"].as_str()), (Some("filter"), Some("prioritize")));
+    assert_eq!((ext["filterVerb"].as_str(), ext["prioritizeVerb"].as_str(), ext["bindVerb"].as_str()), (Some("filter"), Some("prioritize"), Some("bind")));
+    // It binds with the pod's service account token.
+    assert_ne!(spec.automount_service_account_token, Some(false), "the extender binds pods: it needs the service account's token");
     assert!(ext["weight"].as_i64().unwrap() > 0);
     assert_eq!(ext["urlPrefix"].as_str().unwrap(), format!("http://{}", flag(ext_c, "--listen")));
     // One resource name everywhere: the extender's, the plugin's default, the

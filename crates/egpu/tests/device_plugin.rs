@@ -89,6 +89,56 @@ struct ApiServer {
     annotations: Arc<Mutex<serde_json::Map<String, serde_json::Value>>>,
     patches: Arc<Mutex<u32>>,
     pod_annotations: Arc<Mutex<serde_json::Map<String, serde_json::Value>>>,
+    /// Pods of namespace `default` by name, for GET and binding.
+    pods: Arc<Mutex<serde_json::Map<String, serde_json::Value>>>,
+    /// Bindings created, as posted.
+    bindings: Arc<Mutex<Vec<serde_json::Value>>>,
+}
+
+/// A `Status` failure as the API server writes it.
+fn api_error(code: axum::http::StatusCode, reason: &str, message: String) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let status = serde_json::json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure", "message": message, "reason": reason, "code": code.as_u16()});
+    (code, axum::Json(status)).into_response()
+}
+
+async fn get_pod(axum::extract::State(api): axum::extract::State<ApiServer>, axum::extract::Path((ns, name)): axum::extract::Path<(String, String)>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    match api.pods.lock().unwrap().get(&name) {
+        Some(p) if ns == "default" => axum::Json(p.clone()).into_response(),
+        _ => api_error(axum::http::StatusCode::NOT_FOUND, "NotFound", format!("pods \"{name}\" not found")),
+    }
+}
+
+/// `POST …/pods/{name}/binding`, with the checks the API server makes: a
+/// Binding to a Node, the pod's UID if given, and a pod not yet assigned.
+async fn bind_pod(
+    axum::extract::State(api): axum::extract::State<ApiServer>,
+    axum::extract::Path((ns, name)): axum::extract::Path<(String, String)>,
+    body: String,
+) -> axum::response::Response {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    let b: serde_json::Value = match serde_json::from_str(&body) {
+        Ok(v) => v,
+        Err(e) => return api_error(StatusCode::BAD_REQUEST, "BadRequest", e.to_string()),
+    };
+    if b["kind"] != "Binding" || b["target"]["kind"] != "Node" || b["metadata"]["name"] != name.as_str() || b["metadata"]["namespace"] != ns.as_str() {
+        return api_error(StatusCode::BAD_REQUEST, "BadRequest", format!("not a Binding of this pod to a Node: {b}"));
+    }
+    let mut pods = api.pods.lock().unwrap();
+    let Some(pod) = pods.get_mut(&name).filter(|_| ns == "default") else {
+        return api_error(StatusCode::NOT_FOUND, "NotFound", format!("pods \"{name}\" not found"));
+    };
+    if !b["metadata"]["uid"].is_null() && b["metadata"]["uid"] != pod["metadata"]["uid"] {
+        return api_error(StatusCode::CONFLICT, "Conflict", format!("Precondition failed: UID in precondition: {}, UID in object meta: {}", b["metadata"]["uid"], pod["metadata"]["uid"]));
+    }
+    if let Some(n) = pod["spec"]["nodeName"].as_str() {
+        return api_error(StatusCode::CONFLICT, "Conflict", format!("Operation cannot be fulfilled on pods/binding \"{name}\": pod {name} is already assigned to node \"{n}\""));
+    }
+    pod["spec"]["nodeName"] = b["target"]["name"].clone();
+    api.bindings.lock().unwrap().push(b);
+    (StatusCode::CREATED, axum::Json(serde_json::json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Success", "code": 201}))).into_response()
 }
 
 async fn list_pods(axum::extract::State(api): axum::extract::State<ApiServer>, axum::extract::RawQuery(q): axum::extract::RawQuery) -> axum::response::Response {
@@ -129,6 +179,8 @@ fn serve_api(rt: &tokio::runtime::Runtime, dir: &Path, api: ApiServer) -> PathBu
     let app = axum::Router::new()
         .route("/api/v1/nodes/{name}", axum::routing::patch(patch_node))
         .route("/api/v1/pods", axum::routing::get(list_pods))
+        .route("/api/v1/namespaces/{ns}/pods/{name}", axum::routing::get(get_pod))
+        .route("/api/v1/namespaces/{ns}/pods/{name}/binding", axum::routing::post(bind_pod))
         .with_state(api);
     rt.spawn(async move { axum::serve(listener, app).await });
     let kubeconfig = dir.join("kubeconfig");
@@ -157,8 +209,17 @@ fn post(addr: &str, path: &str, body: &str) -> (u16, String) {
 struct Scheduler(Child, String);
 impl Scheduler {
     fn start() -> Scheduler {
+        Scheduler::start_with(None)
+    }
+
+    /// With a kubeconfig: API access, so it can bind.
+    fn start_with(kubeconfig: Option<&Path>) -> Scheduler {
         use std::io::BufRead;
-        let mut child = clean("egpu-scheduler").args(["--listen", "127.0.0.1:0"]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+        let mut cmd = clean("egpu-scheduler");
+        if let Some(k) = kubeconfig {
+            cmd.env("KUBECONFIG", k);
+        }
+        let mut child = cmd.args(["--listen", "127.0.0.1:0"]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
         let mut line = String::new();
         std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
         let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"));
@@ -368,6 +429,8 @@ fn device_plugin_turns_kubelet_allocations_into_slices() {
         assert!(wait_until(WAIT, || free() == Some(vec![6, 16])), "annotation {:?}; plugin log:\n{}", annotation(), plugin_log());
         let a = annotation().unwrap();
         assert_eq!((a.unit_bytes, a.gpus[0].units, a.gpus[1].uuid.as_str()), (1 << 30, 16, u1.as_str()));
+        // It names the pod whose units `free` counts, for the extender's bind.
+        assert_eq!(a.pods, Some(vec!["default/a".to_string()]));
 
         // 4b. The pod's annotations resize its slice live: share, cap, burst.
         let set = |kv: &[(&str, &str)]| {
@@ -481,6 +544,83 @@ fn scheduler_extender_answers_bad_requests_with_the_reason() {
     assert!(body.contains("container 'main'") && body.contains("'500m'"), "{body}");
 }
 
+/// The extender binds the pods it places and counts their units on their
+/// node until the node's annotation does; failures come back with the
+/// API server's reason. Against the API-server stand-in, over real HTTP.
+#[test]
+fn scheduler_extender_binds_and_counts_a_bound_pod_until_the_node_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let api = ApiServer::default();
+    let kubeconfig = serve_api(&rt, tmp.path(), api.clone());
+    let pod = |name: &str, units: u32| {
+        let mut p = pod_asking(units);
+        p["metadata"]["name"] = name.into();
+        p["metadata"]["uid"] = format!("uid-{name}").into();
+        p
+    };
+    for (name, units) in [("p1", 8), ("p2", 8), ("p3", 12), ("p4", 11)] {
+        api.pods.lock().unwrap().insert(name.into(), pod(name, units));
+    }
+    let node = |free: &[u32], pods: &[&str]| {
+        let g = egpu_k8s::annotation::NodeGpus {
+            v: egpu_k8s::annotation::VERSION,
+            unit_bytes: 1 << 30,
+            gpus: free.iter().enumerate().map(|(i, &f)| egpu_k8s::annotation::GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units: 16, free: f }).collect(),
+            pods: Some(pods.iter().map(|p| p.to_string()).collect()),
+        };
+        serde_json::json!({"metadata": {"name": "n1", "annotations": {egpu_k8s::annotation::ANNOTATION: g.to_json()}}})
+    };
+    let sched = Scheduler::start_with(Some(&kubeconfig));
+    let filter = |name: &str, units: u32, n: &serde_json::Value| -> serde_json::Value {
+        let (code, body) = post(&sched.1, "/filter", &serde_json::json!({"Pod": pod(name, units), "Nodes": {"items": [n]}}).to_string());
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    let passes = |r: &serde_json::Value| r["Nodes"]["items"].as_array().unwrap().len() == 1;
+    let bind = |name: &str| -> String {
+        let (code, body) = post(&sched.1, "/bind", &serde_json::json!({"PodName": name, "PodNamespace": "default", "PodUID": format!("uid-{name}"), "Node": "n1"}).to_string());
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()["Error"].as_str().unwrap().to_string()
+    };
+
+    // p1 (8 units) fits GPU 0's 10 and is bound there, as the scheduler's
+    // own binder would: a Binding to the Node, with the pod's UID.
+    let stale = node(&[10, 4], &[]);
+    assert!(passes(&filter("p1", 8, &stale)));
+    assert_eq!(bind("p1"), "");
+    let b = api.bindings.lock().unwrap()[0].clone();
+    assert_eq!((b["metadata"]["name"].as_str(), b["metadata"]["uid"].as_str(), b["target"]["kind"].as_str(), b["target"]["name"].as_str()), (Some("p1"), Some("uid-p1"), Some("Node"), Some("n1")), "{b}");
+    // The annotation has not caught up: p2 (8) is refused anyway, as p1 took
+    // 8 of GPU 0's 10.
+    let r = filter("p2", 8, &stale);
+    assert!(!passes(&r), "{r}");
+    assert!(r["FailedNodes"]["n1"].as_str().unwrap().contains("the most free on one GPU is 4"), "{r}");
+    // The annotation now counts p1 (and GPU 1 was freed meanwhile): p1's
+    // assumption ends, so p3 (12) fits GPU 1.
+    let caught_up = node(&[2, 12], &["default/p1"]);
+    assert!(passes(&filter("p3", 12, &caught_up)));
+    // A pod this process never filtered (a restart, another replica): its
+    // demand is read from the API server. p4's 11 then take GPU 1, and p3
+    // no longer fits.
+    assert_eq!(bind("p4"), "");
+    let r = filter("p3", 12, &caught_up);
+    assert!(r["FailedNodes"]["n1"].as_str().unwrap().contains("the most free on one GPU is 2"), "{r}");
+    // Failures carry the API server's reason, and assume nothing.
+    let e = bind("p1");
+    assert!(e.contains("already assigned to node"), "{e}");
+    let e = bind("nope");
+    assert!(e.contains("cannot read the pod") && e.contains("not found"), "{e}");
+    let (code, body) = post(&sched.1, "/bind", r#"{"PodName": 3}"#);
+    assert_eq!(code, 400);
+    assert!(body.contains("not an ExtenderBindingArgs JSON body"), "{body}");
+    assert_eq!(api.bindings.lock().unwrap().len(), 2, "p1 and p4");
+    // Without API access it says so, and what to do.
+    let offline = Scheduler::start();
+    let (_, body) = post(&offline.1, "/bind", &serde_json::json!({"PodName": "p2", "PodNamespace": "default", "PodUID": "uid-p2", "Node": "n1"}).to_string());
+    assert!(body.contains("no API access") && body.contains("bindVerb"), "{body}");
+}
+
 /// When the kubelet has just restarted, its list may be incomplete: a slice
 /// missing from it is kept for the whole grace period, its memory reserved.
 /// When the list is settled, a slice whose container has gone is swept
@@ -587,6 +727,7 @@ fn kubernetes_binaries_refuse_bad_flags_with_the_reason() {
         ("egpu-device-plugin", &["--log", "x=["][..], "give a level"),
         ("egpu-scheduler", &["--listen", "localhost"][..], "invalid value 'localhost' for '--listen"),
         ("egpu-scheduler", &["--log", "x=["][..], "give a level"),
+        ("egpu-scheduler", &["--assume-ttl", "0s"][..], "must be more than 0"),
     ] {
         let (code, err) = run(bin, args);
         assert_eq!(code, Some(2), "{bin} {args:?}: {err}");

@@ -1,6 +1,7 @@
 //! `egpu-scheduler`: the kube-scheduler extender (logic in `egpu-k8s`):
-//! filters nodes where each container's `egpu.io/gpu-memory` fits one GPU
-//! and scores them with eGPU's placement policy.
+//! filters nodes where each container's `egpu.io/gpu-memory` fits one GPU,
+//! scores them with eGPU's placement policy, and binds pods, remembering
+//! their units until the nodes' annotations count them.
 
 use clap::Parser;
 use egpu_k8s::extender::{Extender, router};
@@ -18,9 +19,22 @@ struct Args {
     /// The extended resource the device plugin advertises.
     #[arg(long, default_value = DEFAULT_RESOURCE)]
     resource: String,
+    /// How long a pod this extender bound keeps its units on its node when
+    /// the node's annotation does not name it (admission failed, the pod
+    /// went, or an older device plugin).
+    #[arg(long, default_value = "2m", value_parser = positive_duration)]
+    assume_ttl: std::time::Duration,
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, env = "EGPU_LOG", default_value = "info", value_parser = egpu_node::logging::log_filter)]
     log: String,
+}
+
+fn positive_duration(s: &str) -> Result<std::time::Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if d.is_zero() => Err("must be more than 0".into()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 fn main() -> ExitCode {
@@ -39,7 +53,14 @@ fn main() -> ExitCode {
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         println!("{{\"event\":\"listening\",\"addr\":\"{addr}\"}}");
         tracing::info!("extender for {} on http://{addr}", a.resource);
-        axum::serve(listener, router(Arc::new(Extender::new(&a.resource))))
+        let mut ext = Extender::new(&a.resource).with_assume_ttl(a.assume_ttl);
+        // The API is needed only to bind (the scheduler's bindVerb); the
+        // other verbs work without it.
+        match kube::Client::try_default().await {
+            Ok(c) => ext = ext.with_api(c),
+            Err(e) => tracing::warn!("no API access ({e}): filter and prioritize work, bind answers that it cannot"),
+        }
+        axum::serve(listener, router(Arc::new(ext)))
             .with_graceful_shutdown(egpu_node::agent::shutdown_signal())
             .await
             .map_err(|e| e.to_string())

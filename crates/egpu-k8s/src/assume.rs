@@ -1,0 +1,216 @@
+//! The extender's **assume cache**: units it has bound pods to, which the
+//! nodes' annotations do not show yet.
+//!
+//! A node's `egpu.io/gpus` annotation lags the node: the kubelet admits a
+//! bound pod, the plugin reads the kubelet's list on its next refresh, and
+//! the patch reaches the scheduler's node cache a round trip later. A
+//! second pod filtered in that window would be told the first pod's GPU
+//! is still free. So when the extender binds a pod (the scheduler's
+//! `bindVerb`), it remembers the pod's units on that node, and every
+//! filter and prioritize takes them off the annotation's free units, best
+//! fit, as the plugin's preferred allocation places them. An assumption
+//! ends when the node's annotation names the pod among those holding units
+//! (then its units are in `free`), or after its time to live (a pod that
+//! failed admission, was deleted, or a plugin too old to name its pods).
+//!
+//! Pure: time is passed in, so the rules are tested without waiting.
+
+use crate::annotation::NodeGpus;
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// Pods' demands kept from `filter` for `bind` (a pod's bind follows its
+/// filter); older ones are forgotten first, and `bind` then reads the pod.
+pub const DEMANDS: usize = 10_000;
+
+/// One bound pod on one node.
+#[derive(Debug, Clone)]
+struct Entry {
+    /// `namespace/name`, as the annotation names pods.
+    pod: String,
+    /// Units per container, largest first.
+    units: Vec<u32>,
+    at: Instant,
+}
+
+/// The cache: assumptions per node, and recent pods' demands by UID.
+#[derive(Debug, Default)]
+pub struct Assumed {
+    nodes: HashMap<String, Vec<Entry>>,
+    demands: HashMap<String, Vec<u32>>,
+    order: VecDeque<String>,
+}
+
+impl Assumed {
+    /// Keeps a pod's units (per container, largest first) for its bind.
+    pub fn remember(&mut self, uid: &str, units: &[u32]) {
+        if uid.is_empty() {
+            return;
+        }
+        if self.demands.insert(uid.to_string(), units.to_vec()).is_none() {
+            self.order.push_back(uid.to_string());
+        }
+        while self.order.len() > DEMANDS {
+            if let Some(old) = self.order.pop_front() {
+                self.demands.remove(&old);
+            }
+        }
+    }
+
+    /// The units `remember` kept for this pod.
+    pub fn demand(&self, uid: &str) -> Option<Vec<u32>> {
+        self.demands.get(uid).cloned()
+    }
+
+    /// Records that `pod` (`namespace/name`) was bound to `node` with these
+    /// units; a second bind of the same pod replaces the first. Expired
+    /// assumptions on every node are dropped here too.
+    pub fn assume(&mut self, node: &str, pod: &str, units: Vec<u32>, now: Instant, ttl: Duration) {
+        for entries in self.nodes.values_mut() {
+            entries.retain(|e| e.pod != pod && now.saturating_duration_since(e.at) < ttl);
+        }
+        self.nodes.retain(|_, e| !e.is_empty());
+        if !units.is_empty() {
+            self.nodes.entry(node.to_string()).or_default().push(Entry { pod: pod.to_string(), units, at: now });
+        }
+    }
+
+    /// What `node` has free once its live assumptions are taken off the
+    /// annotation `g`. Assumptions the annotation already counts (it names
+    /// the pod) or that have expired are dropped.
+    pub fn view(&mut self, node: &str, mut g: NodeGpus, now: Instant, ttl: Duration) -> NodeGpus {
+        let Some(entries) = self.nodes.get_mut(node) else { return g };
+        let counted: std::collections::HashSet<&str> = g.pods.iter().flatten().map(String::as_str).collect();
+        entries.retain(|e| !counted.contains(e.pod.as_str()) && now.saturating_duration_since(e.at) < ttl);
+        for e in entries.iter() {
+            for &u in &e.units {
+                // Best fit, as the plugin's preferred allocation: the GPU
+                // with the least free that holds it. A pod that fits no GPU
+                // any more was bound in a race the plugin refuses at
+                // admission; it takes nothing here.
+                if let Some(gpu) = g.gpus.iter_mut().filter(|x| x.free >= u).min_by_key(|x| x.free) {
+                    gpu.free -= u;
+                }
+            }
+        }
+        if entries.is_empty() {
+            self.nodes.remove(node);
+        }
+        g
+    }
+
+    /// Whether anything is assumed on `node` (only then does [`Assumed::view`]
+    /// need the annotation's pod list).
+    pub fn has(&self, node: &str) -> bool {
+        self.nodes.contains_key(node)
+    }
+
+    /// Live assumptions, over all nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.values().map(Vec::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::annotation::{GpuFree, VERSION};
+
+    const TTL: Duration = Duration::from_secs(120);
+
+    fn gpus(free: &[u32], pods: Option<&[&str]>) -> NodeGpus {
+        NodeGpus {
+            v: VERSION,
+            unit_bytes: 1 << 30,
+            gpus: free.iter().enumerate().map(|(i, &f)| GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units: 16, free: f }).collect(),
+            pods: pods.map(|p| p.iter().map(|s| s.to_string()).collect()),
+        }
+    }
+
+    fn free(g: &NodeGpus) -> Vec<u32> {
+        g.gpus.iter().map(|x| x.free).collect()
+    }
+
+    #[test]
+    fn a_bound_pod_takes_its_units_best_fit_until_the_annotation_names_it() {
+        let t0 = Instant::now();
+        let mut a = Assumed::default();
+        a.assume("n1", "default/p", vec![8], t0, TTL);
+        // Best fit: the GPU with 10 free, not the one with 16.
+        assert_eq!(free(&a.view("n1", gpus(&[16, 10], Some(&[])), t0, TTL)), [16, 2]);
+        // Other nodes are untouched.
+        assert_eq!(free(&a.view("n2", gpus(&[16, 10], Some(&[])), t0, TTL)), [16, 10]);
+        // The annotation counts it: nothing more is taken, and the
+        // assumption is gone for good.
+        assert_eq!(free(&a.view("n1", gpus(&[16, 2], Some(&["default/p"])), t0, TTL)), [16, 2]);
+        assert!(a.is_empty());
+        assert_eq!(free(&a.view("n1", gpus(&[16, 12], Some(&[])), t0, TTL)), [16, 12]);
+    }
+
+    #[test]
+    fn assumptions_expire_and_a_rebind_replaces() {
+        let t0 = Instant::now();
+        let mut a = Assumed::default();
+        a.assume("n1", "default/p", vec![4, 2], t0, TTL);
+        // An annotation without the pod list (an older plugin) keeps it for
+        // its time to live.
+        assert_eq!(free(&a.view("n1", gpus(&[16], None), t0 + TTL / 2, TTL)), [10]);
+        assert_eq!(a.len(), 1);
+        assert_eq!(free(&a.view("n1", gpus(&[16], None), t0 + TTL, TTL)), [16]);
+        assert!(a.is_empty());
+        // Bound again (to another node): one assumption, the last.
+        a.assume("n1", "default/p", vec![4], t0, TTL);
+        a.assume("n2", "default/p", vec![4], t0, TTL);
+        assert_eq!(a.len(), 1);
+        assert_eq!(free(&a.view("n1", gpus(&[16], Some(&[])), t0, TTL)), [16]);
+        assert_eq!(free(&a.view("n2", gpus(&[16], Some(&[])), t0, TTL)), [12]);
+        // A pod that fits no GPU any more takes nothing (and nothing wraps).
+        a.assume("n3", "default/q", vec![9], t0, TTL);
+        assert_eq!(free(&a.view("n3", gpus(&[8, 8], Some(&[])), t0, TTL)), [8, 8]);
+        // Expired ones on other nodes go when anything is assumed.
+        a.assume("n4", "default/r", vec![1], t0 + TTL, TTL);
+        assert_eq!(a.len(), 1);
+    }
+
+    proptest::proptest! {
+        /// Assumptions only take units away, never more than they asked,
+        /// never below zero, and nothing once the annotation names them.
+        #[test]
+        fn a_view_takes_at_most_what_was_assumed(before in proptest::collection::vec(0u32..=16, 1..6), pods in proptest::collection::vec(proptest::collection::vec(1u32..=16, 1..3), 0..6)) {
+            let t0 = Instant::now();
+            let mut a = Assumed::default();
+            for (k, units) in pods.iter().enumerate() {
+                let mut u = units.clone();
+                u.sort_unstable_by(|x, y| y.cmp(x));
+                a.assume("n", &format!("ns/p{k}"), u, t0, TTL);
+            }
+            let after = free(&a.view("n", gpus(&before, Some(&[])), t0, TTL));
+            let taken: u32 = before.iter().zip(&after).map(|(b, a)| b - a).sum();
+            proptest::prop_assert!(before.iter().zip(&after).all(|(b, a)| a <= b));
+            proptest::prop_assert!(taken <= pods.iter().flatten().sum::<u32>());
+            let names: Vec<String> = (0..pods.len()).map(|k| format!("ns/p{k}")).collect();
+            let named: Vec<&str> = names.iter().map(String::as_str).collect();
+            proptest::prop_assert_eq!(free(&a.view("n", gpus(&before, Some(&named)), t0, TTL)), before.clone());
+            proptest::prop_assert!(a.is_empty());
+        }
+    }
+
+    #[test]
+    fn demands_are_kept_for_bind_and_bounded() {
+        let mut a = Assumed::default();
+        a.remember("", &[3]);
+        assert_eq!(a.demand(""), None, "no UID, nothing kept");
+        for i in 0..=DEMANDS {
+            a.remember(&format!("u{i}"), &[i as u32]);
+        }
+        a.remember("u5", &[7]);
+        assert_eq!(a.demand("u0"), None, "the oldest goes first");
+        assert_eq!(a.demand("u5"), Some(vec![7]), "a pod filtered again keeps its place and takes its new demand");
+        assert_eq!(a.demand(&format!("u{DEMANDS}")), Some(vec![DEMANDS as u32]));
+        assert_eq!(a.demands.len(), DEMANDS);
+    }
+}
