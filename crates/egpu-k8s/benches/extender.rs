@@ -31,7 +31,7 @@ fn node(i: usize, rng: &mut rand_chacha::ChaCha8Rng) -> Value {
         .collect();
     // The pods holding units, named as a Deployment names them: ~10 units each.
     let taken: u32 = gpus.iter().map(|g| g.units - g.free).sum();
-    let pods = (0..taken.div_ceil(10)).map(|k| format!("team-{}/inference-{:09x}-{:05x}", k % 7, i * 977 + k as usize, k * 31 + 7)).collect();
+    let pods = (0..taken.div_ceil(10)).map(|k| format!("team-{}/inference-{:09x}-{:05x}", k % 7, i * 977 + k as usize, k * 31 + 7)).map(|name| (name, 10)).collect();
     let ann = NodeGpus { v: VERSION, unit_bytes: 1 << 30, gpus, pods: Some(pods) }.to_json();
     let labels: serde_json::Map<String, Value> = (0..20).map(|k| (format!("example.com/label-{k}"), json!(format!("value-{k}-{i}")))).collect();
     let images: Vec<Value> = (0..30).map(|k| json!({"names": [format!("registry.example.com/team/image-{k}@sha256:{:064x}", k * 7919 + i), format!("registry.example.com/team/image-{k}:v1.{k}")], "sizeBytes": 123_456_789 + k})).collect();

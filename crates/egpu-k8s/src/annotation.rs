@@ -35,13 +35,14 @@ pub struct NodeGpus {
     /// Bytes per unit.
     pub unit_bytes: u64,
     pub gpus: Vec<GpuFree>,
-    /// The pods (`namespace/name`) whose containers hold units here, from
-    /// the same read of the kubelet's list as `free`: a pod named here is
-    /// counted in `free`. The extender's bind drops what it assumed for a
-    /// pod once the pod is named here. Absent (a plugin before this field):
-    /// assumptions last their whole time to live.
+    /// The pods (`namespace/name`) whose containers hold units here, with
+    /// the units they hold, from the same read of the kubelet's list as
+    /// `free`: those units are counted in `free`. The extender's bind drops
+    /// what it assumed for a pod once the pod holds all of it here. Absent
+    /// (a plugin before this field): assumptions last their whole time to
+    /// live.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pods: Option<Vec<String>>,
+    pub pods: Option<std::collections::BTreeMap<String, u32>>,
 }
 
 /// Why a node's annotation cannot be used.
@@ -62,9 +63,8 @@ impl NodeGpus {
     }
 
     /// [`NodeGpus::parse`], skipping the pod list unless `with_pods` (the
-    /// extender needs it only for a node it has bound pods to, and on a
-    /// large cluster reading every node's list costs more than the rest of
-    /// a filter).
+    /// extender needs it only for a node it has bound pods to; skipped, the
+    /// list is scanned but its names are not allocated).
     pub fn parse_with(value: Option<&str>, with_pods: bool) -> Result<NodeGpus, AnnotationError> {
         #[derive(Deserialize)]
         struct Lean {
@@ -111,7 +111,7 @@ mod tests {
             v: VERSION,
             unit_bytes: 1 << 30,
             gpus: vec![GpuFree { index: 0, uuid: "GPU-a".into(), model: "NVIDIA H200".into(), units: 141, free: 20 }],
-            pods: Some(vec!["default/a".into()]),
+            pods: Some([("default/a".to_string(), 20)].into()),
         }
     }
 

@@ -7,11 +7,16 @@
 //! second pod filtered in that window would be told the first pod's GPU
 //! is still free. So when the extender binds a pod (the scheduler's
 //! `bindVerb`), it remembers the pod's units on that node, and every
-//! filter and prioritize takes them off the annotation's free units, best
-//! fit, as the plugin's preferred allocation places them. An assumption
-//! ends when the node's annotation names the pod among those holding units
-//! (then its units are in `free`), or after its time to live (a pod that
-//! failed admission, was deleted, or a plugin too old to name its pods).
+//! filter and prioritize takes them off the annotation's free units: each
+//! container in the pod's order, best fit, ties to the lower GPU UUID, as
+//! the plugin's preferred allocation places them when the kubelet admits
+//! the containers in that order (an approximation: the kubelet admits
+//! several pending pods in its own order). An assumption ends when the
+//! node's annotation says the pod holds all its units there (they are then
+//! in `free`; a pod admitted container by container is still counted whole
+//! until then, on the safe side), or after its time to live (a pod that
+//! failed admission or was deleted, a plugin too old to name its pods, or
+//! an annotation that stayed stale that long).
 //!
 //! Pure: time is passed in, so the rules are tested without waiting.
 
@@ -28,7 +33,7 @@ pub const DEMANDS: usize = 10_000;
 struct Entry {
     /// `namespace/name`, as the annotation names pods.
     pod: String,
-    /// Units per container, largest first.
+    /// Units per container, in the pod's order.
     units: Vec<u32>,
     at: Instant,
 }
@@ -42,7 +47,7 @@ pub struct Assumed {
 }
 
 impl Assumed {
-    /// Keeps a pod's units (per container, largest first) for its bind.
+    /// Keeps a pod's units (per container, in the pod's order) for its bind.
     pub fn remember(&mut self, uid: &str, units: &[u32]) {
         if uid.is_empty() {
             return;
@@ -62,12 +67,12 @@ impl Assumed {
         self.demands.get(uid).cloned()
     }
 
-    /// Records that `pod` (`namespace/name`) was bound to `node` with these
-    /// units; a second bind of the same pod replaces the first. Expired
-    /// assumptions on every node are dropped here too.
+    /// Records that `pod` (`namespace/name`) is being bound to `node` with
+    /// these units; a second bind of the same pod to the same node replaces
+    /// the first. Expired assumptions on every node are dropped here too.
     pub fn assume(&mut self, node: &str, pod: &str, units: Vec<u32>, now: Instant, ttl: Duration) {
-        for entries in self.nodes.values_mut() {
-            entries.retain(|e| e.pod != pod && now.saturating_duration_since(e.at) < ttl);
+        for (n, entries) in self.nodes.iter_mut() {
+            entries.retain(|e| !(n == node && e.pod == pod) && now.saturating_duration_since(e.at) < ttl);
         }
         self.nodes.retain(|_, e| !e.is_empty());
         if !units.is_empty() {
@@ -75,20 +80,31 @@ impl Assumed {
         }
     }
 
+    /// Forgets that `pod` is bound to `node` (the API server refused it).
+    pub fn release(&mut self, node: &str, pod: &str) {
+        if let Some(entries) = self.nodes.get_mut(node) {
+            entries.retain(|e| e.pod != pod);
+            if entries.is_empty() {
+                self.nodes.remove(node);
+            }
+        }
+    }
+
     /// What `node` has free once its live assumptions are taken off the
-    /// annotation `g`. Assumptions the annotation already counts (it names
-    /// the pod) or that have expired are dropped.
+    /// annotation `g`. Assumptions the annotation already counts in full
+    /// (the pod holds all its units there) or that have expired are
+    /// dropped.
     pub fn view(&mut self, node: &str, mut g: NodeGpus, now: Instant, ttl: Duration) -> NodeGpus {
         let Some(entries) = self.nodes.get_mut(node) else { return g };
-        let counted: std::collections::HashSet<&str> = g.pods.iter().flatten().map(String::as_str).collect();
-        entries.retain(|e| !counted.contains(e.pod.as_str()) && now.saturating_duration_since(e.at) < ttl);
+        let held = |pod: &str| g.pods.as_ref().and_then(|p| p.get(pod)).copied().unwrap_or(0);
+        entries.retain(|e| held(&e.pod) < e.units.iter().sum::<u32>() && now.saturating_duration_since(e.at) < ttl);
         for e in entries.iter() {
             for &u in &e.units {
                 // Best fit, as the plugin's preferred allocation: the GPU
-                // with the least free that holds it. A pod that fits no GPU
-                // any more was bound in a race the plugin refuses at
-                // admission; it takes nothing here.
-                if let Some(gpu) = g.gpus.iter_mut().filter(|x| x.free >= u).min_by_key(|x| x.free) {
+                // with the least free that holds it, then the lower UUID. A
+                // pod that fits no GPU any more was bound in a race the
+                // plugin refuses at admission; it takes nothing here.
+                if let Some(gpu) = g.gpus.iter_mut().filter(|x| x.free >= u).min_by(|a, b| a.free.cmp(&b.free).then_with(|| a.uuid.cmp(&b.uuid))) {
                     gpu.free -= u;
                 }
             }
@@ -122,12 +138,13 @@ mod tests {
 
     const TTL: Duration = Duration::from_secs(120);
 
-    fn gpus(free: &[u32], pods: Option<&[&str]>) -> NodeGpus {
+    /// A node's annotation; `pods` names each pod with the units it holds.
+    fn gpus(free: &[u32], pods: Option<&[(&str, u32)]>) -> NodeGpus {
         NodeGpus {
             v: VERSION,
             unit_bytes: 1 << 30,
             gpus: free.iter().enumerate().map(|(i, &f)| GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units: 16, free: f }).collect(),
-            pods: pods.map(|p| p.iter().map(|s| s.to_string()).collect()),
+            pods: pods.map(|p| p.iter().map(|(s, u)| (s.to_string(), *u)).collect()),
         }
     }
 
@@ -146,9 +163,30 @@ mod tests {
         assert_eq!(free(&a.view("n2", gpus(&[16, 10], Some(&[])), t0, TTL)), [16, 10]);
         // The annotation counts it: nothing more is taken, and the
         // assumption is gone for good.
-        assert_eq!(free(&a.view("n1", gpus(&[16, 2], Some(&["default/p"])), t0, TTL)), [16, 2]);
+        assert_eq!(free(&a.view("n1", gpus(&[16, 2], Some(&[("default/p", 8)])), t0, TTL)), [16, 2]);
         assert!(a.is_empty());
         assert_eq!(free(&a.view("n1", gpus(&[16, 12], Some(&[])), t0, TTL)), [16, 12]);
+    }
+
+    #[test]
+    fn containers_go_in_the_pods_order_and_a_half_admitted_pod_counts_whole() {
+        let t0 = Instant::now();
+        let mut a = Assumed::default();
+        // Spec order 4 then 10 on [10, 16]: 4 takes the 10 (best fit), then
+        // 10 the 16, as the kubelet would allocate them: [6, 6], not the
+        // [0, 12] that largest-first gives.
+        a.assume("n1", "default/p", vec![4, 10], t0, TTL);
+        assert_eq!(free(&a.view("n1", gpus(&[10, 16], Some(&[])), t0, TTL)), [6, 6]);
+        // The kubelet has allocated the first container only: the pod is
+        // listed with 4 units, and still counted whole.
+        assert_eq!(free(&a.view("n1", gpus(&[6, 16], Some(&[("default/p", 4)])), t0, TTL)), [2, 6]);
+        assert_eq!(a.len(), 1);
+        // Ties go to the lower UUID, whatever the order in the annotation.
+        let mut g = gpus(&[8, 8], Some(&[]));
+        g.gpus.reverse();
+        a.assume("n2", "default/q", vec![3], t0, TTL);
+        let v = a.view("n2", g, t0, TTL);
+        assert_eq!(v.gpus.iter().map(|x| (x.uuid.as_str(), x.free)).collect::<Vec<_>>(), [("GPU-1", 8), ("GPU-0", 5)]);
     }
 
     #[test]
@@ -162,12 +200,17 @@ mod tests {
         assert_eq!(a.len(), 1);
         assert_eq!(free(&a.view("n1", gpus(&[16], None), t0 + TTL, TTL)), [16]);
         assert!(a.is_empty());
-        // Bound again (to another node): one assumption, the last.
+        // Bound again to the same node: one assumption, the last. A bind to
+        // another node (which the API server refuses) leaves it, and is
+        // released alone.
+        a.assume("n1", "default/p", vec![2], t0, TTL);
         a.assume("n1", "default/p", vec![4], t0, TTL);
         a.assume("n2", "default/p", vec![4], t0, TTL);
-        assert_eq!(a.len(), 1);
-        assert_eq!(free(&a.view("n1", gpus(&[16], Some(&[])), t0, TTL)), [16]);
-        assert_eq!(free(&a.view("n2", gpus(&[16], Some(&[])), t0, TTL)), [12]);
+        assert_eq!(a.len(), 2);
+        a.release("n2", "default/p");
+        assert_eq!(free(&a.view("n1", gpus(&[16], Some(&[])), t0, TTL)), [12]);
+        assert_eq!(free(&a.view("n2", gpus(&[16], Some(&[])), t0, TTL)), [16]);
+        a.release("n1", "default/p");
         // A pod that fits no GPU any more takes nothing (and nothing wraps).
         a.assume("n3", "default/q", vec![9], t0, TTL);
         assert_eq!(free(&a.view("n3", gpus(&[8, 8], Some(&[])), t0, TTL)), [8, 8]);
@@ -184,16 +227,14 @@ mod tests {
             let t0 = Instant::now();
             let mut a = Assumed::default();
             for (k, units) in pods.iter().enumerate() {
-                let mut u = units.clone();
-                u.sort_unstable_by(|x, y| y.cmp(x));
-                a.assume("n", &format!("ns/p{k}"), u, t0, TTL);
+                a.assume("n", &format!("ns/p{k}"), units.clone(), t0, TTL);
             }
             let after = free(&a.view("n", gpus(&before, Some(&[])), t0, TTL));
             let taken: u32 = before.iter().zip(&after).map(|(b, a)| b - a).sum();
             proptest::prop_assert!(before.iter().zip(&after).all(|(b, a)| a <= b));
             proptest::prop_assert!(taken <= pods.iter().flatten().sum::<u32>());
             let names: Vec<String> = (0..pods.len()).map(|k| format!("ns/p{k}")).collect();
-            let named: Vec<&str> = names.iter().map(String::as_str).collect();
+            let named: Vec<(&str, u32)> = names.iter().zip(&pods).map(|(n, u)| (n.as_str(), u.iter().sum())).collect();
             proptest::prop_assert_eq!(free(&a.view("n", gpus(&before, Some(&named)), t0, TTL)), before.clone());
             proptest::prop_assert!(a.is_empty());
         }

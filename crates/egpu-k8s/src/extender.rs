@@ -101,6 +101,9 @@ pub enum RequestError {
 pub struct Demand {
     /// Units per container, largest first.
     pub units: Vec<u32>,
+    /// Units per container, in the pod's order (the kubelet allocates the
+    /// containers in that order).
+    pub in_order: Vec<u32>,
 }
 
 impl Demand {
@@ -142,9 +145,10 @@ impl Demand {
         if !read("initContainers")?.is_empty() {
             return Err(RequestError::InitContainer { resource: resource.into() });
         }
-        let mut units = read("containers")?;
+        let in_order = read("containers")?;
+        let mut units = in_order.clone();
         units.sort_unstable_by(|a, b| b.cmp(a));
-        Ok(Demand { units })
+        Ok(Demand { units, in_order })
     }
 
     /// Whether the containers fit on the GPUs' free units (each container on
@@ -244,8 +248,11 @@ impl std::fmt::Debug for Extender {
 /// How long an assumption lasts when the node's annotation does not name
 /// the pod (see [`crate::assume`]).
 pub const DEFAULT_ASSUME_TTL: Duration = Duration::from_secs(120);
-/// The longest a bind's API call may take.
-const BIND_TIMEOUT: Duration = Duration::from_secs(20);
+/// The longest a bind may take, its API calls together: under the
+/// scheduler's `httpTimeout` for the extender (5 s by default;
+/// `deploy/egpu-scheduler.yaml` sets 10 s), so that the answer, not the
+/// scheduler's timeout, ends the call.
+pub const BIND_DEADLINE: Duration = Duration::from_secs(4);
 
 /// `ExtenderBindingArgs`: the pod and the node the scheduler chose.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -328,10 +335,11 @@ impl Extender {
     async fn bind_inner(&self, a: &BindingArgs, pod: &str) -> Result<Vec<u32>, String> {
         use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod as KPod};
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-        let client = self.api.clone().ok_or("it has no API access (no in-cluster service account and no kubeconfig); remove bindVerb from the scheduler's extender config, or give it access")?;
+        let client = self.api.clone().ok_or("this extender runs with --no-bind; remove bindVerb from the scheduler's extender config, or run it with API access")?;
         if a.pod_name.is_empty() || a.pod_namespace.is_empty() || a.node.is_empty() {
             return Err("the request needs PodName, PodNamespace and Node".into());
         }
+        let deadline = tokio::time::Instant::now() + BIND_DEADLINE;
         let pods: kube::Api<KPod> = kube::Api::namespaced(client, &a.pod_namespace);
         let remembered = self.assumed.lock().expect("assume lock").demand(&a.pod_uid);
         let units = match remembered {
@@ -339,21 +347,33 @@ impl Extender {
             // Not filtered by this process (it restarted, or another
             // replica led): read the pod.
             None => {
-                let p = tokio::time::timeout(BIND_TIMEOUT, pods.get(&a.pod_name)).await.map_err(|_| "reading the pod timed out".to_string())?.map_err(|e| format!("cannot read the pod: {e}"))?;
+                let p = tokio::time::timeout_at(deadline, pods.get(&a.pod_name)).await.map_err(|_| "reading the pod timed out".to_string())?.map_err(|e| format!("cannot read the pod: {e}"))?;
                 let v = serde_json::to_value(&p).map_err(|e| e.to_string())?;
-                Demand::of_pod(&v, &self.resource).map_err(|e| e.to_string())?.units
+                Demand::of_pod(&v, &self.resource).map_err(|e| e.to_string())?.in_order
             }
         };
+        // Assumed before the API call: a filter for the next pod may come
+        // while it is in flight, and a call whose answer is lost (timeout,
+        // broken connection) may still have bound the pod. Only a definite
+        // refusal releases it; otherwise the node's annotation or the time
+        // to live ends it.
+        self.assumed.lock().expect("assume lock").assume(&a.node, pod, units.clone(), Instant::now(), self.assume_ttl);
         let binding = Binding {
             metadata: ObjectMeta { name: Some(a.pod_name.clone()), namespace: Some(a.pod_namespace.clone()), uid: (!a.pod_uid.is_empty()).then(|| a.pod_uid.clone()), ..Default::default() },
             target: ObjectReference { api_version: Some("v1".into()), kind: Some("Node".into()), name: Some(a.node.clone()), ..Default::default() },
         };
-        tokio::time::timeout(BIND_TIMEOUT, pods.create_subresource::<_, Value>("binding", &a.pod_name, &kube::api::PostParams::default(), &binding))
-            .await
-            .map_err(|_| "the API server did not answer in time".to_string())?
-            .map_err(|e| e.to_string())?;
-        self.assumed.lock().expect("assume lock").assume(&a.node, pod, units.clone(), Instant::now(), self.assume_ttl);
-        Ok(units)
+        let posted = tokio::time::timeout_at(deadline, pods.create_subresource::<_, Value>("binding", &a.pod_name, &kube::api::PostParams::default(), &binding)).await;
+        match posted {
+            Ok(Ok(_)) => Ok(units),
+            // An earlier bind to this node whose answer was lost: bound.
+            Ok(Err(kube::Error::Api(st))) if st.code == 409 && st.message.contains(&format!("already assigned to node \"{}\"", a.node)) => Ok(units),
+            Ok(Err(kube::Error::Api(st))) if (400..500).contains(&st.code) => {
+                self.assumed.lock().expect("assume lock").release(&a.node, pod);
+                Err(format!("the API server refused it ({}): {}", st.code, st.message))
+            }
+            Ok(Err(e)) => Err(format!("{e} (its units stay counted on the node until its annotation or --assume-ttl says otherwise)")),
+            Err(_) => Err(format!("the API server did not answer within {} s (its units stay counted on the node until its annotation or --assume-ttl says otherwise)", BIND_DEADLINE.as_secs())),
+        }
     }
 
     /// Live assumptions (bound pods the nodes' annotations do not count yet).
@@ -379,7 +399,7 @@ impl Extender {
         }
         let uid = pod["metadata"]["uid"].as_str().unwrap_or("");
         self.observe(uid, &demand);
-        self.assumed.lock().expect("assume lock").remember(uid, &demand.units);
+        self.assumed.lock().expect("assume lock").remember(uid, &demand.in_order);
         let mut pass = Vec::with_capacity(nodes.items.len());
         for node in nodes.items {
             let name = node_name(&node).to_string();

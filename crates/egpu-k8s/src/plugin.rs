@@ -584,7 +584,10 @@ fn proportional_share(memory: u64, gpu_memory: u64) -> u32 {
 /// held by no container; and the pods that hold units.
 fn node_gpus(inv: &Inventory, devices: &[dp::Device], holders: &[Holder]) -> NodeGpus {
     let held: HashSet<&str> = holders.iter().flat_map(|h| &h.ids).map(String::as_str).collect();
-    let pods: std::collections::BTreeSet<String> = holders.iter().map(|h| format!("{}/{}", h.namespace, h.pod)).collect();
+    let mut pods: std::collections::BTreeMap<String, u32> = std::collections::BTreeMap::new();
+    for h in holders {
+        *pods.entry(format!("{}/{}", h.namespace, h.pod)).or_default() += u32::try_from(h.ids.len()).unwrap_or(u32::MAX);
+    }
     let healthy: HashSet<&str> = devices.iter().filter(|d| d.health == HEALTHY).map(|d| d.id.as_str()).collect();
     let gpus = inv
         .gpus
@@ -598,7 +601,7 @@ fn node_gpus(inv: &Inventory, devices: &[dp::Device], holders: &[Holder]) -> Nod
             GpuFree { index: g.index, uuid: g.uuid.clone(), model: g.model.clone(), units, free: u32::try_from(free).unwrap_or(u32::MAX) }
         })
         .collect();
-    NodeGpus { v: annotation::VERSION, unit_bytes: inv.unit_bytes, gpus, pods: Some(pods.into_iter().collect()) }
+    NodeGpus { v: annotation::VERSION, unit_bytes: inv.unit_bytes, gpus, pods: Some(pods) }
 }
 
 /// The `DevicePlugin` gRPC service. Its `ListAndWatch` streams end when

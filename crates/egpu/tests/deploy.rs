@@ -189,6 +189,9 @@ fn the_scheduler_its_extender_and_the_example_pod_agree() {
     assert_eq!(ext["nodeCacheCapable"], false, "the extender reads Node objects");
     assert_eq!((ext["enableHTTPS"].as_bool(), ext["ignorable"].as_bool()), (Some(false), Some(false)));
     assert_eq!((ext["filterVerb"].as_str(), ext["prioritizeVerb"].as_str(), ext["bindVerb"].as_str()), (Some("filter"), Some("prioritize"), Some("bind")));
+    // Its answer, not the scheduler's timeout, ends a bind.
+    let timeout = humantime::parse_duration(ext["httpTimeout"].as_str().expect("httpTimeout set")).unwrap();
+    assert!(timeout > egpu_k8s::extender::BIND_DEADLINE, "httpTimeout {timeout:?}");
     // It binds with the pod's service account token.
     assert_ne!(spec.automount_service_account_token, Some(false), "the extender binds pods: it needs the service account's token");
     assert!(ext["weight"].as_i64().unwrap() > 0);

@@ -208,6 +208,7 @@ fn post(addr: &str, path: &str, body: &str) -> (u16, String) {
 /// The scheduler extender, started on a free port.
 struct Scheduler(Child, String);
 impl Scheduler {
+    /// Without API access: `--no-bind`.
     fn start() -> Scheduler {
         Scheduler::start_with(None)
     }
@@ -216,9 +217,10 @@ impl Scheduler {
     fn start_with(kubeconfig: Option<&Path>) -> Scheduler {
         use std::io::BufRead;
         let mut cmd = clean("egpu-scheduler");
-        if let Some(k) = kubeconfig {
-            cmd.env("KUBECONFIG", k);
-        }
+        match kubeconfig {
+            Some(k) => cmd.env("KUBECONFIG", k),
+            None => cmd.arg("--no-bind"),
+        };
         let mut child = cmd.args(["--listen", "127.0.0.1:0"]).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
         let mut line = String::new();
         std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
@@ -272,9 +274,11 @@ fn clean(bin: &str) -> Command {
     let path = target_dir().join(bin);
     assert!(path.exists(), "{} is not built: it is egpu-k8s's; run `cargo build --workspace` (scripts/test.sh does)", path.display());
     let mut c = Command::new(path);
-    for v in ["NODE_NAME", "KUBECONFIG", "EGPU_LOG", "EGPU_SOCKET", "KUBERNETES_SERVICE_HOST"] {
+    for v in ["NODE_NAME", "EGPU_LOG", "EGPU_SOCKET", "KUBERNETES_SERVICE_HOST"] {
         c.env_remove(v);
     }
+    // Not the developer's own ~/.kube/config either.
+    c.env("KUBECONFIG", "/nonexistent/egpu-test-kubeconfig");
     c
 }
 
@@ -429,8 +433,9 @@ fn device_plugin_turns_kubelet_allocations_into_slices() {
         assert!(wait_until(WAIT, || free() == Some(vec![6, 16])), "annotation {:?}; plugin log:\n{}", annotation(), plugin_log());
         let a = annotation().unwrap();
         assert_eq!((a.unit_bytes, a.gpus[0].units, a.gpus[1].uuid.as_str()), (1 << 30, 16, u1.as_str()));
-        // It names the pod whose units `free` counts, for the extender's bind.
-        assert_eq!(a.pods, Some(vec!["default/a".to_string()]));
+        // It names the pod whose units `free` counts, and how many it holds,
+        // for the extender's bind.
+        assert_eq!(a.pods, Some([("default/a".to_string(), 10)].into()));
 
         // 4b. The pod's annotations resize its slice live: share, cap, burst.
         let set = |kv: &[(&str, &str)]| {
@@ -559,18 +564,21 @@ fn scheduler_extender_binds_and_counts_a_bound_pod_until_the_node_does() {
         p["metadata"]["uid"] = format!("uid-{name}").into();
         p
     };
-    for (name, units) in [("p1", 8), ("p2", 8), ("p3", 12), ("p4", 11)] {
+    // p1 is stored asking 2, though its filter asks 8: a bind that read
+    // the pod instead of using what its filter saw would assume 2.
+    for (name, units) in [("p1", 2), ("p2", 8), ("p3", 12), ("p4", 11)] {
         api.pods.lock().unwrap().insert(name.into(), pod(name, units));
     }
-    let node = |free: &[u32], pods: &[&str]| {
+    let node_named = |name: &str, free: &[u32], pods: &[(&str, u32)]| {
         let g = egpu_k8s::annotation::NodeGpus {
             v: egpu_k8s::annotation::VERSION,
             unit_bytes: 1 << 30,
             gpus: free.iter().enumerate().map(|(i, &f)| egpu_k8s::annotation::GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units: 16, free: f }).collect(),
-            pods: Some(pods.iter().map(|p| p.to_string()).collect()),
+            pods: Some(pods.iter().map(|(p, u)| (p.to_string(), *u)).collect()),
         };
-        serde_json::json!({"metadata": {"name": "n1", "annotations": {egpu_k8s::annotation::ANNOTATION: g.to_json()}}})
+        serde_json::json!({"metadata": {"name": name, "annotations": {egpu_k8s::annotation::ANNOTATION: g.to_json()}}})
     };
+    let node = |free: &[u32], pods: &[(&str, u32)]| node_named("n1", free, pods);
     let sched = Scheduler::start_with(Some(&kubeconfig));
     let filter = |name: &str, units: u32, n: &serde_json::Value| -> serde_json::Value {
         let (code, body) = post(&sched.1, "/filter", &serde_json::json!({"Pod": pod(name, units), "Nodes": {"items": [n]}}).to_string());
@@ -578,11 +586,12 @@ fn scheduler_extender_binds_and_counts_a_bound_pod_until_the_node_does() {
         serde_json::from_str(&body).unwrap()
     };
     let passes = |r: &serde_json::Value| r["Nodes"]["items"].as_array().unwrap().len() == 1;
-    let bind = |name: &str| -> String {
-        let (code, body) = post(&sched.1, "/bind", &serde_json::json!({"PodName": name, "PodNamespace": "default", "PodUID": format!("uid-{name}"), "Node": "n1"}).to_string());
+    let bind_to = |name: &str, node: &str| -> String {
+        let (code, body) = post(&sched.1, "/bind", &serde_json::json!({"PodName": name, "PodNamespace": "default", "PodUID": format!("uid-{name}"), "Node": node}).to_string());
         assert_eq!(code, 200, "{body}");
         serde_json::from_str::<serde_json::Value>(&body).unwrap()["Error"].as_str().unwrap().to_string()
     };
+    let bind = |name: &str| bind_to(name, "n1");
 
     // p1 (8 units) fits GPU 0's 10 and is bound there, as the scheduler's
     // own binder would: a Binding to the Node, with the pod's UID.
@@ -598,7 +607,7 @@ fn scheduler_extender_binds_and_counts_a_bound_pod_until_the_node_does() {
     assert!(r["FailedNodes"]["n1"].as_str().unwrap().contains("the most free on one GPU is 4"), "{r}");
     // The annotation now counts p1 (and GPU 1 was freed meanwhile): p1's
     // assumption ends, so p3 (12) fits GPU 1.
-    let caught_up = node(&[2, 12], &["default/p1"]);
+    let caught_up = node(&[2, 12], &[("default/p1", 8)]);
     assert!(passes(&filter("p3", 12, &caught_up)));
     // A pod this process never filtered (a restart, another replica): its
     // demand is read from the API server. p4's 11 then take GPU 1, and p3
@@ -606,19 +615,31 @@ fn scheduler_extender_binds_and_counts_a_bound_pod_until_the_node_does() {
     assert_eq!(bind("p4"), "");
     let r = filter("p3", 12, &caught_up);
     assert!(r["FailedNodes"]["n1"].as_str().unwrap().contains("the most free on one GPU is 2"), "{r}");
-    // Failures carry the API server's reason, and assume nothing.
-    let e = bind("p1");
-    assert!(e.contains("already assigned to node"), "{e}");
+    // A repeated bind to the node the pod is on (an answer lost) is bound.
+    assert_eq!(bind("p1"), "");
+    // A refusal carries the API server's reason, and assumes nothing: the
+    // pod's 8 units are not held on n2.
+    let e = bind_to("p1", "n2");
+    assert!(e.contains("refused it (409)") && e.contains("already assigned to node"), "{e}");
+    assert!(passes(&{
+        let (_, body) = post(&sched.1, "/filter", &serde_json::json!({"Pod": pod("p2", 8), "Nodes": {"items": [node_named("n2", &[8], &[])]}}).to_string());
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()
+    }));
     let e = bind("nope");
     assert!(e.contains("cannot read the pod") && e.contains("not found"), "{e}");
     let (code, body) = post(&sched.1, "/bind", r#"{"PodName": 3}"#);
     assert_eq!(code, 400);
     assert!(body.contains("not an ExtenderBindingArgs JSON body"), "{body}");
     assert_eq!(api.bindings.lock().unwrap().len(), 2, "p1 and p4");
-    // Without API access it says so, and what to do.
+    // With --no-bind it says so, and what to do.
     let offline = Scheduler::start();
     let (_, body) = post(&offline.1, "/bind", &serde_json::json!({"PodName": "p2", "PodNamespace": "default", "PodUID": "uid-p2", "Node": "n1"}).to_string());
-    assert!(body.contains("no API access") && body.contains("bindVerb"), "{body}");
+    assert!(body.contains("--no-bind") && body.contains("bindVerb"), "{body}");
+    // Without API access and without --no-bind it does not start.
+    let o = clean("egpu-scheduler").args(["--listen", "127.0.0.1:0"]).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("no API access") && err.contains("--no-bind"), "{err}");
 }
 
 /// When the kubelet has just restarted, its list may be incomplete: a slice
@@ -728,6 +749,7 @@ fn kubernetes_binaries_refuse_bad_flags_with_the_reason() {
         ("egpu-scheduler", &["--listen", "localhost"][..], "invalid value 'localhost' for '--listen"),
         ("egpu-scheduler", &["--log", "x=["][..], "give a level"),
         ("egpu-scheduler", &["--assume-ttl", "0s"][..], "must be more than 0"),
+        ("egpu-scheduler", &["--listen", "0.0.0.0:0"][..], "not a loopback address"),
     ] {
         let (code, err) = run(bin, args);
         assert_eq!(code, Some(2), "{bin} {args:?}: {err}");

@@ -13,7 +13,10 @@ use std::sync::Arc;
 #[derive(Debug, Parser)]
 #[command(name = "egpu-scheduler", version, about = "kube-scheduler extender: per-GPU fit and eGPU's placement policy for egpu.io/gpu-memory pods")]
 struct Args {
-    /// Address to serve the extender's HTTP API on (filter, prioritize, healthz).
+    /// Address to serve the extender's HTTP API on (filter, prioritize,
+    /// bind, healthz). `bind` has no authentication and binds pods with this
+    /// process's credentials, so with binding on the address must be a
+    /// loopback one (beside kube-scheduler, in its pod).
     #[arg(long, default_value = "127.0.0.1:8888")]
     listen: SocketAddr,
     /// The extended resource the device plugin advertises.
@@ -24,6 +27,10 @@ struct Args {
     /// went, or an older device plugin).
     #[arg(long, default_value = "2m", value_parser = positive_duration)]
     assume_ttl: std::time::Duration,
+    /// Do not bind (for a scheduler configured without bindVerb): no API
+    /// access is needed, and `bind` answers that it is off.
+    #[arg(long)]
+    no_bind: bool,
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, env = "EGPU_LOG", default_value = "info", value_parser = egpu_node::logging::log_filter)]
     log: String,
@@ -47,18 +54,28 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if !a.no_bind && !a.listen.ip().is_loopback() {
+        eprintln!(
+            "egpu-scheduler: --listen {} is not a loopback address, and /bind has no authentication: it binds pods with this process's credentials. Listen on 127.0.0.1 beside kube-scheduler (deploy/egpu-scheduler.yaml), or pass --no-bind and leave bindVerb out of the scheduler's config",
+            a.listen
+        );
+        return ExitCode::from(2);
+    }
     let result = rt.block_on(async {
+        // The API is needed only to bind (the scheduler's bindVerb).
+        let api = if a.no_bind {
+            None
+        } else {
+            Some(kube::Client::try_default().await.map_err(|e| format!("no API access to bind pods with ({e}): run it with a service account or KUBECONFIG, or pass --no-bind and leave bindVerb out of the scheduler's config"))?)
+        };
         let listener = tokio::net::TcpListener::bind(a.listen).await.map_err(|e| format!("cannot listen on {}: {e}", a.listen))?;
         // The bound address (a :0 port resolved), for whoever started us.
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         println!("{{\"event\":\"listening\",\"addr\":\"{addr}\"}}");
         tracing::info!("extender for {} on http://{addr}", a.resource);
         let mut ext = Extender::new(&a.resource).with_assume_ttl(a.assume_ttl);
-        // The API is needed only to bind (the scheduler's bindVerb); the
-        // other verbs work without it.
-        match kube::Client::try_default().await {
-            Ok(c) => ext = ext.with_api(c),
-            Err(e) => tracing::warn!("no API access ({e}): filter and prioritize work, bind answers that it cannot"),
+        if let Some(c) = api {
+            ext = ext.with_api(c);
         }
         axum::serve(listener, router(Arc::new(ext)))
             .with_graceful_shutdown(egpu_node::agent::shutdown_signal())
