@@ -72,8 +72,9 @@ pub struct PluginConfig {
     /// container is also given `<kind>=<GPU index>`, the GPU itself, beside
     /// the slice. `None` on a simulated node.
     pub gpu_cdi_kind: Option<String>,
-    /// How often this node's pods are listed for their `egpu.io/`
-    /// annotations (with `--node-name`).
+    /// With `--node-name`, this node's pods are followed (a list, then a
+    /// watch) for their `egpu.io/` annotations; after a failed list or
+    /// watch, they are listed again this much later.
     pub pod_poll: Duration,
 }
 
@@ -454,30 +455,115 @@ impl Shared {
         }
     }
 
-    /// Lists this node's pods and keeps their `egpu.io/` annotations.
-    pub async fn list_pods(&self) {
-        let Some(p) = &self.publisher else { return };
+    /// Lists this node's pods and keeps their `egpu.io/` annotations;
+    /// returns the list's resource version, for the watch.
+    async fn list_pods(&self, p: &Publisher) -> Option<String> {
         let lp = kube::api::ListParams::default().fields(&format!("spec.nodeName={}", p.node));
         match tokio::time::timeout(PUBLISH_TIMEOUT, p.pods.list(&lp)).await {
             Ok(Ok(list)) => {
-                let map = list
-                    .items
-                    .into_iter()
-                    .map(|pod| {
-                        let ns = pod.metadata.namespace.unwrap_or_default();
-                        let name = pod.metadata.name.unwrap_or_default();
-                        let ann = pod.metadata.annotations.unwrap_or_default().into_iter().filter(|(k, _)| k.starts_with("egpu.io/")).collect();
-                        ((ns, name), ann)
-                    })
-                    .collect();
+                let map = list.items.into_iter().filter_map(Self::pod_entry).collect();
                 *self.pod_annotations.lock().expect("pods lock") = Some(map);
+                Some(list.metadata.resource_version.unwrap_or_default())
             }
-            Ok(Err(e)) => tracing::warn!("cannot list this node's pods ({e}); their egpu.io annotations are not applied until it can"),
-            Err(_) => tracing::warn!("listing this node's pods took over {PUBLISH_TIMEOUT:?}; retrying"),
+            Ok(Err(e)) => {
+                tracing::warn!("cannot list this node's pods ({e}); their egpu.io annotations are not applied until it can");
+                None
+            }
+            Err(_) => {
+                tracing::warn!("listing this node's pods took over {PUBLISH_TIMEOUT:?}; retrying");
+                None
+            }
         }
     }
 
-    /// Makes (or finds) the slice of one container's tokens.
+    /// Follows this node's pods' `egpu.io/` annotations, as the kubelet
+    /// follows its pods: a LIST, then a WATCH from its resource version, so
+    /// that an annotation applies at the next refresh and the API server is
+    /// not asked for every node's pods every few seconds. A watch the server
+    /// ends (its timeout) resumes from the last version seen; one it expired
+    /// (410 Gone) lists again at once; a failure lists again after
+    /// `pod_poll`. Runs until the task is dropped.
+    pub async fn follow_pods(&self) {
+        use kube::api::{WatchEvent, WatchParams};
+        use tokio_stream::StreamExt;
+        let Some(p) = &self.publisher else { return };
+        let wp = WatchParams::default().fields(&format!("spec.nodeName={}", p.node)).timeout(290);
+        loop {
+            let Some(mut version) = self.list_pods(p).await else {
+                tokio::time::sleep(self.cfg.pod_poll).await;
+                continue;
+            };
+            let relist_now = loop {
+                let started = tokio::time::Instant::now();
+                let stream = match p.pods.watch(&wp, &version).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        tracing::warn!("cannot watch this node's pods ({e}); listing them again in {:?}", self.cfg.pod_poll);
+                        break false;
+                    }
+                };
+                let mut stream = std::pin::pin!(stream);
+                let mut events = 0u64;
+                let mut end = None;
+                while let Some(ev) = stream.next().await {
+                    events += 1;
+                    let pod = match ev {
+                        Ok(WatchEvent::Added(pod) | WatchEvent::Modified(pod)) => Some((pod, true)),
+                        Ok(WatchEvent::Deleted(pod)) => Some((pod, false)),
+                        Ok(WatchEvent::Bookmark(b)) => {
+                            version = b.metadata.resource_version;
+                            None
+                        }
+                        Ok(WatchEvent::Error(st)) => {
+                            if st.code != 410 {
+                                tracing::warn!("the watch of this node's pods failed ({}: {}); listing them again", st.code, st.message);
+                            }
+                            end = Some(st.code == 410);
+                            break;
+                        }
+                        Err(e) => {
+                            tracing::warn!("the watch of this node's pods broke ({e}); listing them again in {:?}", self.cfg.pod_poll);
+                            end = Some(false);
+                            break;
+                        }
+                    };
+                    let Some((pod, present)) = pod else { continue };
+                    if let Some(v) = pod.metadata.resource_version.clone() {
+                        version = v;
+                    }
+                    let Some((key, ann)) = Self::pod_entry(pod) else { continue };
+                    if let Some(map) = self.pod_annotations.lock().expect("pods lock").as_mut() {
+                        if present {
+                            map.insert(key, ann);
+                        } else {
+                            map.remove(&key);
+                        }
+                    }
+                }
+                if let Some(now) = end {
+                    break now;
+                }
+                // Ended by the server: resume from the last version, but not
+                // in a tight loop if it ends every watch at once.
+                if events == 0 && started.elapsed() < self.cfg.pod_poll {
+                    tokio::time::sleep(self.cfg.pod_poll).await;
+                }
+            };
+            if !relist_now {
+                tokio::time::sleep(self.cfg.pod_poll).await;
+            }
+        }
+    }
+
+    /// A pod's key and its `egpu.io/` annotations (`None` without a name).
+fn pod_entry(pod: k8s_openapi::api::core::v1::Pod) -> Option<((String, String), std::collections::BTreeMap<String, String>)> {
+    let ns = pod.metadata.namespace.unwrap_or_default();
+    let name = pod.metadata.name?;
+    let ann = pod.metadata.annotations.unwrap_or_default().into_iter().filter(|(k, _)| k.starts_with("egpu.io/")).collect();
+    Some(((ns, name), ann))
+}
+
+/// Makes (or finds) the slice of one container's tokens.
     async fn allocate_one(&self, ids: &[String]) -> Result<dp::ContainerAllocateResponse, Status> {
         let _allocating = self.alloc_lock.lock().await;
         let inv = self.snapshot.lock().expect("snapshot lock").inventory.clone();
@@ -697,14 +783,7 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl std::future::Future<Output 
     shared.refresh().await;
     let pod_lister = shared.publisher.is_some().then(|| {
         let shared = shared.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(shared.cfg.pod_poll);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                shared.list_pods().await;
-            }
-        })
+        tokio::spawn(async move { shared.follow_pods().await })
     });
     let refresher = {
         let shared = shared.clone();

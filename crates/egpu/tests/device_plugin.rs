@@ -93,6 +93,40 @@ struct ApiServer {
     pods: Arc<Mutex<serde_json::Map<String, serde_json::Value>>>,
     /// Bindings created, as posted.
     bindings: Arc<Mutex<Vec<serde_json::Value>>>,
+    /// Lists of the node's pods served (watches not counted).
+    pod_lists: Arc<Mutex<u32>>,
+    /// The version of the pod `default/a`, bumped by each change of its
+    /// annotations; watches of the node's pods send each change.
+    pod_version: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Watches from a version below this get `410 Gone` (history compacted).
+    gone_below: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl ApiServer {
+    /// Sets the annotations of `default/a` (a new version, sent to watches).
+    fn set_pod_annotations(&self, kv: &[(&str, &str)]) {
+        let mut a = self.pod_annotations.lock().unwrap();
+        a.clear();
+        for (k, v) in kv {
+            a.insert(k.to_string(), serde_json::Value::from(*v));
+        }
+        drop(a);
+        self.pod_version.send_modify(|v| *v += 1);
+    }
+
+    /// Compacts the history: open watches and watches from an older
+    /// version get `410 Gone`, as the API server answers them.
+    fn expire_watches(&self) {
+        self.gone_below.store(*self.pod_version.borrow() + 1, std::sync::atomic::Ordering::SeqCst);
+        self.pod_version.send_modify(|v| *v += 1);
+    }
+
+    /// `default/a` as it is now.
+    fn pod_a(&self) -> serde_json::Value {
+        serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "a", "namespace": "default", "resourceVersion": self.pod_version.borrow().to_string(), "annotations": *self.pod_annotations.lock().unwrap()},
+            "spec": {"nodeName": "n1", "containers": []}})
+    }
 }
 
 /// A `Status` failure as the API server writes it.
@@ -143,13 +177,33 @@ async fn bind_pod(
 
 async fn list_pods(axum::extract::State(api): axum::extract::State<ApiServer>, axum::extract::RawQuery(q): axum::extract::RawQuery) -> axum::response::Response {
     use axum::response::IntoResponse;
+    use tokio_stream::StreamExt;
     let q = q.unwrap_or_default();
     if !q.contains("fieldSelector=spec.nodeName%3Dn1") {
         return (axum::http::StatusCode::BAD_REQUEST, format!("want this node's pods only, got ?{q}")).into_response();
     }
-    let pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "a", "namespace": "default", "annotations": *api.pod_annotations.lock().unwrap()}, "spec": {"nodeName": "n1", "containers": []}});
-    axum::Json(serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": [pod]})).into_response()
+    if q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1") {
+        // A watch: one MODIFIED event (a line of JSON) per change after the
+        // version it starts from, as the API server streams them.
+        let from: u64 = q.split('&').find_map(|kv| kv.strip_prefix("resourceVersion=")).and_then(|v| v.parse().ok()).unwrap_or(0);
+        let rx = api.pod_version.subscribe();
+        let missed = (*rx.borrow() > from).then(|| api.pod_a());
+        let api2 = api.clone();
+        let changes = tokio_stream::wrappers::WatchStream::from_changes(rx).map(move |_| api2.pod_a());
+        let gone = api.gone_below.clone();
+        let events = tokio_stream::iter(missed).chain(changes).map(move |pod| {
+            let event = if gone.load(std::sync::atomic::Ordering::SeqCst) > from {
+                serde_json::json!({"type": "ERROR", "object": {"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "Expired", "code": 410, "message": format!("too old resource version: {from}")}})
+            } else {
+                serde_json::json!({"type": "MODIFIED", "object": pod})
+            };
+            Ok::<_, std::convert::Infallible>(format!("{event}\n"))
+        });
+        return axum::body::Body::from_stream(events).into_response();
+    }
+    *api.pod_lists.lock().unwrap() += 1;
+    let version = api.pod_version.borrow().to_string();
+    axum::Json(serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": version}, "items": [api.pod_a()]})).into_response()
 }
 
 async fn patch_node(
@@ -438,13 +492,7 @@ fn device_plugin_turns_kubelet_allocations_into_slices() {
         assert_eq!(a.pods, Some([("default/a".to_string(), 10)].into()));
 
         // 4b. The pod's annotations resize its slice live: share, cap, burst.
-        let set = |kv: &[(&str, &str)]| {
-            let mut a = api.pod_annotations.lock().unwrap();
-            a.clear();
-            for (k, v) in kv {
-                a.insert(k.to_string(), serde_json::Value::from(*v));
-            }
-        };
+        let set = |kv: &[(&str, &str)]| api.set_pod_annotations(kv);
         let dev = |node: &Node| node.slice(&slice)["devices"][0].clone();
         let is = |d: &serde_json::Value, share: f64, limit: f64, burst: u64| {
             d["compute_share_percent"] == share && d["compute_limit_percent"] == limit && d["memory_burst_bytes"] == burst
@@ -460,6 +508,17 @@ fn device_plugin_turns_kubelet_allocations_into_slices() {
         // Gone: the defaults come back.
         set(&[]);
         assert!(wait_until(WAIT, || is(&dev(&node), 62.5, 100.0, 0)), "{}", dev(&node));
+        // Every change came by the watch: the pods were listed once.
+        assert_eq!(*api.pod_lists.lock().unwrap(), 1, "plugin log:\n{}", plugin_log());
+        // The server expires the watch (410 Gone): the plugin lists again
+        // once and follows the next change by its new watch.
+        api.expire_watches();
+        assert!(wait_until(WAIT, || *api.pod_lists.lock().unwrap() == 2), "plugin log:\n{}", plugin_log());
+        set(&[("egpu.io/gpu-compute", "25%")]);
+        assert!(wait_until(WAIT, || is(&dev(&node), 25.0, 100.0, 0)), "{}", dev(&node));
+        set(&[]);
+        assert!(wait_until(WAIT, || is(&dev(&node), 62.5, 100.0, 0)), "{}", dev(&node));
+        assert_eq!(*api.pod_lists.lock().unwrap(), 2, "plugin log:\n{}", plugin_log());
 
         // 5. Tokens on two GPUs are refused with the reason, and make no slice.
         let spread = vec![tok(&u0, 12), tok(&u1, 0)];

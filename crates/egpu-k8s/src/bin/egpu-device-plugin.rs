@@ -44,8 +44,9 @@ struct Args {
     /// service account or KUBECONFIG) allowed to patch the Node.
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
-    /// With --node-name: how often this node's pods are listed for the annotations that resize their slices
-    /// live (egpu.io/gpu-compute, egpu.io/gpu-compute-limit, egpu.io/gpu-memory-burst).
+    /// With --node-name, this node's pods are followed (a list, then a watch) for the annotations that resize
+    /// their slices live (egpu.io/gpu-compute, egpu.io/gpu-compute-limit, egpu.io/gpu-memory-burst); after a
+    /// failed list or watch they are listed again this much later.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pod_poll: Duration,
     /// Log filter (tracing's EnvFilter syntax).
