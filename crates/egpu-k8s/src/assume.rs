@@ -80,6 +80,16 @@ impl Assumed {
         }
     }
 
+    /// [`Assumed::assume`], unless `pod` is already assumed on `node` (a
+    /// resync must not restart an assumption's time to live).
+    pub fn assume_if_absent(&mut self, node: &str, pod: &str, units: Vec<u32>, now: Instant, ttl: Duration) -> bool {
+        if self.nodes.get(node).is_some_and(|e| e.iter().any(|e| e.pod == pod)) {
+            return false;
+        }
+        self.assume(node, pod, units, now, ttl);
+        true
+    }
+
     /// Forgets that `pod` is bound to `node` (the API server refused it).
     pub fn release(&mut self, node: &str, pod: &str) {
         if let Some(entries) = self.nodes.get_mut(node) {
@@ -211,6 +221,11 @@ mod tests {
         assert_eq!(free(&a.view("n1", gpus(&[16], Some(&[])), t0, TTL)), [12]);
         assert_eq!(free(&a.view("n2", gpus(&[16], Some(&[])), t0, TTL)), [16]);
         a.release("n1", "default/p");
+        // A resync adds what is missing and leaves the rest as it is.
+        assert!(a.assume_if_absent("n1", "default/p", vec![3], t0, TTL));
+        assert!(!a.assume_if_absent("n1", "default/p", vec![5], t0 + TTL / 2, TTL));
+        assert_eq!(free(&a.view("n1", gpus(&[16], Some(&[])), t0 + TTL / 2, TTL)), [13]);
+        assert_eq!(free(&a.view("n1", gpus(&[16], Some(&[])), t0 + TTL, TTL)), [16], "its time to live was not restarted");
         // A pod that fits no GPU any more takes nothing (and nothing wraps).
         a.assume("n3", "default/q", vec![9], t0, TTL);
         assert_eq!(free(&a.view("n3", gpus(&[8, 8], Some(&[])), t0, TTL)), [8, 8]);

@@ -245,6 +245,9 @@ impl std::fmt::Debug for Extender {
     }
 }
 
+/// How often the extender looks for bound, pending pods it has not assumed
+/// ([`Extender::resync`]).
+pub const RESYNC_EVERY: Duration = Duration::from_secs(30);
 /// How long an assumption lasts when the node's annotation does not name
 /// the pod (see [`crate::assume`]).
 pub const DEFAULT_ASSUME_TTL: Duration = Duration::from_secs(120);
@@ -374,6 +377,30 @@ impl Extender {
             Ok(Err(e)) => Err(format!("{e} (its units stay counted on the node until its annotation or --assume-ttl says otherwise)")),
             Err(_) => Err(format!("the API server did not answer within {} s (its units stay counted on the node until its annotation or --assume-ttl says otherwise)", BIND_DEADLINE.as_secs())),
         }
+    }
+
+    /// Assumes the units of every pod that is bound to a node but still
+    /// `Pending` and asks for the resource, where nothing is assumed for it
+    /// yet: what a restarted extender, or a new leader's, did not see bind
+    /// (and pods another scheduler bound). Those the nodes' annotations
+    /// already count are dropped at the next look at their node. Returns
+    /// how many it added.
+    pub async fn resync(&self) -> Result<usize, String> {
+        use k8s_openapi::api::core::v1::Pod as KPod;
+        let client = self.api.clone().ok_or("no API access")?;
+        let pods: kube::Api<KPod> = kube::Api::all(client);
+        let lp = kube::api::ListParams::default().fields("status.phase=Pending,spec.nodeName!=");
+        let list = tokio::time::timeout(BIND_DEADLINE, pods.list(&lp)).await.map_err(|_| "listing the pending pods timed out".to_string())?.map_err(|e| e.to_string())?;
+        let mut added = 0;
+        for p in list.items {
+            let (Some(ns), Some(name), Some(node)) = (p.metadata.namespace.clone(), p.metadata.name.clone(), p.spec.as_ref().and_then(|s| s.node_name.clone())) else { continue };
+            let Ok(v) = serde_json::to_value(&p) else { continue };
+            let Ok(d) = Demand::of_pod(&v, &self.resource) else { continue };
+            if !d.in_order.is_empty() && self.assumed.lock().expect("assume lock").assume_if_absent(&node, &format!("{ns}/{name}"), d.in_order, Instant::now(), self.assume_ttl) {
+                added += 1;
+            }
+        }
+        Ok(added)
     }
 
     /// Live assumptions (bound pods the nodes' annotations do not count yet).

@@ -179,6 +179,11 @@ async fn list_pods(axum::extract::State(api): axum::extract::State<ApiServer>, a
     use axum::response::IntoResponse;
     use tokio_stream::StreamExt;
     let q = q.unwrap_or_default();
+    // The extender's resync: every bound pod still pending, cluster-wide.
+    if q.contains("fieldSelector=status.phase%3DPending%2Cspec.nodeName%21%3D") {
+        let items: Vec<serde_json::Value> = api.pods.lock().unwrap().values().filter(|p| p["spec"]["nodeName"].is_string()).cloned().collect();
+        return axum::Json(serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": items})).into_response();
+    }
     if !q.contains("fieldSelector=spec.nodeName%3Dn1") {
         return (axum::http::StatusCode::BAD_REQUEST, format!("want this node's pods only, got ?{q}")).into_response();
     }
@@ -690,6 +695,18 @@ fn scheduler_extender_binds_and_counts_a_bound_pod_until_the_node_does() {
     assert_eq!(code, 400);
     assert!(body.contains("not an ExtenderBindingArgs JSON body"), "{body}");
     assert_eq!(api.bindings.lock().unwrap().len(), 2, "p1 and p4");
+    // A restarted extender (or a new leader's) counts the pods bound before
+    // it that are still pending, before it answers: p1 (2 units, as the
+    // API server has it) and p4 (11) on n1 leave at most 5 on one GPU.
+    let restarted = Scheduler::start_with(Some(&kubeconfig));
+    let on = |sched: &Scheduler, units: u32, n: &serde_json::Value| -> serde_json::Value {
+        let (_, body) = post(&sched.1, "/filter", &serde_json::json!({"Pod": pod("p3", units), "Nodes": {"items": [n]}}).to_string());
+        serde_json::from_str(&body).unwrap()
+    };
+    let r = on(&restarted, 12, &node(&[16, 4], &[]));
+    assert!(r["FailedNodes"]["n1"].as_str().unwrap_or_default().contains("the most free on one GPU is 5"), "{r}");
+    // Counted by the node: dropped.
+    assert!(passes(&on(&restarted, 12, &node(&[16, 4], &[("default/p1", 2), ("default/p4", 11)]))));
     // With --no-bind it says so, and what to do.
     let offline = Scheduler::start();
     let (_, body) = post(&offline.1, "/bind", &serde_json::json!({"PodName": "p2", "PodNamespace": "default", "PodUID": "uid-p2", "Node": "n1"}).to_string());

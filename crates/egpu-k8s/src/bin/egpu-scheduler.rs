@@ -4,7 +4,7 @@
 //! their units until the nodes' annotations count them.
 
 use clap::Parser;
-use egpu_k8s::extender::{Extender, router};
+use egpu_k8s::extender::{Extender, RESYNC_EVERY, router};
 use egpu_k8s::plugin::DEFAULT_RESOURCE;
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -68,16 +68,36 @@ fn main() -> ExitCode {
         } else {
             Some(kube::Client::try_default().await.map_err(|e| format!("no API access to bind pods with ({e}): run it with a service account or KUBECONFIG, or pass --no-bind and leave bindVerb out of the scheduler's config"))?)
         };
+        let mut ext = Extender::new(&a.resource).with_assume_ttl(a.assume_ttl);
+        if let Some(c) = api {
+            ext = ext.with_api(c);
+        }
+        let ext = Arc::new(ext);
+        if !a.no_bind {
+            // Pods bound before this process (a restart, a new leader) are
+            // counted before it answers anything, and looked for again
+            // every RESYNC_EVERY.
+            match ext.resync().await {
+                Ok(n) => tracing::info!("assumed {n} bound, pending pods at start"),
+                Err(e) => tracing::warn!("cannot list the bound, pending pods ({e}); trying again in {RESYNC_EVERY:?}"),
+            }
+            let ext = ext.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + RESYNC_EVERY, RESYNC_EVERY);
+                loop {
+                    tick.tick().await;
+                    if let Err(e) = ext.resync().await {
+                        tracing::warn!("cannot list the bound, pending pods ({e})");
+                    }
+                }
+            });
+        }
         let listener = tokio::net::TcpListener::bind(a.listen).await.map_err(|e| format!("cannot listen on {}: {e}", a.listen))?;
         // The bound address (a :0 port resolved), for whoever started us.
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         println!("{{\"event\":\"listening\",\"addr\":\"{addr}\"}}");
         tracing::info!("extender for {} on http://{addr}", a.resource);
-        let mut ext = Extender::new(&a.resource).with_assume_ttl(a.assume_ttl);
-        if let Some(c) = api {
-            ext = ext.with_api(c);
-        }
-        axum::serve(listener, router(Arc::new(ext)))
+        axum::serve(listener, router(ext))
             .with_graceful_shutdown(egpu_node::agent::shutdown_signal())
             .await
             .map_err(|e| e.to_string())
