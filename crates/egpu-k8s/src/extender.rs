@@ -30,8 +30,8 @@ use egpu_place::policy::EgpuPolicy;
 use egpu_place::{Cluster, NodeSpec, Placement, Pod, Qos, TargetWorkload, TypeSet};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use std::collections::{BTreeMap, VecDeque};
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 /// How many recent pods' shapes the fragmentation target is taken from.
@@ -86,7 +86,7 @@ pub struct HostPriority {
 pub enum RequestError {
     #[error("the request has no Pod")]
     NoPod,
-    #[error("the request has no Nodes: configure this extender with nodeCacheCapable: false, so that the scheduler sends Node objects (their egpu.io/gpus annotation is what it reads)")]
+    #[error("the request has no Nodes, and this extender keeps no node cache (it runs with --no-bind, without API access): configure it with nodeCacheCapable: false, so that the scheduler sends Node objects (their egpu.io/gpus annotation is what it reads), or run it with API access")]
     NoNodes,
     #[error("container '{container}' asks for {resource}: '{value}', which is not a whole number of units")]
     BadQuantity { container: String, resource: String, value: String },
@@ -237,6 +237,61 @@ pub struct Extender {
     assumed: Mutex<Assumed>,
     assume_ttl: Duration,
     api: Option<kube::Client>,
+    nodes: Option<Arc<NodeCache>>,
+}
+
+/// The eGPU nodes' `egpu.io/gpus` annotations, followed from the API server
+/// (metadata only), for a scheduler that sends node names
+/// (`nodeCacheCapable: true`) instead of whole Node objects.
+#[derive(Debug, Default)]
+pub struct NodeCache {
+    /// The label selector followed, for the reason a node is unknown.
+    selector: String,
+    annotations: RwLock<HashMap<String, Option<String>>>,
+}
+
+impl NodeCache {
+    /// An empty cache of the nodes `selector` (a label selector) picks.
+    pub fn new(selector: &str) -> NodeCache {
+        NodeCache { selector: selector.into(), annotations: RwLock::default() }
+    }
+
+    /// The whole set, from a list.
+    pub fn replace(&self, nodes: Vec<kube::api::ObjectMeta>) {
+        let map = nodes.into_iter().filter_map(|m| Some((m.name.clone()?, annotation_of(&m)))).collect();
+        *self.annotations.write().expect("node cache lock") = map;
+    }
+
+    /// One node changed (`present` false: deleted, or no longer selected).
+    pub fn update(&self, node: kube::api::ObjectMeta, present: bool) {
+        let Some(name) = node.name.clone() else { return };
+        let mut map = self.annotations.write().expect("node cache lock");
+        if present {
+            map.insert(name, annotation_of(&node));
+        } else {
+            map.remove(&name);
+        }
+    }
+
+    /// Nodes known.
+    pub fn len(&self) -> usize {
+        self.annotations.read().expect("node cache lock").len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn annotation_of(m: &kube::api::ObjectMeta) -> Option<String> {
+    m.annotations.as_ref().and_then(|a| a.get(crate::annotation::ANNOTATION)).cloned()
+}
+
+/// The candidate nodes of a request: Node objects as sent, or names looked
+/// up in the node cache.
+enum Candidates {
+    Objects(Vec<Value>),
+    Names(Vec<String>),
 }
 
 impl std::fmt::Debug for Extender {
@@ -248,6 +303,8 @@ impl std::fmt::Debug for Extender {
 /// How often the extender looks for bound, pending pods it has not assumed
 /// ([`Extender::resync`]).
 pub const RESYNC_EVERY: Duration = Duration::from_secs(30);
+/// The longest one resync's list may take.
+const RESYNC_DEADLINE: Duration = Duration::from_secs(20);
 /// How long an assumption lasts when the node's annotation does not name
 /// the pod (see [`crate::assume`]).
 pub const DEFAULT_ASSUME_TTL: Duration = Duration::from_secs(120);
@@ -287,12 +344,19 @@ struct Recent {
 
 impl Extender {
     pub fn new(resource: &str) -> Extender {
-        Extender { resource: resource.into(), recent: Mutex::new(Recent::default()), assumed: Mutex::new(Assumed::default()), assume_ttl: DEFAULT_ASSUME_TTL, api: None }
+        Extender { resource: resource.into(), recent: Mutex::new(Recent::default()), assumed: Mutex::new(Assumed::default()), assume_ttl: DEFAULT_ASSUME_TTL, api: None, nodes: None }
     }
 
     /// With API access, `bind` binds pods (else it answers why it cannot).
     pub fn with_api(mut self, client: kube::Client) -> Extender {
         self.api = Some(client);
+        self
+    }
+
+    /// With a node cache, requests may name nodes instead of sending them
+    /// (`nodeCacheCapable: true`).
+    pub fn with_node_cache(mut self, cache: Arc<NodeCache>) -> Extender {
+        self.nodes = Some(cache);
         self
     }
 
@@ -305,9 +369,7 @@ impl Extender {
 
     /// The node's annotation less what this extender bound there that the
     /// annotation does not count yet.
-    fn free_on(&self, node: &Value) -> Result<NodeGpus, AnnotationError> {
-        let name = node_name(node);
-        let value = node["metadata"]["annotations"][crate::annotation::ANNOTATION].as_str();
+    fn free_from(&self, name: &str, value: Option<&str>) -> Result<NodeGpus, AnnotationError> {
         // The pod list only where something is assumed: an assumption made
         // between these two locks and read without the list is kept (and
         // counted) until the next request, which errs on the safe side.
@@ -315,6 +377,43 @@ impl Extender {
         let g = NodeGpus::parse_with(value, with_pods)?;
         Ok(self.assumed.lock().expect("assume lock").view(name, g, Instant::now(), self.assume_ttl))
     }
+
+    /// The request's candidates: Node objects, else names with a node cache.
+    fn candidates(&self, nodes: Option<NodeList>, names: Option<Vec<String>>) -> Result<Candidates, RequestError> {
+        match (nodes, names) {
+            (Some(n), _) => Ok(Candidates::Objects(n.items)),
+            (None, Some(names)) if self.nodes.is_some() => Ok(Candidates::Names(names)),
+            _ => Err(RequestError::NoNodes),
+        }
+    }
+
+    /// Each candidate's name and what it has free, or why that is unknown.
+    fn frees(&self, c: &Candidates) -> Vec<(String, Result<NodeGpus, String>)> {
+        match c {
+            Candidates::Objects(items) => items
+                .iter()
+                .map(|n| {
+                    let name = node_name(n);
+                    (name.to_string(), self.free_from(name, n["metadata"]["annotations"][crate::annotation::ANNOTATION].as_str()).map_err(|e| e.to_string()))
+                })
+                .collect(),
+            Candidates::Names(names) => {
+                let cache = self.nodes.as_ref().expect("names only with a cache");
+                let (selector, cache) = (&cache.selector, cache.annotations.read().expect("node cache lock"));
+                names
+                    .iter()
+                    .map(|name| {
+                        let free = match cache.get(name) {
+                            None => Err(format!("node is not in this extender's node cache: not selected by '{selector}', or not seen yet")),
+                            Some(value) => self.free_from(name, value.as_deref()).map_err(|e| e.to_string()),
+                        };
+                        (name.clone(), free)
+                    })
+                    .collect()
+            }
+        }
+    }
+
 
     /// `bind`: binds the pod to the node through the API server (as
     /// kube-scheduler's own binder does, the pod's UID as precondition),
@@ -389,10 +488,13 @@ impl Extender {
         use k8s_openapi::api::core::v1::Pod as KPod;
         let client = self.api.clone().ok_or("no API access")?;
         let pods: kube::Api<KPod> = kube::Api::all(client);
-        let lp = kube::api::ListParams::default().fields("status.phase=Pending,spec.nodeName!=");
-        let list = tokio::time::timeout(BIND_DEADLINE, pods.list(&lp)).await.map_err(|_| "listing the pending pods timed out".to_string())?.map_err(|e| e.to_string())?;
+        // From the API server's watch cache (resourceVersion=0), not etcd: a
+        // resync may be a little stale, not a load on a large cluster.
+        let lp = kube::api::ListParams::default().match_any().fields("status.phase=Pending,spec.nodeName!=");
+        let list = tokio::time::timeout(RESYNC_DEADLINE, pods.list(&lp)).await.map_err(|_| format!("listing the pending pods took over {RESYNC_DEADLINE:?}"))?.map_err(|e| e.to_string())?;
         let mut added = 0;
-        for p in list.items {
+        // Pods being deleted hold nothing they will use.
+        for p in list.items.into_iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
             let (Some(ns), Some(name), Some(node)) = (p.metadata.namespace.clone(), p.metadata.name.clone(), p.spec.as_ref().and_then(|s| s.node_name.clone())) else { continue };
             let Ok(v) = serde_json::to_value(&p) else { continue };
             let Ok(d) = Demand::of_pod(&v, &self.resource) else { continue };
@@ -411,38 +513,49 @@ impl Extender {
     /// `filter`.
     pub fn filter(&self, args: ExtenderArgs) -> FilterResult {
         let mut out = FilterResult::default();
-        let (pod, nodes) = match (args.pod, args.nodes) {
-            (None, _) => return FilterResult { error: RequestError::NoPod.to_string(), ..Default::default() },
-            (_, None) => return FilterResult { error: RequestError::NoNodes.to_string(), ..Default::default() },
-            (Some(p), Some(n)) => (p, n),
+        let fail = |e: RequestError| FilterResult { error: e.to_string(), ..Default::default() };
+        let Some(pod) = args.pod else { return fail(RequestError::NoPod) };
+        let candidates = match self.candidates(args.nodes, args.node_names) {
+            Ok(c) => c,
+            Err(e) => return fail(e),
         };
         let demand = match Demand::of_pod(&pod, &self.resource) {
             Ok(d) => d,
-            Err(e) => return FilterResult { error: e.to_string(), ..Default::default() },
+            Err(e) => return fail(e),
         };
-        if demand.units.is_empty() {
-            out.nodes = Some(nodes);
-            return out;
-        }
-        let uid = pod["metadata"]["uid"].as_str().unwrap_or("");
-        self.observe(uid, &demand);
-        self.assumed.lock().expect("assume lock").remember(uid, &demand.in_order);
-        let mut pass = Vec::with_capacity(nodes.items.len());
-        for node in nodes.items {
-            let name = node_name(&node).to_string();
-            match self.free_on(&node) {
-                Err(e) => {
-                    out.failed_and_unresolvable_nodes.insert(name, format!("egpu: {e}"));
-                }
-                Ok(g) => match demand.misfit(&g) {
-                    None => pass.push(node),
-                    Some(why) => {
-                        out.failed_nodes.insert(name, format!("egpu: {why}"));
+        let mut keep = vec![true; match &candidates {
+            Candidates::Objects(o) => o.len(),
+            Candidates::Names(n) => n.len(),
+        }];
+        if !demand.units.is_empty() {
+            let uid = pod["metadata"]["uid"].as_str().unwrap_or("");
+            self.observe(uid, &demand);
+            self.assumed.lock().expect("assume lock").remember(uid, &demand.in_order);
+            for (k, (name, free)) in self.frees(&candidates).into_iter().enumerate() {
+                match free.map(|g| demand.misfit(&g)) {
+                    Err(e) => {
+                        out.failed_and_unresolvable_nodes.insert(name, format!("egpu: {e}"));
+                        keep[k] = false;
                     }
-                },
+                    Ok(Some(why)) => {
+                        out.failed_nodes.insert(name, format!("egpu: {why}"));
+                        keep[k] = false;
+                    }
+                    Ok(None) => {}
+                }
             }
         }
-        out.nodes = Some(NodeList { items: pass });
+        let mut keep = keep.into_iter();
+        match candidates {
+            Candidates::Objects(mut items) => {
+                items.retain(|_| keep.next().unwrap_or(false));
+                out.nodes = Some(NodeList { items });
+            }
+            Candidates::Names(mut names) => {
+                names.retain(|_| keep.next().unwrap_or(false));
+                out.node_names = Some(names);
+            }
+        }
         out
     }
 
@@ -465,17 +578,18 @@ impl Extender {
     /// `prioritize`: every candidate node with a score from 0 to 10.
     pub fn prioritize(&self, args: ExtenderArgs) -> Result<Vec<HostPriority>, RequestError> {
         let pod = args.pod.ok_or(RequestError::NoPod)?;
-        let nodes = args.nodes.ok_or(RequestError::NoNodes)?;
+        let candidates = self.candidates(args.nodes, args.node_names)?;
         let demand = Demand::of_pod(&pod, &self.resource)?;
-        let mut scores: Vec<HostPriority> = nodes.items.iter().map(|n| HostPriority { host: node_name(n).into(), score: 0 }).collect();
+        let frees = self.frees(&candidates);
+        let mut scores: Vec<HostPriority> = frees.iter().map(|(name, _)| HostPriority { host: name.clone(), score: 0 }).collect();
         let Some(&largest) = demand.units.first() else {
             return Ok(scores);
         };
         let recent: Vec<u32> = self.recent.lock().expect("recent lock").units.iter().map(|(_, u)| *u).collect();
         // Nodes grouped by units per GPU: a pod's share of a GPU depends on its size.
         let mut groups: BTreeMap<u32, Vec<(usize, NodeGpus)>> = BTreeMap::new();
-        for (i, n) in nodes.items.iter().enumerate() {
-            if let Ok(g) = self.free_on(n)
+        for (i, (_, free)) in frees.into_iter().enumerate() {
+            if let Ok(g) = free
                 && let Some(units) = g.gpus.first().map(|x| x.units).filter(|&u| u > 0)
             {
                 groups.entry(units).or_default().push((i, g));
@@ -490,7 +604,7 @@ impl Extender {
             let mut ids = Vec::new();
             for (i, g) in &members {
                 let spec = NodeSpec {
-                    name: node_name(&nodes.items[*i]).into(),
+                    name: scores[*i].host.clone(),
                     cpu_milli: u64::MAX / 4,
                     memory_mib: u64::MAX / 4,
                     gpu_type: Some(ty),

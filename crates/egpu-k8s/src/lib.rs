@@ -19,11 +19,13 @@
 //! Modules: [`tokens`] (device IDs, the preferred allocation: pure),
 //! [`plugin`] (the gRPC service, registration, refresh and sweep loops),
 //! [`annotation`] (the Node annotation's format), [`extender`] (the
-//! kube-scheduler extender), [`assume`] (its cache of bound pods).
+//! kube-scheduler extender), [`assume`] (its cache of bound pods),
+//! [`follow`] (list-then-watch of objects' metadata).
 
 pub mod annotation;
 pub mod assume;
 pub mod extender;
+pub mod follow;
 pub mod plugin;
 pub mod tokens;
 

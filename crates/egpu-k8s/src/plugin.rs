@@ -219,7 +219,8 @@ pub struct Shared {
     /// Held by Allocate, and by the sweep while it deletes.
     alloc_lock: tokio::sync::Mutex<()>,
     /// This node's pods' `egpu.io/` annotations, by (namespace, name), as
-    /// last listed (`None` before the first listing, or without `--node-name`).
+    /// listed and then watched (`None` before the first list, or without
+    /// `--node-name`).
     pod_annotations: Mutex<Option<PodAnnotations>>,
     /// (slice, reason) pairs already warned about.
     resize_warned: Mutex<HashSet<(String, String)>>,
@@ -412,7 +413,7 @@ impl Shared {
     }
 
     /// Resizes each held slice to what its pod's annotations ask (compute
-    /// share, compute cap, burst cap), live. Only pods the last listing of
+    /// share, compute cap, burst cap), live. Only pods the followed list of
     /// the node's pods saw are touched; a refusal (an annotation that does
     /// not parse, or egpud's: e.g. shares over 100% of the GPU) is logged
     /// once per slice and value.
@@ -455,115 +456,45 @@ impl Shared {
         }
     }
 
-    /// Lists this node's pods and keeps their `egpu.io/` annotations;
-    /// returns the list's resource version, for the watch.
-    async fn list_pods(&self, p: &Publisher) -> Option<String> {
-        let lp = kube::api::ListParams::default().fields(&format!("spec.nodeName={}", p.node));
-        match tokio::time::timeout(PUBLISH_TIMEOUT, p.pods.list(&lp)).await {
-            Ok(Ok(list)) => {
-                let map = list.items.into_iter().filter_map(Self::pod_entry).collect();
-                *self.pod_annotations.lock().expect("pods lock") = Some(map);
-                Some(list.metadata.resource_version.unwrap_or_default())
-            }
-            Ok(Err(e)) => {
-                tracing::warn!("cannot list this node's pods ({e}); their egpu.io annotations are not applied until it can");
-                None
-            }
-            Err(_) => {
-                tracing::warn!("listing this node's pods took over {PUBLISH_TIMEOUT:?}; retrying");
-                None
-            }
-        }
-    }
-
-    /// Follows this node's pods' `egpu.io/` annotations, as the kubelet
-    /// follows its pods: a LIST, then a WATCH from its resource version, so
-    /// that an annotation applies at the next refresh and the API server is
-    /// not asked for every node's pods every few seconds. A watch the server
-    /// ends (its timeout) resumes from the last version seen; one it expired
-    /// (410 Gone) lists again at once; a failure lists again after
+    /// Follows this node's pods' `egpu.io/` annotations ([`crate::follow`]:
+    /// a list, then a watch), so that an annotation applies at the next
+    /// refresh and the API server is not asked for every node's pods every
+    /// few seconds. After a failed list or watch, lists again after
     /// `pod_poll`. Runs until the task is dropped.
     pub async fn follow_pods(&self) {
-        use kube::api::{WatchEvent, WatchParams};
-        use tokio_stream::StreamExt;
         let Some(p) = &self.publisher else { return };
-        let wp = WatchParams::default().fields(&format!("spec.nodeName={}", p.node)).timeout(290);
-        loop {
-            let Some(mut version) = self.list_pods(p).await else {
-                tokio::time::sleep(self.cfg.pod_poll).await;
-                continue;
-            };
-            let relist_now = loop {
-                let started = tokio::time::Instant::now();
-                let stream = match p.pods.watch(&wp, &version).await {
-                    Ok(s) => s,
-                    Err(e) => {
-                        tracing::warn!("cannot watch this node's pods ({e}); listing them again in {:?}", self.cfg.pod_poll);
-                        break false;
-                    }
-                };
-                let mut stream = std::pin::pin!(stream);
-                let mut events = 0u64;
-                let mut end = None;
-                while let Some(ev) = stream.next().await {
-                    events += 1;
-                    let pod = match ev {
-                        Ok(WatchEvent::Added(pod) | WatchEvent::Modified(pod)) => Some((pod, true)),
-                        Ok(WatchEvent::Deleted(pod)) => Some((pod, false)),
-                        Ok(WatchEvent::Bookmark(b)) => {
-                            version = b.metadata.resource_version;
-                            None
-                        }
-                        Ok(WatchEvent::Error(st)) => {
-                            if st.code != 410 {
-                                tracing::warn!("the watch of this node's pods failed ({}: {}); listing them again", st.code, st.message);
-                            }
-                            end = Some(st.code == 410);
-                            break;
-                        }
-                        Err(e) => {
-                            tracing::warn!("the watch of this node's pods broke ({e}); listing them again in {:?}", self.cfg.pod_poll);
-                            end = Some(false);
-                            break;
-                        }
-                    };
-                    let Some((pod, present)) = pod else { continue };
-                    if let Some(v) = pod.metadata.resource_version.clone() {
-                        version = v;
-                    }
-                    let Some((key, ann)) = Self::pod_entry(pod) else { continue };
-                    if let Some(map) = self.pod_annotations.lock().expect("pods lock").as_mut() {
-                        if present {
-                            map.insert(key, ann);
-                        } else {
-                            map.remove(&key);
-                        }
-                    }
+        let follow = crate::follow::Follow {
+            what: "this node's pods".into(),
+            fields: Some(format!("spec.nodeName={}", p.node)),
+            labels: None,
+            retry: self.cfg.pod_poll,
+            list_timeout: PUBLISH_TIMEOUT,
+        };
+        let listed = |pods: Vec<kube::api::ObjectMeta>| {
+            *self.pod_annotations.lock().expect("pods lock") = Some(pods.into_iter().filter_map(Self::pod_entry).collect());
+        };
+        let changed = |pod: kube::api::ObjectMeta, present: bool| {
+            let Some((key, ann)) = Self::pod_entry(pod) else { return };
+            if let Some(map) = self.pod_annotations.lock().expect("pods lock").as_mut() {
+                if present {
+                    map.insert(key, ann);
+                } else {
+                    map.remove(&key);
                 }
-                if let Some(now) = end {
-                    break now;
-                }
-                // Ended by the server: resume from the last version, but not
-                // in a tight loop if it ends every watch at once.
-                if events == 0 && started.elapsed() < self.cfg.pod_poll {
-                    tokio::time::sleep(self.cfg.pod_poll).await;
-                }
-            };
-            if !relist_now {
-                tokio::time::sleep(self.cfg.pod_poll).await;
             }
-        }
+        };
+        follow.run(&p.pods, None, listed, changed).await;
     }
 
     /// A pod's key and its `egpu.io/` annotations (`None` without a name).
-fn pod_entry(pod: k8s_openapi::api::core::v1::Pod) -> Option<((String, String), std::collections::BTreeMap<String, String>)> {
-    let ns = pod.metadata.namespace.unwrap_or_default();
-    let name = pod.metadata.name?;
-    let ann = pod.metadata.annotations.unwrap_or_default().into_iter().filter(|(k, _)| k.starts_with("egpu.io/")).collect();
-    Some(((ns, name), ann))
-}
+    fn pod_entry(pod: kube::api::ObjectMeta) -> Option<((String, String), std::collections::BTreeMap<String, String>)> {
+        let ns = pod.namespace.unwrap_or_default();
+        let name = pod.name?;
+        let ann = pod.annotations.unwrap_or_default().into_iter().filter(|(k, _)| k.starts_with("egpu.io/")).collect();
+        Some(((ns, name), ann))
+    }
 
-/// Makes (or finds) the slice of one container's tokens.
+    /// Makes (or finds) the slice of one container's tokens.
     async fn allocate_one(&self, ids: &[String]) -> Result<dp::ContainerAllocateResponse, Status> {
         let _allocating = self.alloc_lock.lock().await;
         let inv = self.snapshot.lock().expect("snapshot lock").inventory.clone();

@@ -161,7 +161,7 @@ fn host_paths_are_mounted_where_the_host_sees_them() {
     assert_eq!(env.value_from.as_ref().unwrap().field_ref.as_ref().unwrap().field_path, "spec.nodeName");
     let role: ClusterRole = typed(find(&objs, "ClusterRole", "egpu-node"));
     let allows = |resource: &str, verb: &str| role.rules.iter().flatten().any(|r| r.resources.iter().flatten().any(|x| x == resource) && r.verbs.iter().any(|v| v == verb));
-    assert!(allows("nodes", "patch") && allows("pods", "list"), "the plugin patches its Node and lists its pods");
+    assert!(allows("nodes", "patch") && allows("pods", "list") && allows("pods", "watch"), "the plugin patches its Node and lists and watches its pods");
     let binding: ClusterRoleBinding = typed(find(&objs, "ClusterRoleBinding", "egpu-node"));
     let subject = &binding.subjects.as_ref().unwrap()[0];
     assert_eq!((Some(subject.name.clone()), subject.namespace.clone()), (spec.service_account_name.clone(), ds["metadata"]["namespace"].as_str().map(String::from)));
@@ -186,7 +186,12 @@ fn the_scheduler_its_extender_and_the_example_pod_agree() {
     assert_eq!((cfg["apiVersion"].as_str(), cfg["kind"].as_str()), (Some("kubescheduler.config.k8s.io/v1"), Some("KubeSchedulerConfiguration")));
     // The extender entry: on the pod's loopback, at the port it listens on.
     let ext = &cfg["extenders"][0];
-    assert_eq!(ext["nodeCacheCapable"], false, "the extender reads Node objects");
+    // Node names suffice: the extender follows the nodes the DaemonSet runs on.
+    assert_eq!(ext["nodeCacheCapable"], true, "the extender keeps a node cache");
+    assert!(flags(ext_c).iter().all(|(f, _)| f != "--no-bind"), "a node cache needs the API: no --no-bind");
+    let ds_selector = pod_spec(find(&objs, "DaemonSet", "egpu-node")).node_selector.unwrap();
+    let (k, v) = flag(ext_c, "--node-selector").split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).unwrap();
+    assert_eq!(ds_selector.get(&k), Some(&v), "the extender follows the nodes eGPU runs on");
     assert_eq!((ext["enableHTTPS"].as_bool(), ext["ignorable"].as_bool()), (Some(false), Some(false)));
     assert_eq!((ext["filterVerb"].as_str(), ext["prioritizeVerb"].as_str(), ext["bindVerb"].as_str()), (Some("filter"), Some("prioritize"), Some("bind")));
     // Its answer, not the scheduler's timeout, ends a bind.

@@ -96,10 +96,18 @@ struct ApiServer {
     /// Lists of the node's pods served (watches not counted).
     pod_lists: Arc<Mutex<u32>>,
     /// The version of the pod `default/a`, bumped by each change of its
-    /// annotations; watches of the node's pods send each change.
-    pod_version: Arc<tokio::sync::watch::Sender<u64>>,
+    /// annotations; watches of the node's pods send each change. With
+    /// `true`, open watches get a BOOKMARK at that version and end, as the
+    /// server ends a watch at its timeout.
+    pod_version: Arc<tokio::sync::watch::Sender<(u64, bool)>>,
+    /// The version each watch of the node's pods started from.
+    watches_from: Arc<Mutex<Vec<u64>>>,
     /// Watches from a version below this get `410 Gone` (history compacted).
     gone_below: Arc<std::sync::atomic::AtomicU64>,
+    /// Nodes by name, for the extender's node cache (list and watch).
+    nodes: Arc<Mutex<serde_json::Map<String, serde_json::Value>>>,
+    /// The nodes' version and the node last changed; watches send it.
+    node_version: Arc<tokio::sync::watch::Sender<(u64, String)>>,
 }
 
 impl ApiServer {
@@ -111,20 +119,39 @@ impl ApiServer {
             a.insert(k.to_string(), serde_json::Value::from(*v));
         }
         drop(a);
-        self.pod_version.send_modify(|v| *v += 1);
+        self.pod_version.send_modify(|(v, end)| (*v, *end) = (*v + 1, false));
+    }
+
+    /// Ends the open watches (a BOOKMARK at a new version, then the end of
+    /// the stream); returns that version.
+    fn end_watches(&self) -> u64 {
+        self.pod_version.send_modify(|(v, end)| (*v, *end) = (*v + 1, true));
+        self.pod_version.borrow().0
     }
 
     /// Compacts the history: open watches and watches from an older
     /// version get `410 Gone`, as the API server answers them.
     fn expire_watches(&self) {
-        self.gone_below.store(*self.pod_version.borrow() + 1, std::sync::atomic::Ordering::SeqCst);
-        self.pod_version.send_modify(|v| *v += 1);
+        self.gone_below.store(self.pod_version.borrow().0 + 1, std::sync::atomic::Ordering::SeqCst);
+        self.pod_version.send_modify(|(v, end)| (*v, *end) = (*v + 1, false));
+    }
+
+    /// Adds or changes a node (a new version, sent to watches).
+    fn set_node(&self, name: &str, labelled: bool, annotation: Option<String>) {
+        let labels = if labelled { serde_json::json!({"egpu.io/enabled": "true"}) } else { serde_json::json!({}) };
+        let annotations = annotation.map_or(serde_json::json!({}), |a| serde_json::json!({egpu_k8s::annotation::ANNOTATION: a}));
+        let node = serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name, "labels": labels, "annotations": annotations}});
+        self.nodes.lock().unwrap().insert(name.into(), node);
+        self.node_version.send_modify(|(v, n)| {
+            *v += 1;
+            *n = name.into();
+        });
     }
 
     /// `default/a` as it is now.
     fn pod_a(&self) -> serde_json::Value {
         serde_json::json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "a", "namespace": "default", "resourceVersion": self.pod_version.borrow().to_string(), "annotations": *self.pod_annotations.lock().unwrap()},
+            "metadata": {"name": "a", "namespace": "default", "resourceVersion": self.pod_version.borrow().0.to_string(), "annotations": *self.pod_annotations.lock().unwrap()},
             "spec": {"nodeName": "n1", "containers": []}})
     }
 }
@@ -177,7 +204,6 @@ async fn bind_pod(
 
 async fn list_pods(axum::extract::State(api): axum::extract::State<ApiServer>, axum::extract::RawQuery(q): axum::extract::RawQuery) -> axum::response::Response {
     use axum::response::IntoResponse;
-    use tokio_stream::StreamExt;
     let q = q.unwrap_or_default();
     // The extender's resync: every bound pod still pending, cluster-wide.
     if q.contains("fieldSelector=status.phase%3DPending%2Cspec.nodeName%21%3D") {
@@ -189,26 +215,68 @@ async fn list_pods(axum::extract::State(api): axum::extract::State<ApiServer>, a
     }
     if q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1") {
         // A watch: one MODIFIED event (a line of JSON) per change after the
-        // version it starts from, as the API server streams them.
+        // version it starts from, as the API server streams them; a 410
+        // ERROR, then the end, once the history is compacted past it; a
+        // BOOKMARK, then the end, when the test ends the watches.
         let from: u64 = q.split('&').find_map(|kv| kv.strip_prefix("resourceVersion=")).and_then(|v| v.parse().ok()).unwrap_or(0);
-        let rx = api.pod_version.subscribe();
-        let missed = (*rx.borrow() > from).then(|| api.pod_a());
-        let api2 = api.clone();
-        let changes = tokio_stream::wrappers::WatchStream::from_changes(rx).map(move |_| api2.pod_a());
-        let gone = api.gone_below.clone();
-        let events = tokio_stream::iter(missed).chain(changes).map(move |pod| {
-            let event = if gone.load(std::sync::atomic::Ordering::SeqCst) > from {
-                serde_json::json!({"type": "ERROR", "object": {"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "Expired", "code": 410, "message": format!("too old resource version: {from}")}})
-            } else {
-                serde_json::json!({"type": "MODIFIED", "object": pod})
-            };
-            Ok::<_, std::convert::Infallible>(format!("{event}\n"))
+        api.watches_from.lock().unwrap().push(from);
+        let (tx, body) = tokio::sync::mpsc::channel::<Result<String, std::convert::Infallible>>(16);
+        let mut changes = api.pod_version.subscribe();
+        tokio::spawn(async move {
+            let line = |v: serde_json::Value| Ok(format!("{v}\n"));
+            if changes.borrow_and_update().0 > from && tx.send(line(serde_json::json!({"type": "MODIFIED", "object": api.pod_a()}))).await.is_err() {
+                return;
+            }
+            while changes.changed().await.is_ok() {
+                let (v, end) = *changes.borrow_and_update();
+                let event = if api.gone_below.load(std::sync::atomic::Ordering::SeqCst) > from {
+                    serde_json::json!({"type": "ERROR", "object": {"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "Expired", "code": 410, "message": format!("too old resource version: {from}")}})
+                } else if end {
+                    serde_json::json!({"type": "BOOKMARK", "object": {"apiVersion": "v1", "kind": "Pod", "metadata": {"resourceVersion": v.to_string()}}})
+                } else {
+                    serde_json::json!({"type": "MODIFIED", "object": api.pod_a()})
+                };
+                let last = event["type"] != "MODIFIED";
+                if tx.send(line(event)).await.is_err() || last {
+                    return;
+                }
+            }
+        });
+        return axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(body)).into_response();
+    }
+    *api.pod_lists.lock().unwrap() += 1;
+    let version = api.pod_version.borrow().0.to_string();
+    axum::Json(serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": version}, "items": [api.pod_a()]})).into_response()
+}
+
+/// `GET /api/v1/nodes`: the nodes labelled `egpu.io/enabled=true` (the
+/// only selector served), listed or watched (each change a MODIFIED event
+/// of the node changed).
+async fn list_nodes(axum::extract::State(api): axum::extract::State<ApiServer>, axum::extract::RawQuery(q): axum::extract::RawQuery) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    use tokio_stream::StreamExt;
+    let q = q.unwrap_or_default();
+    if !q.contains("labelSelector=egpu.io%2Fenabled%3Dtrue") {
+        return (axum::http::StatusCode::BAD_REQUEST, format!("want the eGPU nodes only, got ?{q}")).into_response();
+    }
+    let at = |api: &ApiServer, name: &str, v: u64| {
+        let mut n = api.nodes.lock().unwrap().get(name).cloned().unwrap_or_default();
+        n["metadata"]["resourceVersion"] = v.to_string().into();
+        n
+    };
+    let labelled = |n: &serde_json::Value| n["metadata"]["labels"]["egpu.io/enabled"] == "true";
+    if q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1") {
+        let rx = api.node_version.subscribe();
+        let events = tokio_stream::wrappers::WatchStream::from_changes(rx).filter_map(move |(v, name)| {
+            let n = at(&api, &name, v);
+            labelled(&n).then(|| Ok::<_, std::convert::Infallible>(format!("{}\n", serde_json::json!({"type": "MODIFIED", "object": n}))))
         });
         return axum::body::Body::from_stream(events).into_response();
     }
-    *api.pod_lists.lock().unwrap() += 1;
-    let version = api.pod_version.borrow().to_string();
-    axum::Json(serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": version}, "items": [api.pod_a()]})).into_response()
+    let v = api.node_version.borrow().0;
+    let names: Vec<String> = api.nodes.lock().unwrap().keys().cloned().collect();
+    let items: Vec<serde_json::Value> = names.iter().map(|n| at(&api, n, v)).filter(labelled).collect();
+    axum::Json(serde_json::json!({"apiVersion": "v1", "kind": "NodeList", "metadata": {"resourceVersion": v.to_string()}, "items": items})).into_response()
 }
 
 async fn patch_node(
@@ -237,6 +305,7 @@ fn serve_api(rt: &tokio::runtime::Runtime, dir: &Path, api: ApiServer) -> PathBu
     let addr = listener.local_addr().unwrap();
     let app = axum::Router::new()
         .route("/api/v1/nodes/{name}", axum::routing::patch(patch_node))
+        .route("/api/v1/nodes", axum::routing::get(list_nodes))
         .route("/api/v1/pods", axum::routing::get(list_pods))
         .route("/api/v1/namespaces/{ns}/pods/{name}", axum::routing::get(get_pod))
         .route("/api/v1/namespaces/{ns}/pods/{name}/binding", axum::routing::post(bind_pod))
@@ -524,6 +593,17 @@ fn device_plugin_turns_kubelet_allocations_into_slices() {
         set(&[]);
         assert!(wait_until(WAIT, || is(&dev(&node), 62.5, 100.0, 0)), "{}", dev(&node));
         assert_eq!(*api.pod_lists.lock().unwrap(), 2, "plugin log:\n{}", plugin_log());
+        // The server ends the watch (its timeout) with a bookmark: the
+        // plugin watches again from the bookmark's version, with no list.
+        let watches = api.watches_from.lock().unwrap().len();
+        let bookmark = api.end_watches();
+        assert!(wait_until(WAIT, || api.watches_from.lock().unwrap().len() > watches), "plugin log:\n{}", plugin_log());
+        assert_eq!(api.watches_from.lock().unwrap()[watches], bookmark);
+        set(&[("egpu.io/gpu-compute", "35%")]);
+        assert!(wait_until(WAIT, || is(&dev(&node), 35.0, 100.0, 0)), "{}", dev(&node));
+        set(&[]);
+        assert!(wait_until(WAIT, || is(&dev(&node), 62.5, 100.0, 0)), "{}", dev(&node));
+        assert_eq!(*api.pod_lists.lock().unwrap(), 2, "plugin log:\n{}", plugin_log());
 
         // 5. Tokens on two GPUs are refused with the reason, and make no slice.
         let spread = vec![tok(&u0, 12), tok(&u1, 0)];
@@ -613,6 +693,52 @@ fn scheduler_extender_answers_bad_requests_with_the_reason() {
     assert!(body.contains("container 'main'") && body.contains("'500m'"), "{body}");
 }
 
+/// An `egpu.io/gpus` value: GPUs of 16 units with these free, and the pods
+/// holding units.
+fn gpus_annotation(free: &[u32], pods: &[(&str, u32)]) -> String {
+    egpu_k8s::annotation::NodeGpus {
+        v: egpu_k8s::annotation::VERSION,
+        unit_bytes: 1 << 30,
+        gpus: free.iter().enumerate().map(|(i, &f)| egpu_k8s::annotation::GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units: 16, free: f }).collect(),
+        pods: Some(pods.iter().map(|(p, u)| (p.to_string(), *u)).collect()),
+    }
+    .to_json()
+}
+
+/// With API access the extender follows the eGPU nodes' annotations itself
+/// (a list before it answers, then a watch), so a scheduler configured with
+/// `nodeCacheCapable: true` sends node names instead of whole Nodes.
+#[test]
+fn scheduler_extender_with_a_node_cache_takes_node_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let api = ApiServer::default();
+    let kubeconfig = serve_api(&rt, tmp.path(), api.clone());
+    api.set_node("n1", true, Some(gpus_annotation(&[10, 4], &[])));
+    api.set_node("n3", false, Some(gpus_annotation(&[16], &[])));
+    api.set_node("n4", true, None);
+    let sched = Scheduler::start_with(Some(&kubeconfig));
+    let ask = |verb: &str, units: u32, names: &[&str]| -> serde_json::Value {
+        let (code, body) = post(&sched.1, verb, &serde_json::json!({"Pod": pod_asking(units), "NodeNames": names}).to_string());
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    // Filled before it answered: n1 fits, and the others say why not.
+    let r = ask("/filter", 8, &["n1", "n3", "n4", "n9"]);
+    assert_eq!(r["NodeNames"], serde_json::json!(["n1"]), "{r}");
+    assert!(r.get("Nodes").is_none(), "names in, names out: {r}");
+    let unresolvable = &r["FailedAndUnresolvableNodes"];
+    for n in ["n3", "n9"] {
+        assert!(unresolvable[n].as_str().unwrap().contains("not in this extender's node cache"), "{r}");
+    }
+    assert!(unresolvable["n4"].as_str().unwrap().contains("no egpu.io/gpus annotation"), "{r}");
+    assert_eq!(ask("/prioritize", 8, &["n1", "n4"]), serde_json::json!([{"Host": "n1", "Score": 10}, {"Host": "n4", "Score": 0}]));
+    // A change reaches it by the watch.
+    api.set_node("n1", true, Some(gpus_annotation(&[4, 4], &[])));
+    let refused = || ask("/filter", 8, &["n1"])["FailedNodes"]["n1"].as_str().unwrap_or_default().contains("the most free on one GPU is 4");
+    assert!(wait_until(WAIT, refused));
+}
+
 /// The extender binds the pods it places and counts their units on their
 /// node until the node's annotation does; failures come back with the
 /// API server's reason. Against the API-server stand-in, over real HTTP.
@@ -634,13 +760,7 @@ fn scheduler_extender_binds_and_counts_a_bound_pod_until_the_node_does() {
         api.pods.lock().unwrap().insert(name.into(), pod(name, units));
     }
     let node_named = |name: &str, free: &[u32], pods: &[(&str, u32)]| {
-        let g = egpu_k8s::annotation::NodeGpus {
-            v: egpu_k8s::annotation::VERSION,
-            unit_bytes: 1 << 30,
-            gpus: free.iter().enumerate().map(|(i, &f)| egpu_k8s::annotation::GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units: 16, free: f }).collect(),
-            pods: Some(pods.iter().map(|(p, u)| (p.to_string(), *u)).collect()),
-        };
-        serde_json::json!({"metadata": {"name": name, "annotations": {egpu_k8s::annotation::ANNOTATION: g.to_json()}}})
+        serde_json::json!({"metadata": {"name": name, "annotations": {egpu_k8s::annotation::ANNOTATION: gpus_annotation(free, pods)}}})
     };
     let node = |free: &[u32], pods: &[(&str, u32)]| node_named("n1", free, pods);
     let sched = Scheduler::start_with(Some(&kubeconfig));

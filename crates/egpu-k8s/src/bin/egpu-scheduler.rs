@@ -4,7 +4,9 @@
 //! their units until the nodes' annotations count them.
 
 use clap::Parser;
-use egpu_k8s::extender::{Extender, RESYNC_EVERY, router};
+use egpu_k8s::extender::{Extender, NodeCache, RESYNC_EVERY, router};
+use egpu_k8s::follow::Follow;
+use k8s_openapi::api::core::v1::Node;
 use egpu_k8s::plugin::DEFAULT_RESOURCE;
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -28,9 +30,15 @@ struct Args {
     #[arg(long, default_value = "2m", value_parser = positive_duration)]
     assume_ttl: std::time::Duration,
     /// Do not bind (for a scheduler configured without bindVerb): no API
-    /// access is needed, and `bind` answers that it is off.
+    /// access is needed, and `bind` answers that it is off. Nor is there a
+    /// node cache: the scheduler must send Node objects.
     #[arg(long)]
     no_bind: bool,
+    /// The nodes whose `egpu.io/gpus` annotations the extender follows, for
+    /// a scheduler that sends node names (`nodeCacheCapable: true`): a label
+    /// selector, empty for every node.
+    #[arg(long, default_value = "egpu.io/enabled=true")]
+    node_selector: String,
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, env = "EGPU_LOG", default_value = "info", value_parser = egpu_node::logging::log_filter)]
     log: String,
@@ -70,7 +78,22 @@ fn main() -> ExitCode {
         };
         let mut ext = Extender::new(&a.resource).with_assume_ttl(a.assume_ttl);
         if let Some(c) = api {
-            ext = ext.with_api(c);
+            // The eGPU nodes' annotations, listed before it answers, then
+            // watched.
+            let cache = Arc::new(NodeCache::new(&a.node_selector));
+            let nodes: kube::Api<Node> = kube::Api::all(c.clone());
+            let follow = Follow {
+                what: format!("the nodes selected by '{}'", a.node_selector),
+                fields: None,
+                labels: (!a.node_selector.is_empty()).then(|| a.node_selector.clone()),
+                retry: RESYNC_EVERY / 6,
+                list_timeout: RESYNC_EVERY,
+            };
+            let version = follow.list(&nodes, &mut |n| cache.replace(n)).await;
+            tracing::info!("node cache: {} nodes", cache.len());
+            let c2 = cache.clone();
+            tokio::spawn(async move { follow.run(&nodes, version, |n| c2.replace(n), |n, present| c2.update(n, present)).await });
+            ext = ext.with_api(c).with_node_cache(cache);
         }
         let ext = Arc::new(ext);
         if !a.no_bind {
@@ -78,7 +101,7 @@ fn main() -> ExitCode {
             // counted before it answers anything, and looked for again
             // every RESYNC_EVERY.
             match ext.resync().await {
-                Ok(n) => tracing::info!("assumed {n} bound, pending pods at start"),
+                Ok(n) => tracing::info!("resync at start: {n} bound, pending pods assumed (those their nodes already count are dropped at the next look)"),
                 Err(e) => tracing::warn!("cannot list the bound, pending pods ({e}); trying again in {RESYNC_EVERY:?}"),
             }
             let ext = ext.clone();
