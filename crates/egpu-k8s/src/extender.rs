@@ -17,8 +17,11 @@
 //!   binder does, and assumes its units on the node until the node's
 //!   annotation names the pod (or `assume_ttl` passes). What race remains is
 //!   in `docs/kubernetes.md`, "Limits".
-//! - The scheduler must send whole Node objects (`nodeCacheCapable: false`),
-//!   as the annotation is read from them. Only `bind` needs API access.
+//! - **Nodes**: with API access the extender keeps a node cache (the eGPU
+//!   nodes' annotations, listed and watched), so the scheduler may send
+//!   node names (`nodeCacheCapable: true`); Node objects are read as sent
+//!   either way. Without API access (`--no-bind`) the scheduler must send
+//!   Node objects (`nodeCacheCapable: false`).
 //!
 //! The wire types are written from the published `k8s.io/kube-scheduler/
 //! extender/v1` types; field names are Go's (capitalised), and the older
@@ -88,6 +91,10 @@ pub enum RequestError {
     NoPod,
     #[error("the request has no Nodes, and this extender keeps no node cache (it runs with --no-bind, without API access): configure it with nodeCacheCapable: false, so that the scheduler sends Node objects (their egpu.io/gpus annotation is what it reads), or run it with API access")]
     NoNodes,
+    #[error("the request has neither Nodes nor NodeNames")]
+    NoCandidates,
+    #[error("this extender's node cache has not been filled yet (it cannot list the nodes; its log says why): the scheduler retries the pod")]
+    NotSynced,
     #[error("container '{container}' asks for {resource}: '{value}', which is not a whole number of units")]
     BadQuantity { container: String, resource: String, value: String },
     #[error("an init container asks for {resource}: not supported (an init container's units pass to the app containers after it); give the memory to the app containers only")]
@@ -248,18 +255,26 @@ pub struct NodeCache {
     /// The label selector followed, for the reason a node is unknown.
     selector: String,
     annotations: RwLock<HashMap<String, Option<String>>>,
+    /// Whether a list has filled it yet.
+    synced: std::sync::atomic::AtomicBool,
 }
 
 impl NodeCache {
     /// An empty cache of the nodes `selector` (a label selector) picks.
     pub fn new(selector: &str) -> NodeCache {
-        NodeCache { selector: selector.into(), annotations: RwLock::default() }
+        NodeCache { selector: selector.into(), annotations: RwLock::default(), synced: std::sync::atomic::AtomicBool::new(false) }
     }
 
     /// The whole set, from a list.
     pub fn replace(&self, nodes: Vec<kube::api::ObjectMeta>) {
         let map = nodes.into_iter().filter_map(|m| Some((m.name.clone()?, annotation_of(&m)))).collect();
         *self.annotations.write().expect("node cache lock") = map;
+        self.synced.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether a list has filled it yet.
+    pub fn synced(&self) -> bool {
+        self.synced.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// One node changed (`present` false: deleted, or no longer selected).
@@ -380,10 +395,12 @@ impl Extender {
 
     /// The request's candidates: Node objects, else names with a node cache.
     fn candidates(&self, nodes: Option<NodeList>, names: Option<Vec<String>>) -> Result<Candidates, RequestError> {
-        match (nodes, names) {
-            (Some(n), _) => Ok(Candidates::Objects(n.items)),
-            (None, Some(names)) if self.nodes.is_some() => Ok(Candidates::Names(names)),
-            _ => Err(RequestError::NoNodes),
+        match (nodes, names, &self.nodes) {
+            (Some(n), _, _) => Ok(Candidates::Objects(n.items)),
+            (None, Some(_), Some(cache)) if !cache.synced() => Err(RequestError::NotSynced),
+            (None, Some(names), Some(_)) => Ok(Candidates::Names(names)),
+            (None, Some(_), None) => Err(RequestError::NoNodes),
+            (None, None, _) => Err(RequestError::NoCandidates),
         }
     }
 
@@ -580,11 +597,15 @@ impl Extender {
         let pod = args.pod.ok_or(RequestError::NoPod)?;
         let candidates = self.candidates(args.nodes, args.node_names)?;
         let demand = Demand::of_pod(&pod, &self.resource)?;
-        let frees = self.frees(&candidates);
-        let mut scores: Vec<HostPriority> = frees.iter().map(|(name, _)| HostPriority { host: name.clone(), score: 0 }).collect();
+        let names: Vec<String> = match &candidates {
+            Candidates::Objects(items) => items.iter().map(|n| node_name(n).to_string()).collect(),
+            Candidates::Names(names) => names.clone(),
+        };
+        let mut scores: Vec<HostPriority> = names.into_iter().map(|host| HostPriority { host, score: 0 }).collect();
         let Some(&largest) = demand.units.first() else {
             return Ok(scores);
         };
+        let frees = self.frees(&candidates);
         let recent: Vec<u32> = self.recent.lock().expect("recent lock").units.iter().map(|(_, u)| *u).collect();
         // Nodes grouped by units per GPU: a pod's share of a GPU depends on its size.
         let mut groups: BTreeMap<u32, Vec<(usize, NodeGpus)>> = BTreeMap::new();
@@ -686,8 +707,8 @@ pub fn router(ext: std::sync::Arc<Extender>) -> axum::Router {
         .route("/prioritize", post(prioritize))
         .route("/bind", post(bind))
         .route("/healthz", get(|| async { "ok" }))
-        // The scheduler sends whole Node objects: ~10 KB each, so a
-        // 10,000-GPU cluster's request is ~10 MB.
+        // Without the node cache the scheduler sends whole Node objects:
+        // ~10 KB each, so a 10,000-GPU cluster's request is ~14 MB.
         .layer(DefaultBodyLimit::max(256 << 20))
         .with_state(ext)
 }
@@ -754,7 +775,41 @@ mod tests {
         assert_eq!(r.nodes.unwrap().items.len(), 1);
         // Errors go back in Error.
         let r = ext.filter(serde_json::from_value(json!({"Pod": pod(&["1"])})).unwrap());
-        assert!(r.error.contains("nodeCacheCapable: false"), "{}", r.error);
+        assert_eq!(r.error, RequestError::NoCandidates.to_string());
+    }
+
+    #[test]
+    fn node_names_with_the_cache_answer_as_node_objects_do() {
+        // Passing and failing nodes interleaved, one without the annotation.
+        let mut bare = node("c", &[16]);
+        bare["metadata"]["annotations"] = json!({});
+        let nodes = vec![node("a", &[6, 6]), node("b", &[12, 0]), bare, node("d", &[16, 16]), node("e", &[9, 3])];
+        let names: Vec<String> = nodes.iter().map(|n| node_name(n).to_string()).collect();
+        let cache = Arc::new(NodeCache::new("egpu.io/enabled=true"));
+        let by_names = Extender::new(R).with_node_cache(cache.clone());
+        let named = |units: &str| serde_json::from_value::<ExtenderArgs>(json!({"Pod": pod(&[units]), "NodeNames": names})).unwrap();
+        // Not filled yet: the scheduler is told to retry.
+        assert_eq!(by_names.filter(named("10")).error, RequestError::NotSynced.to_string());
+        assert_eq!(by_names.prioritize(named("10")), Err(RequestError::NotSynced));
+        cache.replace(nodes.iter().map(|n| serde_json::from_value(n["metadata"].clone()).unwrap()).collect());
+        let by_objects = Extender::new(R);
+        for units in ["4", "10", "13"] {
+            let o = by_objects.filter(args(pod(&[units]), nodes.clone()));
+            let n = by_names.filter(named(units));
+            let passed: Vec<String> = o.nodes.unwrap().items.iter().map(|x| node_name(x).to_string()).collect();
+            assert_eq!(n.node_names, Some(passed), "{units} units");
+            assert!(n.nodes.is_none());
+            assert_eq!((n.failed_nodes, n.failed_and_unresolvable_nodes), (o.failed_nodes, o.failed_and_unresolvable_nodes), "{units} units");
+            assert_eq!(by_names.prioritize(named(units)).unwrap(), by_objects.prioritize(args(pod(&[units]), nodes.clone())).unwrap(), "{units} units");
+        }
+        // A node the cache does not hold is unresolvable, with the reason.
+        let r = by_names.filter(serde_json::from_value(json!({"Pod": pod(&["1"]), "NodeNames": ["zz"]})).unwrap());
+        assert!(r.failed_and_unresolvable_nodes["zz"].contains("not selected by 'egpu.io/enabled=true'"), "{r:?}");
+        // Names without a cache, or neither field: the reason.
+        let e = by_objects.filter(serde_json::from_value(json!({"Pod": pod(&["1"]), "NodeNames": ["a"]})).unwrap()).error;
+        assert!(e.contains("nodeCacheCapable: false"), "{e}");
+        let e = by_names.filter(serde_json::from_value(json!({"Pod": pod(&["1"])})).unwrap()).error;
+        assert_eq!(e, RequestError::NoCandidates.to_string());
     }
 
     #[test]

@@ -4,8 +4,12 @@
 //! few seconds. Only metadata travels (`PartialObjectMetadata`): the
 //! plugin needs its pods' annotations, the extender its nodes'.
 //!
-//! - Lists are served from the API server's watch cache (`resourceVersion=0`,
-//!   as informers list), not read from etcd.
+//! - The first list is served from the API server's watch cache
+//!   (`resourceVersion=0`), not read from etcd. A later list after a failure
+//!   asks for data not older than the last version seen, so a lagging API
+//!   server cannot take the set back in time; after the server expired the
+//!   version (`410 Gone`, or `504` "too large resource version" from a
+//!   lagging one) it lists the latest (a consistent read).
 //! - A watch the server ends (its timeout) resumes from the last version
 //!   seen (an event's or a bookmark's), with no new list.
 //! - A watch that hears nothing for longer than the server's own timeout
@@ -14,7 +18,9 @@
 //! - A watch the server has expired (`410 Gone`, as an event, as the watch
 //!   request's answer, or as a bare status in the stream) lists again at
 //!   once, unless the last list was less than `retry` ago.
-//! - A failed list or watch lists again after `retry`.
+//! - A failed list or watch lists again after `retry`, doubled after each
+//!   failure in a row up to 8 × `retry` (a missing permission does not
+//!   become a list every few seconds).
 //! - A watch that ends sooner than `retry` after it started waits out the
 //!   rest of `retry` before the next, so a server that ends every watch at
 //!   once is not asked in a tight loop.
@@ -40,6 +46,40 @@ pub struct Follow {
     pub list_timeout: Duration,
 }
 
+/// Which data a list asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListFrom {
+    /// The API server's watch cache, however recent (`resourceVersion=0`).
+    Cache,
+    /// Not older than this version.
+    NotOlderThan(String),
+    /// The latest (a consistent read).
+    Latest,
+}
+
+/// Why a list failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ListError {
+    #[error("it took over {0:?}")]
+    Timeout(Duration),
+    #[error("{0}")]
+    Api(#[from] kube::Error),
+}
+
+impl ListError {
+    /// A request the server will refuse however often it is sent (a bad
+    /// selector, a missing permission).
+    pub fn is_refused(&self) -> bool {
+        matches!(self, ListError::Api(kube::Error::Api(st)) if matches!(st.code, 400 | 401 | 403 | 422))
+    }
+}
+
+/// Whether the server says the version is gone from its history (or, from
+/// a lagging server, not in it yet): list the latest.
+fn expired(st: &kube::core::Status) -> bool {
+    st.code == 410 || (st.code == 504 && (st.reason.contains("TooLarge") || st.message.to_lowercase().contains("too large resource version")))
+}
+
 /// The server's timeout for one watch, seconds (under its 30 min cap).
 const WATCH_SECONDS: u32 = 290;
 /// Silence on a watch longer than this means the connection is gone: the
@@ -47,8 +87,12 @@ const WATCH_SECONDS: u32 = 290;
 const WATCH_SILENCE: Duration = Duration::from_secs(WATCH_SECONDS as u64 + 30);
 
 impl Follow {
-    fn list_params(&self) -> ListParams {
-        let mut lp = ListParams::default().match_any();
+    fn list_params(&self, from: &ListFrom) -> ListParams {
+        let mut lp = match from {
+            ListFrom::Cache => ListParams::default().match_any(),
+            ListFrom::NotOlderThan(v) => ListParams::default().at(v).matching(kube::api::VersionMatch::NotOlderThan),
+            ListFrom::Latest => ListParams::default(),
+        };
         if let Some(f) = &self.fields {
             lp = lp.fields(f);
         }
@@ -69,26 +113,20 @@ impl Follow {
         wp
     }
 
-    /// Lists once: every object's metadata to `listed`, and the list's
-    /// resource version; `None` (logged) when the list fails.
-    pub async fn list<K>(&self, api: &kube::Api<K>, listed: &mut impl FnMut(Vec<ObjectMeta>)) -> Option<String>
+    /// Lists once: every object's metadata to `listed`; the list's
+    /// resource version.
+    pub async fn list<K>(&self, api: &kube::Api<K>, from: &ListFrom, listed: &mut impl FnMut(Vec<ObjectMeta>)) -> Result<String, ListError>
     where
         K: Clone + DeserializeOwned + Debug,
     {
-        match tokio::time::timeout(self.list_timeout, api.list_metadata(&self.list_params())).await {
-            Ok(Ok(list)) => {
-                listed(list.items.into_iter().map(|o| o.metadata).collect());
-                Some(list.metadata.resource_version.unwrap_or_default())
-            }
-            Ok(Err(e)) => {
-                tracing::warn!("cannot list {} ({e}); trying again in {:?}", self.what, self.retry);
-                None
-            }
-            Err(_) => {
-                tracing::warn!("listing {} took over {:?}; trying again in {:?}", self.what, self.list_timeout, self.retry);
-                None
-            }
-        }
+        let list = tokio::time::timeout(self.list_timeout, api.list_metadata(&self.list_params(from))).await.map_err(|_| ListError::Timeout(self.list_timeout))??;
+        listed(list.items.into_iter().map(|o| o.metadata).collect());
+        Ok(list.metadata.resource_version.unwrap_or_default())
+    }
+
+    /// The wait after `failures` failures in a row.
+    fn backoff(&self, failures: u32) -> Duration {
+        self.retry * (1 << failures.clamp(1, 4).saturating_sub(1))
     }
 
     /// Follows for ever (until the task is dropped): `listed` gets the
@@ -102,33 +140,38 @@ impl Follow {
     {
         let wp = self.watch_params();
         let mut listed_at = tokio::time::Instant::now();
+        let mut from = ListFrom::Cache;
+        let mut failures = 0u32;
         loop {
             let mut rv = match version.take() {
                 Some(v) => v,
                 None => {
                     listed_at = tokio::time::Instant::now();
-                    match self.list(api, &mut listed).await {
-                        Some(v) => v,
-                        None => {
-                            tokio::time::sleep(self.retry).await;
+                    match self.list(api, &from, &mut listed).await {
+                        Ok(v) => v,
+                        Err(e) => {
+                            failures += 1;
+                            let wait = self.backoff(failures);
+                            tracing::warn!("cannot list {} ({e}); trying again in {wait:?}", self.what);
+                            tokio::time::sleep(wait).await;
                             continue;
                         }
                     }
                 }
             };
-            // Follow from `rv` until the watch must list again: `true` at
-            // once (410 Gone), `false` after `retry` (a failure).
-            let at_once = loop {
+            // Follow from `rv` until the watch must list again: `true` when
+            // the server expired the version, `false` after a failure.
+            let expired_now = loop {
                 let started = tokio::time::Instant::now();
                 let stream = match tokio::time::timeout(self.list_timeout, api.watch_metadata(&wp, &rv)).await {
                     Ok(Ok(s)) => s,
-                    Ok(Err(kube::Error::Api(st))) if st.code == 410 => break true,
+                    Ok(Err(kube::Error::Api(st))) if expired(&st) => break true,
                     Ok(Err(e)) => {
-                        tracing::warn!("cannot watch {} ({e}); listing again in {:?}", self.what, self.retry);
+                        tracing::warn!("cannot watch {} ({e})", self.what);
                         break false;
                     }
                     Err(_) => {
-                        tracing::warn!("watching {} took over {:?} to start; listing again in {:?}", self.what, self.list_timeout, self.retry);
+                        tracing::warn!("watching {} took over {:?} to start", self.what, self.list_timeout);
                         break false;
                     }
                 };
@@ -152,22 +195,23 @@ impl Follow {
                             continue;
                         }
                         Ok(WatchEvent::Error(st)) => {
-                            if st.code != 410 {
-                                tracing::warn!("the watch of {} failed ({}: {}); listing again in {:?}", self.what, st.code, st.message, self.retry);
+                            if !expired(&st) {
+                                tracing::warn!("the watch of {} failed ({}: {})", self.what, st.code, st.message);
                             }
-                            end = Some(st.code == 410);
+                            end = Some(expired(&st));
                             break;
                         }
-                        Err(kube::Error::Api(st)) if st.code == 410 => {
+                        Err(kube::Error::Api(st)) if expired(&st) => {
                             end = Some(true);
                             break;
                         }
                         Err(e) => {
-                            tracing::warn!("the watch of {} broke ({e}); listing again in {:?}", self.what, self.retry);
+                            tracing::warn!("the watch of {} broke ({e})", self.what);
                             end = Some(false);
                             break;
                         }
                     };
+                    failures = 0;
                     if let Some(v) = meta.resource_version.clone() {
                         rv = v;
                     }
@@ -178,10 +222,15 @@ impl Follow {
                 }
                 tokio::time::sleep_until(started + self.retry).await;
             };
-            if !at_once {
-                tokio::time::sleep(self.retry).await;
-            } else {
+            if expired_now {
+                from = ListFrom::Latest;
                 tokio::time::sleep_until(listed_at + self.retry).await;
+            } else {
+                from = ListFrom::NotOlderThan(rv);
+                failures += 1;
+                let wait = self.backoff(failures);
+                tracing::warn!("listing {} again in {wait:?}", self.what);
+                tokio::time::sleep(wait).await;
             }
         }
     }

@@ -250,8 +250,10 @@ async fn list_pods(axum::extract::State(api): axum::extract::State<ApiServer>, a
 }
 
 /// `GET /api/v1/nodes`: the nodes labelled `egpu.io/enabled=true` (the
-/// only selector served), listed or watched (each change a MODIFIED event
-/// of the node changed).
+/// only selector served), listed or watched: a watch from an older version
+/// first gets every selected node as it is now, then each change as a
+/// MODIFIED event of the node changed, or DELETED when it loses the label
+/// (it no longer matches the selector).
 async fn list_nodes(axum::extract::State(api): axum::extract::State<ApiServer>, axum::extract::RawQuery(q): axum::extract::RawQuery) -> axum::response::Response {
     use axum::response::IntoResponse;
     use tokio_stream::StreamExt;
@@ -266,11 +268,17 @@ async fn list_nodes(axum::extract::State(api): axum::extract::State<ApiServer>, 
     };
     let labelled = |n: &serde_json::Value| n["metadata"]["labels"]["egpu.io/enabled"] == "true";
     if q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1") {
+        let from: u64 = q.split('&').find_map(|kv| kv.strip_prefix("resourceVersion=")).and_then(|v| v.parse().ok()).unwrap_or(0);
         let rx = api.node_version.subscribe();
-        let events = tokio_stream::wrappers::WatchStream::from_changes(rx).filter_map(move |(v, name)| {
+        let now = rx.borrow().0;
+        let names: Vec<String> = api.nodes.lock().unwrap().keys().cloned().collect();
+        let missed: Vec<serde_json::Value> = if now > from { names.iter().map(|n| at(&api, n, now)).filter(labelled).collect() } else { Vec::new() };
+        let event = |kind: &str, n: serde_json::Value| Ok::<_, std::convert::Infallible>(format!("{}\n", serde_json::json!({"type": kind, "object": n})));
+        let changes = tokio_stream::wrappers::WatchStream::from_changes(rx).map(move |(v, name)| {
             let n = at(&api, &name, v);
-            labelled(&n).then(|| Ok::<_, std::convert::Infallible>(format!("{}\n", serde_json::json!({"type": "MODIFIED", "object": n}))))
+            if labelled(&n) { event("MODIFIED", n) } else { event("DELETED", n) }
         });
+        let events = tokio_stream::iter(missed.into_iter().map(move |n| event("MODIFIED", n))).chain(changes);
         return axum::body::Body::from_stream(events).into_response();
     }
     let v = api.node_version.borrow().0;
@@ -705,15 +713,22 @@ fn gpus_annotation(free: &[u32], pods: &[(&str, u32)]) -> String {
     .to_json()
 }
 
+/// The API-server stand-in alone, with a kubeconfig naming it (keep the
+/// directory and the runtime alive while it serves).
+fn api_stand_in() -> (tempfile::TempDir, tokio::runtime::Runtime, ApiServer, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let api = ApiServer::default();
+    let kubeconfig = serve_api(&rt, tmp.path(), api.clone());
+    (tmp, rt, api, kubeconfig)
+}
+
 /// With API access the extender follows the eGPU nodes' annotations itself
 /// (a list before it answers, then a watch), so a scheduler configured with
 /// `nodeCacheCapable: true` sends node names instead of whole Nodes.
 #[test]
 fn scheduler_extender_with_a_node_cache_takes_node_names() {
-    let tmp = tempfile::tempdir().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let api = ApiServer::default();
-    let kubeconfig = serve_api(&rt, tmp.path(), api.clone());
+    let (_tmp, _rt, api, kubeconfig) = api_stand_in();
     api.set_node("n1", true, Some(gpus_annotation(&[10, 4], &[])));
     api.set_node("n3", false, Some(gpus_annotation(&[16], &[])));
     api.set_node("n4", true, None);
@@ -737,6 +752,15 @@ fn scheduler_extender_with_a_node_cache_takes_node_names() {
     api.set_node("n1", true, Some(gpus_annotation(&[4, 4], &[])));
     let refused = || ask("/filter", 8, &["n1"])["FailedNodes"]["n1"].as_str().unwrap_or_default().contains("the most free on one GPU is 4");
     assert!(wait_until(WAIT, refused));
+    // A selector the server refuses stops it at start, with the reason.
+    let o = clean("egpu-scheduler").args(["--listen", "127.0.0.1:0", "--node-selector", "team=x"]).env("KUBECONFIG", &kubeconfig).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot list the nodes selected by --node-selector 'team=x'"), "{err}");
+    // A node that loses the label leaves the cache (the watch's DELETED).
+    api.set_node("n1", false, Some(gpus_annotation(&[16, 16], &[])));
+    let gone = || ask("/filter", 8, &["n1"])["FailedAndUnresolvableNodes"]["n1"].as_str().unwrap_or_default().contains("not in this extender's node cache");
+    assert!(wait_until(WAIT, gone));
 }
 
 /// The extender binds the pods it places and counts their units on their
@@ -744,10 +768,7 @@ fn scheduler_extender_with_a_node_cache_takes_node_names() {
 /// API server's reason. Against the API-server stand-in, over real HTTP.
 #[test]
 fn scheduler_extender_binds_and_counts_a_bound_pod_until_the_node_does() {
-    let tmp = tempfile::tempdir().unwrap();
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let api = ApiServer::default();
-    let kubeconfig = serve_api(&rt, tmp.path(), api.clone());
+    let (_tmp, _rt, api, kubeconfig) = api_stand_in();
     let pod = |name: &str, units: u32| {
         let mut p = pod_asking(units);
         p["metadata"]["name"] = name.into();

@@ -5,7 +5,7 @@
 
 use clap::Parser;
 use egpu_k8s::extender::{Extender, NodeCache, RESYNC_EVERY, router};
-use egpu_k8s::follow::Follow;
+use egpu_k8s::follow::{Follow, ListFrom};
 use k8s_openapi::api::core::v1::Node;
 use egpu_k8s::plugin::DEFAULT_RESOURCE;
 use std::net::SocketAddr;
@@ -89,8 +89,18 @@ fn main() -> ExitCode {
                 retry: RESYNC_EVERY / 6,
                 list_timeout: RESYNC_EVERY,
             };
-            let version = follow.list(&nodes, &mut |n| cache.replace(n)).await;
-            tracing::info!("node cache: {} nodes", cache.len());
+            let version = match follow.list(&nodes, &ListFrom::Cache, &mut |n| cache.replace(n)).await {
+                Ok(v) => {
+                    tracing::info!("node cache: {} nodes", cache.len());
+                    Some(v)
+                }
+                // A request the server refuses every time (a bad selector, no permission): say so and stop.
+                Err(e) if e.is_refused() => return Err(format!("cannot list the nodes selected by --node-selector '{}': {e}", a.node_selector)),
+                Err(e) => {
+                    tracing::warn!("cannot list the nodes yet ({e}); until it can, requests that name nodes are answered that the cache is not filled");
+                    None
+                }
+            };
             let c2 = cache.clone();
             tokio::spawn(async move { follow.run(&nodes, version, |n| c2.replace(n), |n, present| c2.update(n, present)).await });
             ext = ext.with_api(c).with_node_cache(cache);
