@@ -245,6 +245,7 @@ pub struct Extender {
     assume_ttl: Duration,
     api: Option<kube::Client>,
     nodes: Option<Arc<NodeCache>>,
+    metrics: crate::metrics::ExtenderMetrics,
 }
 
 /// The eGPU nodes' `egpu.io/gpus` annotations, followed from the API server
@@ -342,6 +343,26 @@ pub struct BindingArgs {
     pub node: String,
 }
 
+/// Why a bind failed: `refused` when the request or the API server said
+/// no (as opposed to no answer, or no API access).
+#[derive(Debug)]
+struct BindError {
+    refused: bool,
+    why: String,
+}
+
+impl From<String> for BindError {
+    fn from(why: String) -> Self {
+        BindError { refused: false, why }
+    }
+}
+
+impl std::fmt::Display for BindError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.why)
+    }
+}
+
 /// `ExtenderBindingResult`: empty `Error` on success.
 #[derive(Debug, Default, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BindingResult {
@@ -359,7 +380,7 @@ struct Recent {
 
 impl Extender {
     pub fn new(resource: &str) -> Extender {
-        Extender { resource: resource.into(), recent: Mutex::new(Recent::default()), assumed: Mutex::new(Assumed::default()), assume_ttl: DEFAULT_ASSUME_TTL, api: None, nodes: None }
+        Extender { resource: resource.into(), recent: Mutex::new(Recent::default()), assumed: Mutex::new(Assumed::default()), assume_ttl: DEFAULT_ASSUME_TTL, api: None, nodes: None, metrics: Default::default() }
     }
 
     /// With API access, `bind` binds pods (else it answers why it cannot).
@@ -442,21 +463,23 @@ impl Extender {
         match self.bind_inner(&a, &pod).await {
             Ok(units) => {
                 tracing::info!(pod, node = a.node, ?units, "bound");
+                self.metrics.bind("bound");
                 BindingResult::default()
             }
             Err(e) => {
                 tracing::warn!(pod, node = a.node, "cannot bind: {e}");
-                BindingResult { error: format!("egpu-scheduler cannot bind {pod} to {}: {e}", a.node) }
+                self.metrics.bind(if e.refused { "refused" } else { "failed" });
+                BindingResult { error: format!("egpu-scheduler cannot bind {pod} to {}: {}", a.node, e.why) }
             }
         }
     }
 
-    async fn bind_inner(&self, a: &BindingArgs, pod: &str) -> Result<Vec<u32>, String> {
+    async fn bind_inner(&self, a: &BindingArgs, pod: &str) -> Result<Vec<u32>, BindError> {
         use k8s_openapi::api::core::v1::{Binding, ObjectReference, Pod as KPod};
         use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-        let client = self.api.clone().ok_or("this extender runs with --no-bind; remove bindVerb from the scheduler's extender config, or run it with API access")?;
+        let client = self.api.clone().ok_or_else(|| BindError::from("this extender runs with --no-bind; remove bindVerb from the scheduler's extender config, or run it with API access".to_string()))?;
         if a.pod_name.is_empty() || a.pod_namespace.is_empty() || a.node.is_empty() {
-            return Err("the request needs PodName, PodNamespace and Node".into());
+            return Err(BindError { refused: true, why: "the request needs PodName, PodNamespace and Node".into() });
         }
         let deadline = tokio::time::Instant::now() + BIND_DEADLINE;
         let pods: kube::Api<KPod> = kube::Api::namespaced(client, &a.pod_namespace);
@@ -488,10 +511,10 @@ impl Extender {
             Ok(Err(kube::Error::Api(st))) if st.code == 409 && st.message.contains(&format!("already assigned to node \"{}\"", a.node)) => Ok(units),
             Ok(Err(kube::Error::Api(st))) if (400..500).contains(&st.code) => {
                 self.assumed.lock().expect("assume lock").release(&a.node, pod);
-                Err(format!("the API server refused it ({}): {}", st.code, st.message))
+                Err(BindError { refused: true, why: format!("the API server refused it ({}): {}", st.code, st.message) })
             }
-            Ok(Err(e)) => Err(format!("{e} (its units stay counted on the node until its annotation or --assume-ttl says otherwise)")),
-            Err(_) => Err(format!("the API server did not answer within {} s (its units stay counted on the node until its annotation or --assume-ttl says otherwise)", BIND_DEADLINE.as_secs())),
+            Ok(Err(e)) => Err(format!("{e} (its units stay counted on the node until its annotation or --assume-ttl says otherwise)").into()),
+            Err(_) => Err(format!("the API server did not answer within {} s (its units stay counted on the node until its annotation or --assume-ttl says otherwise)", BIND_DEADLINE.as_secs()).into()),
         }
     }
 
@@ -520,6 +543,11 @@ impl Extender {
             }
         }
         Ok(added)
+    }
+
+    /// A scrape of the extender's metrics.
+    pub fn metrics_text(&self) -> String {
+        self.metrics.render(self.assumed(), self.nodes.as_ref().map(|c| (c.len(), c.synced())))
     }
 
     /// Live assumptions (bound pods the nodes' annotations do not count yet).
@@ -561,6 +589,8 @@ impl Extender {
                     Ok(None) => {}
                 }
             }
+            let (failed, unresolvable) = (out.failed_nodes.len(), out.failed_and_unresolvable_nodes.len());
+            self.metrics.filtered(keep.len() - failed - unresolvable, failed, unresolvable);
         }
         let mut keep = keep.into_iter();
         match candidates {
@@ -669,8 +699,19 @@ fn sharing_pod(milli: u32, ty: egpu_place::GpuTypeId) -> Option<Pod> {
     Pod::new(0, 0, 1, milli.clamp(1, 1000), TypeSet::only(ty), Qos::Be).ok()
 }
 
+/// `GET /metrics` (and `GET /healthz`) alone, for a separate address that
+/// a Prometheus outside the pod can reach (`--metrics-listen`).
+pub fn metrics_router(ext: std::sync::Arc<Extender>) -> axum::Router {
+    use axum::extract::State;
+    use axum::response::IntoResponse;
+    async fn metrics(State(ext): State<std::sync::Arc<Extender>>) -> axum::response::Response {
+        ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], ext.metrics_text()).into_response()
+    }
+    axum::Router::new().route("/metrics", axum::routing::get(metrics)).route("/healthz", axum::routing::get(|| async { "ok" })).with_state(ext)
+}
+
 /// The extender's HTTP routes: `POST /filter`, `POST /prioritize`,
-/// `POST /bind`, `GET /healthz`. A body that is not JSON of the protocol's shape gets
+/// `POST /bind`, `GET /metrics`, `GET /healthz`. A body that is not JSON of the protocol's shape gets
 /// HTTP 400 with the reason; a request the extender cannot answer gets its
 /// reason in the result's `Error` (filter) or HTTP 400 (prioritize, whose
 /// result has no error field).
@@ -678,39 +719,54 @@ pub fn router(ext: std::sync::Arc<Extender>) -> axum::Router {
     use axum::extract::{DefaultBodyLimit, State};
     use axum::http::StatusCode;
     use axum::response::{IntoResponse, Response};
-    use axum::routing::{get, post};
+    use axum::routing::post;
     type Ext = State<std::sync::Arc<Extender>>;
 
     fn parse(body: &[u8]) -> Result<ExtenderArgs, String> {
         serde_json::from_slice(body).map_err(|e| format!("not an ExtenderArgs JSON body: {e}"))
     }
     async fn filter(State(ext): Ext, body: axum::body::Bytes) -> Response {
-        match parse(&body) {
-            Ok(args) => axum::Json(ext.filter(args)).into_response(),
-            Err(why) => (StatusCode::BAD_REQUEST, why).into_response(),
-        }
+        let t = std::time::Instant::now();
+        let (ok, r) = match parse(&body) {
+            Ok(args) => {
+                let r = ext.filter(args);
+                (r.error.is_empty(), axum::Json(r).into_response())
+            }
+            Err(why) => (false, (StatusCode::BAD_REQUEST, why).into_response()),
+        };
+        ext.metrics.request("filter", ok, t.elapsed());
+        r
     }
     async fn bind(State(ext): Ext, body: axum::body::Bytes) -> Response {
-        match serde_json::from_slice::<BindingArgs>(&body) {
-            Ok(args) => axum::Json(ext.bind(args).await).into_response(),
-            Err(e) => (StatusCode::BAD_REQUEST, format!("not an ExtenderBindingArgs JSON body: {e}")).into_response(),
-        }
+        let t = std::time::Instant::now();
+        let (ok, r) = match serde_json::from_slice::<BindingArgs>(&body) {
+            Ok(args) => {
+                let r = ext.bind(args).await;
+                (r.error.is_empty(), axum::Json(r).into_response())
+            }
+            Err(e) => (false, (StatusCode::BAD_REQUEST, format!("not an ExtenderBindingArgs JSON body: {e}")).into_response()),
+        };
+        ext.metrics.request("bind", ok, t.elapsed());
+        r
     }
     async fn prioritize(State(ext): Ext, body: axum::body::Bytes) -> Response {
-        match parse(&body).and_then(|a| ext.prioritize(a).map_err(|e| e.to_string())) {
-            Ok(list) => axum::Json(list).into_response(),
-            Err(why) => (StatusCode::BAD_REQUEST, why).into_response(),
-        }
+        let t = std::time::Instant::now();
+        let (ok, r) = match parse(&body).and_then(|a| ext.prioritize(a).map_err(|e| e.to_string())) {
+            Ok(list) => (true, axum::Json(list).into_response()),
+            Err(why) => (false, (StatusCode::BAD_REQUEST, why).into_response()),
+        };
+        ext.metrics.request("prioritize", ok, t.elapsed());
+        r
     }
     axum::Router::new()
         .route("/filter", post(filter))
         .route("/prioritize", post(prioritize))
         .route("/bind", post(bind))
-        .route("/healthz", get(|| async { "ok" }))
         // Without the node cache the scheduler sends whole Node objects:
         // ~10 KB each, so a 10,000-GPU cluster's request is ~14 MB.
         .layer(DefaultBodyLimit::max(256 << 20))
-        .with_state(ext)
+        .with_state(ext.clone())
+        .merge(metrics_router(ext))
 }
 
 #[cfg(test)]

@@ -20,12 +20,14 @@
 //! [`plugin`] (the gRPC service, registration, refresh and sweep loops),
 //! [`annotation`] (the Node annotation's format), [`extender`] (the
 //! kube-scheduler extender), [`assume`] (its cache of bound pods),
-//! [`follow`] (list-then-watch of objects' metadata).
+//! [`follow`] (list-then-watch of objects' metadata), [`metrics`] (the
+//! extender's Prometheus metrics).
 
 pub mod annotation;
 pub mod assume;
 pub mod extender;
 pub mod follow;
+pub mod metrics;
 pub mod plugin;
 pub mod tokens;
 

@@ -192,6 +192,10 @@ fn the_scheduler_its_extender_and_the_example_pod_agree() {
     let ds_selector = pod_spec(find(&objs, "DaemonSet", "egpu-node")).node_selector.unwrap();
     let (k, v) = flag(ext_c, "--node-selector").split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).unwrap();
     assert_eq!(ds_selector.get(&k), Some(&v), "the extender follows the nodes eGPU runs on");
+    // Its metrics port is the one it serves them on.
+    let metrics: std::net::SocketAddr = flag(ext_c, "--metrics-listen").parse().unwrap();
+    let port = ext_c.ports.iter().flatten().find(|p| p.name.as_deref() == Some("metrics")).expect("a metrics port");
+    assert_eq!(port.container_port, i32::from(metrics.port()));
     assert_eq!((ext["enableHTTPS"].as_bool(), ext["ignorable"].as_bool()), (Some(false), Some(false)));
     assert_eq!((ext["filterVerb"].as_str(), ext["prioritizeVerb"].as_str(), ext["bindVerb"].as_str()), (Some("filter"), Some("prioritize"), Some("bind")));
     // Its answer, not the scheduler's timeout, ends a bind.

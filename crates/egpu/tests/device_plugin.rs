@@ -341,6 +341,22 @@ fn post(addr: &str, path: &str, body: &str) -> (u16, String) {
     (head.split(' ').nth(1).unwrap().parse().unwrap(), body.to_string())
 }
 
+/// One HTTP/1.1 GET over a fresh connection: (status, body).
+fn get(addr: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    write!(c, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).unwrap();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap();
+    (head.split(' ').nth(1).unwrap().parse().unwrap(), body.to_string())
+}
+
+/// The value of one sample (`name{labels}`) in a scrape.
+fn sample(scrape: &str, series: &str) -> Option<f64> {
+    scrape.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+}
+
 /// The scheduler extender, started on a free port.
 struct Scheduler(Child, String);
 impl Scheduler {
@@ -351,8 +367,14 @@ impl Scheduler {
 
     /// With a kubeconfig: API access, so it can bind.
     fn start_with(kubeconfig: Option<&Path>) -> Scheduler {
+        Scheduler::start_args(kubeconfig, &[]).0
+    }
+
+    /// With more flags; also the metrics address, if it printed one.
+    fn start_args(kubeconfig: Option<&Path>, args: &[&str]) -> (Scheduler, Option<String>) {
         use std::io::BufRead;
         let mut cmd = clean("egpu-scheduler");
+        cmd.args(args);
         match kubeconfig {
             Some(k) => cmd.env("KUBECONFIG", k),
             None => cmd.arg("--no-bind"),
@@ -362,7 +384,7 @@ impl Scheduler {
         std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
         let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line}: {e}"));
         let addr = v["addr"].as_str().unwrap().to_string();
-        Scheduler(child, addr)
+        (Scheduler(child, addr), v["metrics"].as_str().map(str::to_string))
     }
 }
 impl Drop for Scheduler {
@@ -732,7 +754,8 @@ fn scheduler_extender_with_a_node_cache_takes_node_names() {
     api.set_node("n1", true, Some(gpus_annotation(&[10, 4], &[])));
     api.set_node("n3", false, Some(gpus_annotation(&[16], &[])));
     api.set_node("n4", true, None);
-    let sched = Scheduler::start_with(Some(&kubeconfig));
+    let (sched, metrics) = Scheduler::start_args(Some(&kubeconfig), &["--metrics-listen", "127.0.0.1:0"]);
+    let metrics = metrics.expect("the metrics address");
     let ask = |verb: &str, units: u32, names: &[&str]| -> serde_json::Value {
         let (code, body) = post(&sched.1, verb, &serde_json::json!({"Pod": pod_asking(units), "NodeNames": names}).to_string());
         assert_eq!(code, 200, "{body}");
@@ -748,6 +771,14 @@ fn scheduler_extender_with_a_node_cache_takes_node_names() {
     }
     assert!(unresolvable["n4"].as_str().unwrap().contains("no egpu.io/gpus annotation"), "{r}");
     assert_eq!(ask("/prioritize", 8, &["n1", "n4"]), serde_json::json!([{"Host": "n1", "Score": 10}, {"Host": "n4", "Score": 0}]));
+    // The metrics, on their own address: the cache, and what the filter decided.
+    let (code, m) = get(&metrics, "/metrics");
+    assert_eq!(code, 200, "{m}");
+    assert_eq!((sample(&m, "egpu_extender_node_cache_synced"), sample(&m, "egpu_extender_node_cache_nodes")), (Some(1.0), Some(2.0)), "{m}");
+    let decided = |result: &str| sample(&m, &format!("egpu_extender_filter_nodes_total{{result=\"{result}\"}}"));
+    assert_eq!((decided("passed"), decided("failed"), decided("unresolvable")), (Some(1.0), Some(0.0), Some(3.0)), "{m}");
+    assert_eq!(sample(&m, "egpu_extender_requests_total{verb=\"prioritize\",outcome=\"ok\"}"), Some(1.0), "{m}");
+    assert!(m.contains("egpu_extender_request_seconds_bucket{le=\"0.0005\",verb=\"filter\"}") || m.contains("egpu_extender_request_seconds_bucket{verb=\"filter\",le=\"0.0005\"}"), "{m}");
     // A change reaches it by the watch.
     api.set_node("n1", true, Some(gpus_annotation(&[4, 4], &[])));
     let refused = || ask("/filter", 8, &["n1"])["FailedNodes"]["n1"].as_str().unwrap_or_default().contains("the most free on one GPU is 4");
@@ -836,6 +867,12 @@ fn scheduler_extender_binds_and_counts_a_bound_pod_until_the_node_does() {
     assert_eq!(code, 400);
     assert!(body.contains("not an ExtenderBindingArgs JSON body"), "{body}");
     assert_eq!(api.bindings.lock().unwrap().len(), 2, "p1 and p4");
+    // Binds by outcome: p1, p4 and p1's repeat bound; the other node
+    // refused; the missing pod failed. The bad body is a bind request error.
+    let (_, m) = get(&sched.1, "/metrics");
+    let binds = |o: &str| sample(&m, &format!("egpu_extender_binds_total{{outcome=\"{o}\"}}"));
+    assert_eq!((binds("bound"), binds("refused"), binds("failed")), (Some(3.0), Some(1.0), Some(1.0)), "{m}");
+    assert_eq!(sample(&m, "egpu_extender_requests_total{verb=\"bind\",outcome=\"error\"}"), Some(3.0), "{m}");
     // A restarted extender (or a new leader's) counts the pods bound before
     // it that are still pending, before it answers: p1 (2 units, as the
     // API server has it) and p4 (11) on n1 leave at most 5 on one GPU.

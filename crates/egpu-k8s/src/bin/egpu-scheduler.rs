@@ -4,7 +4,7 @@
 //! their units until the nodes' annotations count them.
 
 use clap::Parser;
-use egpu_k8s::extender::{Extender, NodeCache, RESYNC_EVERY, router};
+use egpu_k8s::extender::{Extender, NodeCache, RESYNC_EVERY, metrics_router, router};
 use egpu_k8s::follow::{Follow, ListFrom};
 use k8s_openapi::api::core::v1::Node;
 use egpu_k8s::plugin::DEFAULT_RESOURCE;
@@ -39,6 +39,10 @@ struct Args {
     /// selector, empty for every node.
     #[arg(long, default_value = "egpu.io/enabled=true")]
     node_selector: String,
+    /// Also serve `GET /metrics` (and `/healthz`) here, for a Prometheus
+    /// outside the pod (the main address is loopback); read-only.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, env = "EGPU_LOG", default_value = "info", value_parser = egpu_node::logging::log_filter)]
     log: String,
@@ -125,10 +129,21 @@ fn main() -> ExitCode {
                 }
             });
         }
+        let mut metrics_addr = String::new();
+        if let Some(m) = a.metrics_listen {
+            let l = tokio::net::TcpListener::bind(m).await.map_err(|e| format!("cannot listen on {m} (--metrics-listen): {e}"))?;
+            metrics_addr = format!(",\"metrics\":\"{}\"", l.local_addr().map_err(|e| e.to_string())?);
+            let ext = ext.clone();
+            tokio::spawn(async move {
+                if let Err(e) = axum::serve(l, metrics_router(ext)).await {
+                    tracing::warn!("the metrics server stopped: {e}");
+                }
+            });
+        }
         let listener = tokio::net::TcpListener::bind(a.listen).await.map_err(|e| format!("cannot listen on {}: {e}", a.listen))?;
         // The bound address (a :0 port resolved), for whoever started us.
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
-        println!("{{\"event\":\"listening\",\"addr\":\"{addr}\"}}");
+        println!("{{\"event\":\"listening\",\"addr\":\"{addr}\"{metrics_addr}}}");
         tracing::info!("extender for {} on http://{addr}", a.resource);
         axum::serve(listener, router(ext))
             .with_graceful_shutdown(egpu_node::agent::shutdown_signal())
