@@ -97,6 +97,33 @@ impl NodeGpus {
         Ok(n)
     }
 
+    /// Takes one container's `units` off `free` where the device plugin
+    /// would place them: on one GPU, best fit (the least free that holds
+    /// them, then the lower UUID); or, for a container larger than any one
+    /// GPU, whole free GPUs (`units` a multiple of a GPU's units; the lowest
+    /// UUIDs). False, and nothing taken, when they do not fit.
+    pub fn take(&mut self, units: u32) -> bool {
+        if let Some(g) = self.gpus.iter_mut().filter(|g| g.free >= units).min_by(|a, b| a.free.cmp(&b.free).then_with(|| a.uuid.cmp(&b.uuid))) {
+            g.free -= units;
+            return true;
+        }
+        if self.gpus.iter().any(|g| g.units >= units) {
+            return false;
+        }
+        let mut whole: Vec<&mut GpuFree> = self.gpus.iter_mut().filter(|g| g.units > 0 && g.free == g.units).collect();
+        whole.sort_by(|a, b| a.uuid.cmp(&b.uuid));
+        let Some(per) = whole.first().map(|g| g.units) else { return false };
+        let k = (units / per) as usize;
+        let mut chosen: Vec<&mut GpuFree> = whole.into_iter().filter(|g| g.units == per).take(k).collect();
+        if !units.is_multiple_of(per) || chosen.len() < k {
+            return false;
+        }
+        for g in &mut chosen {
+            g.free = 0;
+        }
+        true
+    }
+
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("plain data serialises")
     }
@@ -113,6 +140,29 @@ mod tests {
             gpus: vec![GpuFree { index: 0, uuid: "GPU-a".into(), model: "NVIDIA H200".into(), units: 141, free: 20 }],
             pods: Some([("default/a".to_string(), 20)].into()),
         }
+    }
+
+    #[test]
+    fn take_places_as_the_plugin_does() {
+        let node = |free: &[u32]| NodeGpus {
+            v: VERSION,
+            unit_bytes: 1 << 30,
+            gpus: free.iter().enumerate().map(|(i, &f)| GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units: 16, free: f }).collect(),
+            pods: None,
+        };
+        let free = |g: &NodeGpus| g.gpus.iter().map(|x| x.free).collect::<Vec<_>>();
+        // One GPU, best fit, ties to the lower UUID.
+        let mut g = node(&[16, 10, 10]);
+        assert!(g.take(8));
+        assert_eq!(free(&g), [16, 2, 10]);
+        // Larger than a GPU: whole free GPUs only, a multiple of 16.
+        let mut g = node(&[16, 15, 16, 16]);
+        assert!(g.take(32));
+        assert_eq!(free(&g), [0, 15, 0, 16]);
+        assert!(!g.take(32), "one whole GPU left");
+        assert!(!g.take(20), "not a multiple of a GPU");
+        assert_eq!(free(&g), [0, 15, 0, 16], "nothing taken when it does not fit");
+        assert!(!node(&[4]).take(5));
     }
 
     #[test]

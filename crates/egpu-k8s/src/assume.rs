@@ -8,8 +8,9 @@
 //! is still free. So when the extender binds a pod (the scheduler's
 //! `bindVerb`), it remembers the pod's units on that node, and every
 //! filter and prioritize takes them off the annotation's free units: each
-//! container in the pod's order, best fit, ties to the lower GPU UUID, as
-//! the plugin's preferred allocation places them when the kubelet admits
+//! container in the pod's order, best fit, ties to the lower GPU UUID (or
+//! whole GPUs for a container larger than one), as the plugin's preferred
+//! allocation places them when the kubelet admits
 //! the containers in that order (an approximation: the kubelet admits
 //! several pending pods in its own order). An assumption ends when the
 //! node's annotation says the pod holds all its units there (they are then
@@ -110,13 +111,10 @@ impl Assumed {
         entries.retain(|e| held(&e.pod) < e.units.iter().sum::<u32>() && now.saturating_duration_since(e.at) < ttl);
         for e in entries.iter() {
             for &u in &e.units {
-                // Best fit, as the plugin's preferred allocation: the GPU
-                // with the least free that holds it, then the lower UUID. A
-                // pod that fits no GPU any more was bound in a race the
-                // plugin refuses at admission; it takes nothing here.
-                if let Some(gpu) = g.gpus.iter_mut().filter(|x| x.free >= u).min_by(|a, b| a.free.cmp(&b.free).then_with(|| a.uuid.cmp(&b.uuid))) {
-                    gpu.free -= u;
-                }
+                // Where the plugin's preferred allocation puts it. A pod
+                // that fits no GPU any more was bound in a race the plugin
+                // refuses at admission; it takes nothing here.
+                g.take(u);
             }
         }
         if entries.is_empty() {

@@ -159,27 +159,34 @@ impl Demand {
     }
 
     /// Whether the containers fit on the GPUs' free units (each container on
-    /// one GPU; several may share one): best fit, largest first. `None` if
-    /// they fit, else the reason.
+    /// one GPU, several may share one; or whole GPUs for a container larger
+    /// than one), placed as the plugin places them, largest first. `None`
+    /// if they fit, else the reason.
     pub fn misfit(&self, gpus: &NodeGpus) -> Option<String> {
-        let mut free: Vec<u32> = gpus.gpus.iter().map(|g| g.free).collect();
+        let mut left = gpus.clone();
         for &u in &self.units {
-            match free.iter_mut().filter(|f| **f >= u).min() {
-                Some(f) => *f -= u,
-                None => {
-                    let gib = |n: u32| n as f64 * gpus.unit_bytes as f64 / f64::from(1u32 << 30);
-                    let largest = gpus.gpus.iter().map(|g| g.free).max().unwrap_or(0);
-                    return Some(if self.units.len() == 1 {
-                        format!("no GPU has {u} units ({:.1} GiB) free; the most free on one GPU is {largest} ({:.1} GiB)", gib(u), gib(largest))
-                    } else {
-                        format!(
-                            "the containers' {:?} units do not fit the GPUs' free units {:?} (each container's memory comes from one GPU)",
-                            self.units,
-                            gpus.gpus.iter().map(|g| g.free).collect::<Vec<_>>()
-                        )
-                    });
-                }
+            if left.take(u) {
+                continue;
             }
+            let gib = |n: u32| n as f64 * gpus.unit_bytes as f64 / f64::from(1u32 << 30);
+            let largest = gpus.gpus.iter().map(|g| g.free).max().unwrap_or(0);
+            let per = gpus.gpus.iter().map(|g| g.units).max().unwrap_or(0);
+            return Some(if u > per {
+                let whole = gpus.gpus.iter().filter(|g| g.units > 0 && g.free == g.units).count();
+                if per > 0 && u % per == 0 {
+                    format!("a container asks for {u} units ({} whole GPUs of {per}); {whole} GPU(s) are entirely free", u / per)
+                } else {
+                    format!("a container asks for {u} units, more than one GPU ({per}): a multi-GPU container takes whole GPUs, so ask for a multiple of {per}")
+                }
+            } else if self.units.len() == 1 {
+                format!("no GPU has {u} units ({:.1} GiB) free; the most free on one GPU is {largest} ({:.1} GiB)", gib(u), gib(largest))
+            } else {
+                format!(
+                    "the containers' {:?} units do not fit the GPUs' free units {:?} (each container's memory comes from one GPU)",
+                    self.units,
+                    gpus.gpus.iter().map(|g| g.free).collect::<Vec<_>>()
+                )
+            });
         }
         None
     }
@@ -651,7 +658,9 @@ impl Extender {
             let milli = |u: u32| ((u64::from(u) * 1000).div_ceil(u64::from(units))).clamp(1, 1000) as u32;
             let mut cluster = Cluster::new();
             let Ok(ty) = cluster.gpu_type_or_insert(&format!("{units}u"), u64::from(units)) else { continue };
-            let Some(pod) = sharing_pod(milli(largest), ty) else { continue };
+            // A container larger than one GPU is a pod of whole GPUs.
+            let shape = |u: u32| if u > units { Pod::new(0, 0, u.div_ceil(units), 1000, TypeSet::only(ty), Qos::Be).ok() } else { sharing_pod(milli(u), ty) };
+            let Some(pod) = shape(largest) else { continue };
             let mut ids = Vec::new();
             for (i, g) in &members {
                 let spec = NodeSpec {
@@ -671,7 +680,7 @@ impl Extender {
                 }
                 ids.push((id, *i));
             }
-            let shapes: Vec<Pod> = recent.iter().filter_map(|&u| sharing_pod(milli(u), ty)).collect();
+            let shapes: Vec<Pod> = recent.iter().filter_map(|&u| shape(u)).collect();
             let target = if shapes.is_empty() { TargetWorkload::from_pods([&pod], 1.0) } else { TargetWorkload::from_pods(&shapes, 0.95) };
             let node_keys = EgpuPolicy::new(target).node_keys(&cluster, &pod);
             for (id, i) in ids {
@@ -826,6 +835,15 @@ mod tests {
         let names: Vec<&str> = r.nodes.as_ref().unwrap().items.iter().map(node_name).collect();
         assert_eq!(names, ["one", "two"]);
         assert!(r.failed_nodes["split"].contains("[8, 8]"), "{:?}", r.failed_nodes);
+        // Larger than a GPU: whole free GPUs, a multiple of one.
+        let r = ext.filter(args(pod(&["32"]), vec![node("two", &[16, 16]), node("one", &[16, 15]), node("odd", &[16, 16])]));
+        assert_eq!(r.nodes.unwrap().items.len(), 2);
+        assert!(r.failed_nodes["one"].contains("2 whole GPUs of 16") && r.failed_nodes["one"].contains("1 GPU(s) are entirely free"), "{:?}", r.failed_nodes);
+        let r = ext.filter(args(pod(&["20"]), vec![node("two", &[16, 16])]));
+        assert!(r.failed_nodes["two"].contains("ask for a multiple of 16"), "{:?}", r.failed_nodes);
+        // Scored as a pod of two whole GPUs: a node with exactly two free wins.
+        let s = ext.prioritize(args(pod(&["32"]), vec![node("four", &[16, 16, 16, 16]), node("two", &[16, 16, 0, 0])])).unwrap();
+        assert_eq!(s.iter().find(|h| h.host == "two").unwrap().score, MAX_SCORE, "{s:?}");
         // A pod that asks for none passes everywhere, untouched.
         let r = ext.filter(args(json!({"spec": {"containers": [{"name": "x"}]}}), vec![node("a", &[0])]));
         assert_eq!(r.nodes.unwrap().items.len(), 1);

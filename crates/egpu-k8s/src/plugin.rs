@@ -505,23 +505,30 @@ impl Shared {
                 self.cfg.cdi_dir.display()
             )));
         };
-        let (gpu, n) = inv.resolve(ids).map_err(|e| Status::failed_precondition(format!("{}: {e}", self.cfg.resource_name)))?;
+        let on = inv.resolve(ids).map_err(|e| Status::failed_precondition(format!("{}: {e}", self.cfg.resource_name)))?;
         let name = tokens::slice_name(ids);
-        let memory = n as u64 * self.cfg.unit_bytes;
-        let share = proportional_share(memory, gpu.memory_bytes);
-        let want = node::DeviceShareSpec { device: gpu.index, memory_bytes: memory, compute_share_bps: share, compute_limit_bps: 10_000, memory_burst_bytes: 0 };
+        // One device per GPU: a part of one GPU, or whole GPUs (a
+        // multi-GPU slice, whose peer access, IPC and NCCL egpud keeps).
+        let want: Vec<node::DeviceShareSpec> = on
+            .iter()
+            .map(|(gpu, n)| {
+                let memory = *n as u64 * self.cfg.unit_bytes;
+                node::DeviceShareSpec { device: gpu.index, memory_bytes: memory, compute_share_bps: proportional_share(memory, gpu.memory_bytes), compute_limit_bps: 10_000, memory_burst_bytes: 0 }
+            })
+            .collect();
+        let where_ = want.iter().map(|d| format!("{} B on GPU {}", d.memory_bytes, d.device)).collect::<Vec<_>>().join(", ");
         let mut c = self.egpud().await?;
-        match c.create_slice(node::CreateSliceRequest { name: name.clone(), devices: vec![want], ephemeral: false, owner_pid: 0, ..Default::default() }).await {
-            Ok(_) => tracing::info!(slice = %name, gpu = gpu.index, memory, "created for the kubelet"),
+        match c.create_slice(node::CreateSliceRequest { name: name.clone(), devices: want.clone(), ephemeral: false, owner_pid: 0, ..Default::default() }).await {
+            Ok(_) => tracing::info!(slice = %name, devices = %where_, "created for the kubelet"),
             Err(e) if e.code() == tonic::Code::AlreadyExists => {
                 // A repeated Allocate for the same tokens (kubelet restart, retry).
                 let s = c.get_slice(node::GetSliceRequest { name: name.clone() }).await?.into_inner();
-                let same = matches!(s.devices.as_slice(), [d] if d.device == gpu.index && d.memory_limit_bytes == memory);
+                let same = s.devices.len() == want.len() && s.devices.iter().zip(&want).all(|(d, w)| d.device == w.device && d.memory_limit_bytes == w.memory_bytes);
                 if !same {
                     return Err(Status::already_exists(format!("slice {name} exists with other devices or memory; delete it (egpu rm {name}) and retry")));
                 }
             }
-            Err(e) => return Err(Status::new(e.code(), format!("egpud refused slice {name} ({memory} B on GPU {}): {}", gpu.index, e.message()))),
+            Err(e) => return Err(Status::new(e.code(), format!("egpud refused slice {name} ({where_}): {}", e.message()))),
         }
         let spec = self.cfg.cdi_dir.join(egpu_node::cdi::spec_file(&name));
         if !spec.exists() {
@@ -536,7 +543,7 @@ impl Shared {
         self.allocated_at.lock().expect("sweep lock").insert(name.clone(), std::time::Instant::now());
         Ok(dp::ContainerAllocateResponse {
             envs: HashMap::from([("EGPU_SLICE".to_string(), name.clone())]),
-            cdi_devices: cdi_devices(&self.cfg, &name, gpu),
+            cdi_devices: cdi_devices(&self.cfg, &name, on.iter().map(|(g, _)| *g)),
             ..Default::default()
         })
     }
@@ -583,10 +590,10 @@ fn advertise(inv: &Inventory, slices: &[node::Slice], held: Option<&Vec<Vec<Stri
 
 /// The CDI devices a container gets: its slice, and its GPU from the
 /// vendor's spec when `--gpu-cdi-kind` names one.
-fn cdi_devices(cfg: &PluginConfig, slice: &str, gpu: &tokens::Gpu) -> Vec<dp::CdiDevice> {
+fn cdi_devices<'a>(cfg: &PluginConfig, slice: &str, gpus: impl Iterator<Item = &'a tokens::Gpu>) -> Vec<dp::CdiDevice> {
     let mut out = vec![dp::CdiDevice { name: egpu_node::cdi::device_name(slice) }];
     if let Some(kind) = cfg.gpu_cdi_kind.as_deref().filter(|k| !k.is_empty()) {
-        out.push(dp::CdiDevice { name: format!("{kind}={}", gpu.index) });
+        out.extend(gpus.map(|g| dp::CdiDevice { name: format!("{kind}={}", g.index) }));
     }
     out
 }
@@ -660,12 +667,18 @@ impl dp::device_plugin_server::DevicePlugin for Service {
     }
 
     async fn get_preferred_allocation(&self, req: Request<dp::PreferredAllocationRequest>) -> Result<Response<dp::PreferredAllocationResponse>, Status> {
+        let inv = self.shared.snapshot.lock().expect("snapshot lock").inventory.clone();
         let container_responses = req
             .into_inner()
             .container_requests
             .iter()
             .map(|r| dp::ContainerPreferredAllocationResponse {
-                device_i_ds: tokens::preferred(&r.available_device_i_ds, &r.must_include_device_i_ds, usize::try_from(r.allocation_size).unwrap_or(0)),
+                device_i_ds: {
+                    let size = usize::try_from(r.allocation_size).unwrap_or(0);
+                    // Larger than any one GPU: whole GPUs, when enough are free.
+                    let whole = inv.as_ref().filter(|inv| size > inv.max_tokens() as usize).and_then(|inv| tokens::preferred_whole(&r.available_device_i_ds, &r.must_include_device_i_ds, size, &|u| inv.tokens_of_uuid(u)));
+                    whole.unwrap_or_else(|| tokens::preferred(&r.available_device_i_ds, &r.must_include_device_i_ds, size))
+                },
             })
             .collect();
         Ok(Response::new(dp::PreferredAllocationResponse { container_responses }))
@@ -922,7 +935,7 @@ mod tests {
         };
         assert_eq!(cfg.endpoint(), "egpu-gpu-memory.sock");
         let gpu = tokens::Gpu { index: 3, uuid: "GPU-x".into(), model: "m".into(), memory_bytes: 1 << 30 };
-        let names = |cfg: &PluginConfig| cdi_devices(cfg, "k8s-1", &gpu).into_iter().map(|d| d.name).collect::<Vec<_>>();
+        let names = |cfg: &PluginConfig| cdi_devices(cfg, "k8s-1", std::iter::once(&gpu)).into_iter().map(|d| d.name).collect::<Vec<_>>();
         assert_eq!(names(&cfg), ["egpu.io/slice=k8s-1"]);
         let nvidia = PluginConfig { gpu_cdi_kind: Some("nvidia.com/gpu".into()), ..cfg.clone() };
         assert_eq!(names(&nvidia), ["egpu.io/slice=k8s-1", "nvidia.com/gpu=3"]);

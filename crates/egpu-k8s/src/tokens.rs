@@ -36,7 +36,7 @@ pub enum TokenError {
     #[error("no devices requested")]
     Empty,
     #[error(
-        "the kubelet chose memory on {gpus} GPUs ({detail}), but a slice's memory comes from one GPU: no GPU on this node had {want} unit(s) free when the pod was admitted. Ask for less, or let the scheduler place the pod on a node with a freer GPU"
+        "the kubelet chose memory on {gpus} GPUs ({detail}), but a slice's memory comes from one GPU, or from whole GPUs for a container larger than one: no GPU on this node had {want} unit(s) free when the pod was admitted (or, for a multi-GPU container, not enough GPUs were entirely free). Ask for less (or for a multiple of a whole GPU's units), or let the scheduler place the pod on a node with room"
     )]
     Spread { gpus: usize, detail: String, want: usize },
 }
@@ -66,9 +66,21 @@ impl Inventory {
         self.gpus.iter().flat_map(move |g| (0..self.tokens_of(g)).map(move |k| (g, k, token_id(&g.uuid, k))))
     }
 
-    /// The GPU a set of tokens lies on, and how many there are; refused
-    /// when they are unknown, empty, or spread over several GPUs.
-    pub fn resolve(&self, ids: &[String]) -> Result<(&Gpu, usize), TokenError> {
+    /// How many tokens the GPU `uuid` has.
+    pub fn tokens_of_uuid(&self, uuid: &str) -> Option<u32> {
+        self.gpus.iter().find(|g| g.uuid == uuid).map(|g| self.tokens_of(g))
+    }
+
+    /// The most tokens one GPU has.
+    pub fn max_tokens(&self) -> u32 {
+        self.gpus.iter().map(|g| self.tokens_of(g)).max().unwrap_or(0)
+    }
+
+    /// The GPUs a set of tokens lies on, with how many on each (by index):
+    /// one GPU, or several whole GPUs (every token of each: a multi-GPU
+    /// container). Refused when they are unknown, empty, or spread over
+    /// GPUs without covering each whole.
+    pub fn resolve(&self, ids: &[String]) -> Result<Vec<(&Gpu, usize)>, TokenError> {
         let mut per_gpu: BTreeMap<u32, usize> = BTreeMap::new();
         let mut seen = std::collections::HashSet::new();
         for id in ids {
@@ -79,12 +91,12 @@ impl Inventory {
                 *per_gpu.entry(gpu.index).or_default() += 1;
             }
         }
-        match per_gpu.len() {
+        let on: Vec<(&Gpu, usize)> = per_gpu.iter().map(|(&index, &n)| (self.gpus.iter().find(|g| g.index == index).expect("resolved above"), n)).collect();
+        let whole = |(g, n): &(&Gpu, usize)| *n == self.tokens_of(g) as usize;
+        match on.len() {
             0 => Err(TokenError::Empty),
-            1 => {
-                let (&index, &n) = per_gpu.iter().next().expect("one entry");
-                Ok((self.gpus.iter().find(|g| g.index == index).expect("resolved above"), n))
-            }
+            1 => Ok(on),
+            _ if on.iter().all(whole) => Ok(on),
             gpus => Err(TokenError::Spread {
                 gpus,
                 detail: per_gpu.iter().map(|(i, n)| format!("{n} on GPU {i}")).collect::<Vec<_>>().join(", "),
@@ -138,6 +150,36 @@ pub fn preferred(available: &[String], must_include: &[String], size: usize) -> 
         }
     }
     out
+}
+
+/// For a container larger than any one GPU: `size ÷ n` GPUs whose `n`
+/// tokens (`tokens_of`) are all available, the GPUs of `must_include`
+/// first, then by UUID. `None` when `size` is not a multiple of a GPU's
+/// tokens or too few GPUs are entirely free (then [`preferred`] answers, and
+/// `Allocate` refuses the spread with the reason).
+pub fn preferred_whole(available: &[String], must_include: &[String], size: usize, tokens_of: &dyn Fn(&str) -> Option<u32>) -> Option<Vec<String>> {
+    let mut by_gpu: BTreeMap<&str, Vec<&String>> = BTreeMap::new();
+    for id in available.iter().chain(must_include) {
+        if let Some((uuid, _)) = parse_token(id)
+            && !by_gpu.get(uuid).is_some_and(|v| v.contains(&id))
+        {
+            by_gpu.entry(uuid).or_default().push(id);
+        }
+    }
+    let pinned: Vec<&str> = must_include.iter().filter_map(|id| parse_token(id).map(|(u, _)| u)).collect();
+    let mut free: Vec<(&str, usize)> = by_gpu.iter().filter_map(|(u, t)| tokens_of(u).map(|n| (*u, n as usize)).filter(|(_, n)| *n > 0 && t.len() == *n)).collect();
+    free.sort_by_key(|(u, _)| (!pinned.contains(u), *u));
+    let per = free.first()?.1;
+    if size <= per || !size.is_multiple_of(per) {
+        return None;
+    }
+    let chosen: Vec<&str> = free.iter().filter(|(_, n)| *n == per).map(|(u, _)| *u).take(size / per).collect();
+    if chosen.len() < size / per || pinned.iter().any(|p| !chosen.contains(p)) {
+        return None;
+    }
+    let mut out: Vec<String> = chosen.iter().flat_map(|u| by_gpu[u].iter().map(|id| (*id).clone())).collect();
+    out.sort_by_key(|id| parse_token(id).map(|(u, k)| (u.to_string(), k)));
+    Some(out)
 }
 
 /// The slice name of a container's tokens: `k8s-` and 16 hex digits of a
@@ -201,8 +243,16 @@ mod tests {
     #[test]
     fn resolve_accepts_one_gpu_and_explains_a_spread() {
         let inv = inv();
-        let (g, n) = inv.resolve(&ids("GPU-b", 3..8)).unwrap();
-        assert_eq!((g.index, n), (1, 5));
+        let on = |r: Vec<(&Gpu, usize)>| r.iter().map(|(g, n)| (g.index, *n)).collect::<Vec<_>>();
+        assert_eq!(on(inv.resolve(&ids("GPU-b", 3..8)).unwrap()), [(1, 5)]);
+        // Whole GPUs: a multi-GPU container.
+        let mut both = ids("GPU-b", 0..16);
+        both.extend(ids("GPU-a", 0..16));
+        assert_eq!(on(inv.resolve(&both).unwrap()), [(0, 16), (1, 16)]);
+        // One whole and part of another: refused.
+        let mut part = ids("GPU-a", 0..16);
+        part.extend(ids("GPU-b", 0..15));
+        assert!(matches!(inv.resolve(&part), Err(TokenError::Spread { gpus: 2, .. })));
         let mut spread = ids("GPU-a", 0..2);
         spread.extend(ids("GPU-b", 0..3));
         let e = inv.resolve(&spread).unwrap_err();
@@ -226,6 +276,24 @@ mod tests {
         assert_eq!(&p[..16], &ids("GPU-b", 0..16)[..]);
         // A pinned token decides the GPU.
         assert_eq!(preferred(&avail, &ids("GPU-b", [9]), 3), vec![token_id("GPU-b", 9), token_id("GPU-b", 0), token_id("GPU-b", 1)]);
+    }
+
+    #[test]
+    fn preferred_whole_takes_entirely_free_gpus_for_a_multi_gpu_container() {
+        let n = |_: &str| Some(16);
+        let (a, b, c) = (ids("GPU-a", 0..16), ids("GPU-b", 0..16), ids("GPU-c", 0..16));
+        let avail: Vec<String> = [c.clone(), a.clone(), b.clone()].concat();
+        let mut want: Vec<String> = [a.clone(), b.clone()].concat();
+        want.sort_by_key(|id| parse_token(id).map(|(u, k)| (u.to_string(), k)));
+        assert_eq!(preferred_whole(&avail, &[], 32, &n), Some(want), "the lowest UUIDs");
+        assert_eq!(preferred_whole(&avail, &ids("GPU-c", [3]), 16 * 2, &n).map(|p| p.iter().filter(|id| id.starts_with("GPU-c")).count()), Some(16), "a pinned GPU is one of them");
+        assert_eq!(preferred_whole(&avail, &[], 20, &n), None, "not a multiple of a GPU");
+        assert_eq!(preferred_whole(&avail, &[], 16, &n), None, "one GPU: preferred() answers");
+        assert_eq!(preferred_whole(&avail, &[], 64, &n), None, "not enough GPUs");
+        // GPU-a is not entirely free: only b and c can be taken.
+        let partial: Vec<String> = [ids("GPU-a", 1..16), b.clone(), c.clone()].concat();
+        assert_eq!(preferred_whole(&partial, &[], 32, &n).map(|p| p.iter().any(|id| id.starts_with("GPU-a"))), Some(false));
+        assert_eq!(preferred_whole(&partial, &ids("GPU-a", [1]), 32, &n), None, "a pinned GPU that is not whole");
     }
 
     #[test]

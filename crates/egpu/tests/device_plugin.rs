@@ -956,6 +956,51 @@ fn a_slice_outlives_a_restarting_kubelets_empty_list_and_goes_soon_after_its_pod
     assert!(wait_until(WAIT, || rig.free() == Some(vec![16, 16])), "{:?}", rig.annotation());
 }
 
+/// A container that asks for more than one GPU holds gets whole GPUs: the
+/// preferred allocation picks entirely free GPUs, and `Allocate` makes one
+/// slice over them (egpud keeps peer access, IPC and NCCL working across a
+/// multi-GPU slice). A spread that covers no GPU whole is still refused.
+#[test]
+fn a_container_larger_than_a_gpu_gets_whole_gpus() {
+    let Rig { tmp, cdi, kdir, node, rt, mut registered, pods, api, _plugin } = Rig::start("0s");
+    let plugin_log = || std::fs::read_to_string(tmp.path().join("plugin.log")).unwrap_or_default();
+    rt.block_on(async {
+        let reg = tokio::time::timeout(WAIT, registered.recv()).await.expect("no registration").unwrap();
+        let mut c = connect(&kdir.join("device-plugins").join(&reg.endpoint)).await;
+        let mut stream = c.list_and_watch(dp::Empty {}).await.unwrap().into_inner();
+        let all: Vec<String> = until(&mut stream, "32 healthy", |d| d.len() == 32 && unhealthy(d).is_empty()).await.iter().map(|d| d.id.clone()).collect();
+        let ask = |size: i32| dp::PreferredAllocationRequest {
+            container_requests: vec![dp::ContainerPreferredAllocationRequest { available_device_i_ds: all.clone(), must_include_device_i_ds: vec![], allocation_size: size }],
+        };
+        let alloc = |ids: Vec<String>| dp::AllocateRequest { container_requests: vec![dp::ContainerAllocateRequest { devices_ids: ids }] };
+        // 20 units: more than a GPU, not whole GPUs. The kubelet's pick
+        // spreads, and Allocate says why not.
+        let spread = c.get_preferred_allocation(ask(20)).await.unwrap().into_inner().container_responses.remove(0).device_i_ds;
+        assert_eq!(spread.len(), 20);
+        let e = c.allocate(alloc(spread)).await.unwrap_err();
+        assert!(e.message().contains("whole GPUs"), "{}", e.message());
+        // 32 units: both GPUs, whole.
+        let both = c.get_preferred_allocation(ask(32)).await.unwrap().into_inner().container_responses.remove(0).device_i_ds;
+        let mut sorted = both.clone();
+        sorted.sort();
+        let mut want = all.clone();
+        want.sort();
+        assert_eq!(sorted, want);
+        pods.lock().unwrap().push(holder("big", &both));
+        let r = c.allocate(alloc(both.clone())).await.unwrap().into_inner().container_responses.remove(0);
+        let slice = egpu_k8s::tokens::slice_name(&both);
+        assert_eq!(r.cdi_devices.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), [format!("egpu.io/slice={slice}")]);
+        let s = node.slice(&slice);
+        let devs = s["devices"].as_array().unwrap();
+        assert_eq!(devs.iter().map(|d| (d["device"].as_u64().unwrap(), d["memory_limit_bytes"].as_u64().unwrap(), d["compute_share_percent"].as_f64().unwrap())).collect::<Vec<_>>(), [(0, 16 << 30, 100.0), (1, 16 << 30, 100.0)], "{s}");
+        assert!(spec_path(&cdi, &slice).exists());
+        // The node has nothing left, and names the pod with its 32 units.
+        assert!(wait_until(WAIT, || api.free() == Some(vec![0, 0])), "annotation {:?}; plugin log:\n{}", api.annotation(), plugin_log());
+        assert_eq!(api.annotation().unwrap().pods, Some([("default/big".to_string(), 32)].into()));
+    });
+    assert!(!plugin_log().contains("panicked"), "{}", plugin_log());
+}
+
 /// SIGTERM while the kubelet is not answering: a clean exit, no panic.
 #[test]
 fn device_plugin_stops_cleanly_before_it_has_registered() {
