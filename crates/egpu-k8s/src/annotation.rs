@@ -100,8 +100,9 @@ impl NodeGpus {
     /// Takes one container's `units` off `free` where the device plugin
     /// would place them: on one GPU, best fit (the least free that holds
     /// them, then the lower UUID); or, for a container larger than any one
-    /// GPU, whole free GPUs (`units` a multiple of a GPU's units; the lowest
-    /// UUIDs). False, and nothing taken, when they do not fit.
+    /// GPU, whole free GPUs ([`crate::tokens::whole_gpus`]: of one size that
+    /// divides `units`, the largest such, lowest UUIDs). False, and nothing
+    /// taken, when they do not fit.
     pub fn take(&mut self, units: u32) -> bool {
         if let Some(g) = self.gpus.iter_mut().filter(|g| g.free >= units).min_by(|a, b| a.free.cmp(&b.free).then_with(|| a.uuid.cmp(&b.uuid))) {
             g.free -= units;
@@ -110,15 +111,10 @@ impl NodeGpus {
         if self.gpus.iter().any(|g| g.units >= units) {
             return false;
         }
-        let mut whole: Vec<&mut GpuFree> = self.gpus.iter_mut().filter(|g| g.units > 0 && g.free == g.units).collect();
-        whole.sort_by(|a, b| a.uuid.cmp(&b.uuid));
-        let Some(per) = whole.first().map(|g| g.units) else { return false };
-        let k = (units / per) as usize;
-        let mut chosen: Vec<&mut GpuFree> = whole.into_iter().filter(|g| g.units == per).take(k).collect();
-        if !units.is_multiple_of(per) || chosen.len() < k {
-            return false;
-        }
-        for g in &mut chosen {
+        let free: Vec<(&str, u32)> = self.gpus.iter().filter(|g| g.units > 0 && g.free == g.units).map(|g| (g.uuid.as_str(), g.units)).collect();
+        let Some(chosen) = crate::tokens::whole_gpus(&free, units, &[]) else { return false };
+        let chosen: Vec<String> = chosen.into_iter().map(str::to_string).collect();
+        for g in self.gpus.iter_mut().filter(|g| chosen.contains(&g.uuid)) {
             g.free = 0;
         }
         true
@@ -163,6 +159,12 @@ mod tests {
         assert!(!g.take(20), "not a multiple of a GPU");
         assert_eq!(free(&g), [0, 15, 0, 16], "nothing taken when it does not fit");
         assert!(!node(&[4]).take(5));
+        // GPUs of two sizes: whole GPUs of one size that divides the request.
+        let mut g = node(&[16, 16, 16]);
+        g.gpus[0].units = 8;
+        g.gpus[0].free = 8;
+        assert!(g.take(32));
+        assert_eq!(free(&g), [8, 0, 0]);
     }
 
     #[test]

@@ -129,9 +129,16 @@ impl Assumed {
         self.nodes.contains_key(node)
     }
 
-    /// Live assumptions, over all nodes.
+    /// Assumptions kept, over all nodes (expired ones go at the next
+    /// assume or look at their node).
     pub fn len(&self) -> usize {
         self.nodes.values().map(Vec::len).sum()
+    }
+
+    /// Assumptions younger than `ttl` (the metric; those a node's
+    /// annotation already counts go at the next look at that node).
+    pub fn live(&self, now: Instant, ttl: Duration) -> usize {
+        self.nodes.values().flatten().filter(|e| now.saturating_duration_since(e.at) < ttl).count()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -205,7 +212,7 @@ mod tests {
         // An annotation without the pod list (an older plugin) keeps it for
         // its time to live.
         assert_eq!(free(&a.view("n1", gpus(&[16], None), t0 + TTL / 2, TTL)), [10]);
-        assert_eq!(a.len(), 1);
+        assert_eq!((a.len(), a.live(t0 + TTL / 2, TTL), a.live(t0 + TTL, TTL)), (1, 1, 0));
         assert_eq!(free(&a.view("n1", gpus(&[16], None), t0 + TTL, TTL)), [16]);
         assert!(a.is_empty());
         // Bound again to the same node: one assumption, the last. A bind to

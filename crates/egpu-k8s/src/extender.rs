@@ -163,7 +163,8 @@ impl Demand {
     /// than one), placed as the plugin places them, largest first. `None`
     /// if they fit, else the reason.
     pub fn misfit(&self, gpus: &NodeGpus) -> Option<String> {
-        let mut left = gpus.clone();
+        // The GPUs alone: the pod list is not needed to place units.
+        let mut left = NodeGpus { gpus: gpus.gpus.clone(), pods: None, ..*gpus };
         for &u in &self.units {
             if left.take(u) {
                 continue;
@@ -350,8 +351,9 @@ pub struct BindingArgs {
     pub node: String,
 }
 
-/// Why a bind failed: `refused` when the request or the API server said
-/// no (as opposed to no answer, or no API access).
+/// Why a bind failed: `refused` when the request, the pod or the API
+/// server's 4xx answer said no; otherwise (no answer in time, a server
+/// error, no API access) it failed.
 #[derive(Debug)]
 struct BindError {
     refused: bool,
@@ -496,9 +498,12 @@ impl Extender {
             // Not filtered by this process (it restarted, or another
             // replica led): read the pod.
             None => {
-                let p = tokio::time::timeout_at(deadline, pods.get(&a.pod_name)).await.map_err(|_| "reading the pod timed out".to_string())?.map_err(|e| format!("cannot read the pod: {e}"))?;
+                let p = tokio::time::timeout_at(deadline, pods.get(&a.pod_name)).await.map_err(|_| "reading the pod timed out".to_string())?.map_err(|e| BindError {
+                    refused: matches!(&e, kube::Error::Api(st) if (400..500).contains(&st.code)),
+                    why: format!("cannot read the pod: {e}"),
+                })?;
                 let v = serde_json::to_value(&p).map_err(|e| e.to_string())?;
-                Demand::of_pod(&v, &self.resource).map_err(|e| e.to_string())?.in_order
+                Demand::of_pod(&v, &self.resource).map_err(|e| BindError { refused: true, why: e.to_string() })?.in_order
             }
         };
         // Assumed before the API call: a filter for the next pod may come
@@ -559,7 +564,7 @@ impl Extender {
 
     /// Live assumptions (bound pods the nodes' annotations do not count yet).
     pub fn assumed(&self) -> usize {
-        self.assumed.lock().expect("assume lock").len()
+        self.assumed.lock().expect("assume lock").live(Instant::now(), self.assume_ttl)
     }
 
     /// `filter`.
@@ -597,7 +602,7 @@ impl Extender {
                 }
             }
             let (failed, unresolvable) = (out.failed_nodes.len(), out.failed_and_unresolvable_nodes.len());
-            self.metrics.filtered(keep.len() - failed - unresolvable, failed, unresolvable);
+            self.metrics.filtered(keep.iter().filter(|k| **k).count(), failed, unresolvable);
         }
         let mut keep = keep.into_iter();
         match candidates {
@@ -842,8 +847,9 @@ mod tests {
         let r = ext.filter(args(pod(&["20"]), vec![node("two", &[16, 16])]));
         assert!(r.failed_nodes["two"].contains("ask for a multiple of 16"), "{:?}", r.failed_nodes);
         // Scored as a pod of two whole GPUs: a node with exactly two free wins.
-        let s = ext.prioritize(args(pod(&["32"]), vec![node("four", &[16, 16, 16, 16]), node("two", &[16, 16, 0, 0])])).unwrap();
+        let s = ext.prioritize(args(pod(&["32"]), vec![node("four", &[16, 16, 16, 16]), node("two", &[16, 16, 0, 0]), node("one", &[16, 0, 0, 0])])).unwrap();
         assert_eq!(s.iter().find(|h| h.host == "two").unwrap().score, MAX_SCORE, "{s:?}");
+        assert_eq!(s.iter().find(|h| h.host == "one").unwrap().score, 0, "two whole GPUs do not fit one: {s:?}");
         // A pod that asks for none passes everywhere, untouched.
         let r = ext.filter(args(json!({"spec": {"containers": [{"name": "x"}]}}), vec![node("a", &[0])]));
         assert_eq!(r.nodes.unwrap().items.len(), 1);

@@ -55,11 +55,11 @@ impl Default for ExtenderMetrics {
             r.register("egpu_extender_request_seconds", "Time to answer a request, parse to answer, by verb", m.seconds.clone());
             r.register(
                 "egpu_extender_filter_nodes",
-                "Nodes filters decided on, by result: passed, failed (too little free on one GPU), unresolvable (no usable annotation, or not in the node cache)",
+                "Nodes filters decided on, by result: passed, failed (too little free on one GPU, or too few whole free GPUs), unresolvable (no usable annotation, or not in the node cache)",
                 m.nodes.clone(),
             );
-            r.register("egpu_extender_binds", "Binds, by outcome: bound, refused (the API server said no), failed (no answer, or no API access)", m.binds.clone());
-            r.register("egpu_extender_assumed_pods", "Pods bound whose units the extender counts on their node until the node's annotation does", m.assumed.clone());
+            r.register("egpu_extender_binds", "Binds, by outcome: bound, refused (the request, the pod or a 4xx answer said no), failed (anything else: no answer in time, a server error, no API access)", m.binds.clone());
+            r.register("egpu_extender_assumed_pods", "Pods bound, within the assume TTL, whose units the extender counts on their node until the node's annotation does", m.assumed.clone());
             r.register("egpu_extender_node_cache_nodes", "Nodes in the extender's node cache", m.cache_nodes.clone());
             r.register("egpu_extender_node_cache_synced", "1 once a list has filled the node cache (0 without one, or before)", m.cache_synced.clone());
         }

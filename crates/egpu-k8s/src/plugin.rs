@@ -424,14 +424,19 @@ impl Shared {
         for h in holders {
             let name = tokens::slice_name(&h.ids);
             let (Some(ann), Some(slice)) = (pods.get(&(h.namespace.clone(), h.pod.clone())), slices.iter().find(|s| s.name == name)) else { continue };
-            let [d] = slice.devices.as_slice() else { continue };
-            let gpu_mem = inv.gpus.iter().find(|g| g.index == d.device).map_or(1, |g| g.memory_bytes);
-            let default_share = proportional_share(d.memory_limit_bytes, gpu_mem);
             let warn = |why: String| {
                 if self.resize_warned.lock().expect("pods lock").insert((name.clone(), why.clone())) {
                     tracing::warn!(slice = %name, pod = %format!("{}/{}", h.namespace, h.pod), "cannot apply the pod's annotations: {why}");
                 }
             };
+            let [d] = slice.devices.as_slice() else {
+                if !ann.is_empty() {
+                    warn("a multi-GPU slice holds whole GPUs: its compute and burst follow no annotation".into());
+                }
+                continue;
+            };
+            let Some(gpu) = inv.gpus.iter().find(|g| g.index == d.device) else { continue };
+            let default_share = default_share(inv, gpu, d.memory_limit_bytes);
             let (share, limit, burst) = match wanted(ann, default_share) {
                 Ok(w) => w,
                 Err(why) => {
@@ -513,7 +518,7 @@ impl Shared {
             .iter()
             .map(|(gpu, n)| {
                 let memory = *n as u64 * self.cfg.unit_bytes;
-                node::DeviceShareSpec { device: gpu.index, memory_bytes: memory, compute_share_bps: proportional_share(memory, gpu.memory_bytes), compute_limit_bps: 10_000, memory_burst_bytes: 0 }
+                node::DeviceShareSpec { device: gpu.index, memory_bytes: memory, compute_share_bps: default_share(&inv, gpu, memory), compute_limit_bps: 10_000, memory_burst_bytes: 0 }
             })
             .collect();
         let where_ = want.iter().map(|d| format!("{} B on GPU {}", d.memory_bytes, d.device)).collect::<Vec<_>>().join(", ");
@@ -523,7 +528,9 @@ impl Shared {
             Err(e) if e.code() == tonic::Code::AlreadyExists => {
                 // A repeated Allocate for the same tokens (kubelet restart, retry).
                 let s = c.get_slice(node::GetSliceRequest { name: name.clone() }).await?.into_inner();
-                let same = s.devices.len() == want.len() && s.devices.iter().zip(&want).all(|(d, w)| d.device == w.device && d.memory_limit_bytes == w.memory_bytes);
+                let mut have: Vec<(u32, u64)> = s.devices.iter().map(|d| (d.device, d.memory_limit_bytes)).collect();
+                have.sort_unstable();
+                let same = have == want.iter().map(|w| (w.device, w.memory_bytes)).collect::<Vec<_>>();
                 if !same {
                     return Err(Status::already_exists(format!("slice {name} exists with other devices or memory; delete it (egpu rm {name}) and retry")));
                 }
@@ -598,10 +605,15 @@ fn cdi_devices<'a>(cfg: &PluginConfig, slice: &str, gpus: impl Iterator<Item = &
     out
 }
 
-/// A slice's default guaranteed compute: its memory's fraction of the GPU,
-/// in basis points.
-fn proportional_share(memory: u64, gpu_memory: u64) -> u32 {
-    u32::try_from((u128::from(memory) * 10_000 / u128::from(gpu_memory.max(1))).min(10_000)).unwrap_or(10_000)
+/// A slice's default guaranteed compute on `gpu`, in basis points: its
+/// memory's fraction of the GPU, or all of it for every unit of the GPU (a
+/// GPU's memory is seldom a whole number of units: an H100 80 GB's
+/// 81,559 MiB is 79 units of 1 GiB, whose fraction would leave 0.8% idle).
+fn default_share(inv: &Inventory, gpu: &tokens::Gpu, memory: u64) -> u32 {
+    if memory >= u64::from(inv.tokens_of(gpu)) * inv.unit_bytes {
+        return 10_000;
+    }
+    u32::try_from((u128::from(memory) * 10_000 / u128::from(gpu.memory_bytes.max(1))).min(10_000)).unwrap_or(10_000)
 }
 
 /// The node annotation: per GPU, its units and those that are healthy and
@@ -939,6 +951,16 @@ mod tests {
         assert_eq!(names(&cfg), ["egpu.io/slice=k8s-1"]);
         let nvidia = PluginConfig { gpu_cdi_kind: Some("nvidia.com/gpu".into()), ..cfg.clone() };
         assert_eq!(names(&nvidia), ["egpu.io/slice=k8s-1", "nvidia.com/gpu=3"]);
+        // A multi-GPU slice names each of its GPUs.
+        let gpu5 = tokens::Gpu { index: 5, ..gpu.clone() };
+        let both: Vec<String> = cdi_devices(&nvidia, "k8s-2", [&gpu, &gpu5].into_iter()).into_iter().map(|d| d.name).collect();
+        assert_eq!(both, ["egpu.io/slice=k8s-2", "nvidia.com/gpu=3", "nvidia.com/gpu=5"]);
+        // The default share: the memory's fraction, or all of it for every
+        // unit of the GPU (an H100 80 GB: 81,559 MiB, 79 units of 1 GiB).
+        let h100 = tokens::Gpu { index: 0, uuid: "GPU-h".into(), model: "m".into(), memory_bytes: 81_559 << 20 };
+        let inv = Inventory { unit_bytes: 1 << 30, gpus: vec![h100.clone()] };
+        assert_eq!(default_share(&inv, &h100, 79 << 30), 10_000);
+        assert_eq!(default_share(&inv, &h100, 10 << 30), 1255, "10 GiB of 79.6");
         let e = Shared::new(PluginConfig { gpu_cdi_kind: Some("nvidia.com/gpu=0".into()), ..cfg.clone() }, None).unwrap_err();
         assert!(e.to_string().contains("not a CDI kind"), "{e}");
         assert!(Shared::new(cfg.clone(), None).is_ok());

@@ -36,7 +36,7 @@ pub enum TokenError {
     #[error("no devices requested")]
     Empty,
     #[error(
-        "the kubelet chose memory on {gpus} GPUs ({detail}), but a slice's memory comes from one GPU, or from whole GPUs for a container larger than one: no GPU on this node had {want} unit(s) free when the pod was admitted (or, for a multi-GPU container, not enough GPUs were entirely free). Ask for less (or for a multiple of a whole GPU's units), or let the scheduler place the pod on a node with room"
+        "the kubelet chose memory on {gpus} GPUs ({detail}), but a slice's memory comes from one GPU, or from whole GPUs of one size for a container larger than any one GPU: either no GPU had {want} unit(s) free when the pod was admitted, or (for a container larger than a GPU) not enough GPUs were entirely free or {want} is not a multiple of a GPU's units (the `units` of the node's egpu.io/gpus annotation). Ask for less, or for such a multiple, or let the scheduler place the pod on a node with room"
     )]
     Spread { gpus: usize, detail: String, want: usize },
 }
@@ -92,11 +92,14 @@ impl Inventory {
             }
         }
         let on: Vec<(&Gpu, usize)> = per_gpu.iter().map(|(&index, &n)| (self.gpus.iter().find(|g| g.index == index).expect("resolved above"), n)).collect();
+        // Several GPUs: each whole, all of one size, for a container larger
+        // than any one GPU (what the preference and the extender choose).
         let whole = |(g, n): &(&Gpu, usize)| *n == self.tokens_of(g) as usize;
+        let one_size = on.windows(2).all(|w| self.tokens_of(w[0].0) == self.tokens_of(w[1].0));
         match on.len() {
             0 => Err(TokenError::Empty),
             1 => Ok(on),
-            _ if on.iter().all(whole) => Ok(on),
+            _ if on.iter().all(whole) && one_size && seen.len() > self.max_tokens() as usize => Ok(on),
             gpus => Err(TokenError::Spread {
                 gpus,
                 detail: per_gpu.iter().map(|(i, n)| format!("{n} on GPU {i}")).collect::<Vec<_>>().join(", "),
@@ -152,34 +155,44 @@ pub fn preferred(available: &[String], must_include: &[String], size: usize) -> 
     out
 }
 
-/// For a container larger than any one GPU: `size ÷ n` GPUs whose `n`
-/// tokens (`tokens_of`) are all available, the GPUs of `must_include`
-/// first, then by UUID. `None` when `size` is not a multiple of a GPU's
-/// tokens or too few GPUs are entirely free (then [`preferred`] answers, and
-/// `Allocate` refuses the spread with the reason).
+/// The whole GPUs a container of `size` units larger than any one GPU
+/// takes, from the entirely free GPUs `free` (key, units): those of one
+/// size `per` that divides `size` and has enough free GPUs (the largest
+/// such size), lowest keys first; the `pinned` keys must be among them.
+/// The one rule the plugin's preference and the extender's fit share.
+pub fn whole_gpus<K: Ord + Copy>(free: &[(K, u32)], size: u32, pinned: &[K]) -> Option<Vec<K>> {
+    let mut sizes: Vec<u32> = free.iter().map(|(_, n)| *n).filter(|&n| n > 0 && size > n && size.is_multiple_of(n)).collect();
+    sizes.sort_unstable_by(|a, b| b.cmp(a));
+    sizes.dedup();
+    for per in sizes {
+        let mut of: Vec<K> = free.iter().filter(|(_, n)| *n == per).map(|(k, _)| *k).collect();
+        of.sort_unstable_by_key(|k| (!pinned.contains(k), *k));
+        let need = (size / per) as usize;
+        if of.len() >= need && pinned.iter().all(|p| of[..need].contains(p)) {
+            of.truncate(need);
+            return Some(of);
+        }
+    }
+    None
+}
+
+/// For a container larger than any one GPU: whole GPUs whose tokens
+/// (`tokens_of`) are all available, by [`whole_gpus`]. `None` when no size
+/// of entirely free GPUs divides `size` with enough of them (then
+/// [`preferred`] answers, and `Allocate` refuses the spread with the
+/// reason).
 pub fn preferred_whole(available: &[String], must_include: &[String], size: usize, tokens_of: &dyn Fn(&str) -> Option<u32>) -> Option<Vec<String>> {
-    let mut by_gpu: BTreeMap<&str, Vec<&String>> = BTreeMap::new();
+    let mut by_gpu: BTreeMap<&str, std::collections::BTreeSet<(u32, &String)>> = BTreeMap::new();
     for id in available.iter().chain(must_include) {
-        if let Some((uuid, _)) = parse_token(id)
-            && !by_gpu.get(uuid).is_some_and(|v| v.contains(&id))
-        {
-            by_gpu.entry(uuid).or_default().push(id);
+        if let Some((uuid, k)) = parse_token(id) {
+            by_gpu.entry(uuid).or_default().insert((k, id));
         }
     }
     let pinned: Vec<&str> = must_include.iter().filter_map(|id| parse_token(id).map(|(u, _)| u)).collect();
-    let mut free: Vec<(&str, usize)> = by_gpu.iter().filter_map(|(u, t)| tokens_of(u).map(|n| (*u, n as usize)).filter(|(_, n)| *n > 0 && t.len() == *n)).collect();
-    free.sort_by_key(|(u, _)| (!pinned.contains(u), *u));
-    let per = free.first()?.1;
-    if size <= per || !size.is_multiple_of(per) {
-        return None;
-    }
-    let chosen: Vec<&str> = free.iter().filter(|(_, n)| *n == per).map(|(u, _)| *u).take(size / per).collect();
-    if chosen.len() < size / per || pinned.iter().any(|p| !chosen.contains(p)) {
-        return None;
-    }
-    let mut out: Vec<String> = chosen.iter().flat_map(|u| by_gpu[u].iter().map(|id| (*id).clone())).collect();
-    out.sort_by_key(|id| parse_token(id).map(|(u, k)| (u.to_string(), k)));
-    Some(out)
+    let free: Vec<(&str, u32)> = by_gpu.iter().filter_map(|(u, t)| tokens_of(u).filter(|&n| n > 0 && t.len() == n as usize).map(|n| (*u, n))).collect();
+    let chosen = whole_gpus(&free, u32::try_from(size).ok()?, &pinned)?;
+    // By GPU UUID, then token number.
+    Some(chosen.iter().flat_map(|u| by_gpu[u].iter().map(|(_, id)| (*id).clone())).collect())
 }
 
 /// The slice name of a container's tokens: `k8s-` and 16 hex digits of a
@@ -253,6 +266,14 @@ mod tests {
         let mut part = ids("GPU-a", 0..16);
         part.extend(ids("GPU-b", 0..15));
         assert!(matches!(inv.resolve(&part), Err(TokenError::Spread { gpus: 2, .. })));
+        // Whole GPUs of two sizes, or no larger than the largest GPU: refused.
+        let mixed = Inventory { unit_bytes: 1 << 30, gpus: vec![inv.gpus[0].clone(), Gpu { index: 2, uuid: "GPU-c".into(), model: "m".into(), memory_bytes: 4 << 30 }, Gpu { index: 3, uuid: "GPU-d".into(), model: "m".into(), memory_bytes: 4 << 30 }] };
+        let mut two_sizes = ids("GPU-a", 0..16);
+        two_sizes.extend(ids("GPU-c", 0..4));
+        assert!(matches!(mixed.resolve(&two_sizes), Err(TokenError::Spread { .. })));
+        let mut small = ids("GPU-c", 0..4);
+        small.extend(ids("GPU-d", 0..4));
+        assert!(matches!(mixed.resolve(&small), Err(TokenError::Spread { .. })), "8 units fit the 16-unit GPU");
         let mut spread = ids("GPU-a", 0..2);
         spread.extend(ids("GPU-b", 0..3));
         let e = inv.resolve(&spread).unwrap_err();
@@ -294,6 +315,17 @@ mod tests {
         let partial: Vec<String> = [ids("GPU-a", 1..16), b.clone(), c.clone()].concat();
         assert_eq!(preferred_whole(&partial, &[], 32, &n).map(|p| p.iter().any(|id| id.starts_with("GPU-a"))), Some(false));
         assert_eq!(preferred_whole(&partial, &ids("GPU-a", [1]), 32, &n), None, "a pinned GPU that is not whole");
+    }
+
+    #[test]
+    fn whole_gpus_takes_one_size_that_divides_the_request() {
+        // The largest size that divides it and has enough free GPUs.
+        assert_eq!(whole_gpus(&[(0, 40), (1, 80), (2, 80)], 160, &[]), Some(vec![1, 2]));
+        assert_eq!(whole_gpus(&[(0, 40), (1, 40), (2, 80), (3, 40), (4, 40)], 160, &[]), Some(vec![0, 1, 3, 4]), "one 80 is not enough: four 40s");
+        assert_eq!(whole_gpus(&[(0, 80), (1, 80)], 120, &[]), None, "no size divides 120 with enough GPUs");
+        assert_eq!(whole_gpus(&[(0, 80), (1, 80)], 80, &[]), None, "one GPU is not a multi-GPU request");
+        assert_eq!(whole_gpus(&[(0, 80), (1, 80), (2, 80)], 160, &[2]), Some(vec![2, 0]), "pinned first");
+        assert_eq!(whole_gpus(&[(0, 80), (1, 80), (2, 40)], 160, &[2]), None, "a pinned GPU of another size");
     }
 
     #[test]

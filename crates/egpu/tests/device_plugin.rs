@@ -867,11 +867,12 @@ fn scheduler_extender_binds_and_counts_a_bound_pod_until_the_node_does() {
     assert_eq!(code, 400);
     assert!(body.contains("not an ExtenderBindingArgs JSON body"), "{body}");
     assert_eq!(api.bindings.lock().unwrap().len(), 2, "p1 and p4");
-    // Binds by outcome: p1, p4 and p1's repeat bound; the other node
-    // refused; the missing pod failed. The bad body is a bind request error.
+    // Binds by outcome: p1, p4 and p1's repeat bound; the other node and
+    // the missing pod refused (4xx); none failed. The bad body is a bind
+    // request error.
     let (_, m) = get(&sched.1, "/metrics");
     let binds = |o: &str| sample(&m, &format!("egpu_extender_binds_total{{outcome=\"{o}\"}}"));
-    assert_eq!((binds("bound"), binds("refused"), binds("failed")), (Some(3.0), Some(1.0), Some(1.0)), "{m}");
+    assert_eq!((binds("bound"), binds("refused"), binds("failed")), (Some(3.0), Some(2.0), None), "{m}");
     assert_eq!(sample(&m, "egpu_extender_requests_total{verb=\"bind\",outcome=\"error\"}"), Some(3.0), "{m}");
     // A restarted extender (or a new leader's) counts the pods bound before
     // it that are still pending, before it answers: p1 (2 units, as the
@@ -994,6 +995,12 @@ fn a_container_larger_than_a_gpu_gets_whole_gpus() {
         let devs = s["devices"].as_array().unwrap();
         assert_eq!(devs.iter().map(|d| (d["device"].as_u64().unwrap(), d["memory_limit_bytes"].as_u64().unwrap(), d["compute_share_percent"].as_f64().unwrap())).collect::<Vec<_>>(), [(0, 16 << 30, 100.0), (1, 16 << 30, 100.0)], "{s}");
         assert!(spec_path(&cdi, &slice).exists());
+        // A repeated Allocate (the kubelet's retry), in another order: the same slice.
+        let mut again = both.clone();
+        again.reverse();
+        let r2 = c.allocate(alloc(again)).await.unwrap().into_inner().container_responses.remove(0);
+        assert_eq!(r2.cdi_devices, r.cdi_devices);
+        assert_eq!(node.slices().len(), 1);
         // The node has nothing left, and names the pod with its 32 units.
         assert!(wait_until(WAIT, || api.free() == Some(vec![0, 0])), "annotation {:?}; plugin log:\n{}", api.annotation(), plugin_log());
         assert_eq!(api.annotation().unwrap().pods, Some([("default/big".to_string(), 32)].into()));
