@@ -15,7 +15,7 @@
 //!   is against the shapes of the last [`WINDOW`] pods the extender saw.
 //! - **Bind** binds the pod through the API server, as kube-scheduler's own
 //!   binder does, and assumes its units on the node until the node's
-//!   annotation names the pod (or `assume_ttl` passes). What race remains is
+//!   annotation says the pod holds them all (or `assume_ttl` passes). What race remains is
 //!   in `docs/kubernetes.md`, "Limits".
 //! - **Nodes**: with API access the extender keeps a node cache (the eGPU
 //!   nodes' annotations, listed and watched), so the scheduler may send
@@ -460,7 +460,6 @@ impl Extender {
             }
         }
     }
-
 
     /// `bind`: binds the pod to the node through the API server (as
     /// kube-scheduler's own binder does, the pod's UID as precondition),

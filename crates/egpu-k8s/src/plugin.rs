@@ -595,7 +595,7 @@ fn advertise(inv: &Inventory, slices: &[node::Slice], held: Option<&Vec<Vec<Stri
     out
 }
 
-/// The CDI devices a container gets: its slice, and its GPU from the
+/// The CDI devices a container gets: its slice, and its GPUs from the
 /// vendor's spec when `--gpu-cdi-kind` names one.
 fn cdi_devices<'a>(cfg: &PluginConfig, slice: &str, gpus: impl Iterator<Item = &'a tokens::Gpu>) -> Vec<dp::CdiDevice> {
     let mut out = vec![dp::CdiDevice { name: egpu_node::cdi::device_name(slice) }];

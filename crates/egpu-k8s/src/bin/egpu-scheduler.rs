@@ -25,8 +25,9 @@ struct Args {
     #[arg(long, default_value = DEFAULT_RESOURCE)]
     resource: String,
     /// How long a pod this extender bound keeps its units on its node when
-    /// the node's annotation does not name it (admission failed, the pod
-    /// went, or an older device plugin).
+    /// the node's annotation does not count them (admission failed, the pod
+    /// went, or an older device plugin); a pod still bound and Pending is
+    /// assumed again at the next resync (every 30 s).
     #[arg(long, default_value = "2m", value_parser = positive_duration)]
     assume_ttl: std::time::Duration,
     /// Do not bind (for a scheduler configured without bindVerb): no API
