@@ -98,13 +98,16 @@ impl NodeGpus {
     }
 
     /// Takes one container's `units` off `free` where the device plugin
-    /// would place them: on one GPU, best fit (the least free that holds
-    /// them, then the lower UUID); or, for a container larger than any one
+    /// would place them: on one GPU, best fit ([`crate::tokens::best_fit`]:
+    /// the least free that holds them, then the lower UUID); or, for a container larger than any one
     /// GPU, whole free GPUs ([`crate::tokens::whole_gpus`]: of one size that
     /// divides `units`, the largest such, lowest UUIDs). False, and nothing
     /// taken, when they do not fit.
     pub fn take(&mut self, units: u32) -> bool {
-        if let Some(g) = self.gpus.iter_mut().filter(|g| g.free >= units).min_by(|a, b| a.free.cmp(&b.free).then_with(|| a.uuid.cmp(&b.uuid))) {
+        let free: Vec<(&str, u32)> = self.gpus.iter().map(|g| (g.uuid.as_str(), g.free)).collect();
+        if let Some(uuid) = crate::tokens::best_fit(&free, units).map(str::to_string)
+            && let Some(g) = self.gpus.iter_mut().find(|g| g.uuid == uuid)
+        {
             g.free -= units;
             return true;
         }

@@ -318,6 +318,16 @@ enum Candidates {
     Names(Vec<String>),
 }
 
+impl Candidates {
+    /// The nodes' names, in the request's order.
+    fn names(&self) -> Vec<String> {
+        match self {
+            Candidates::Objects(items) => items.iter().map(|n| node_name(n).to_string()).collect(),
+            Candidates::Names(names) => names.clone(),
+        }
+    }
+}
+
 impl std::fmt::Debug for Extender {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Extender").field("resource", &self.resource).field("assume_ttl", &self.assume_ttl).field("api", &self.api.is_some()).finish_non_exhaustive()
@@ -638,11 +648,7 @@ impl Extender {
         let pod = args.pod.ok_or(RequestError::NoPod)?;
         let candidates = self.candidates(args.nodes, args.node_names)?;
         let demand = Demand::of_pod(&pod, &self.resource)?;
-        let names: Vec<String> = match &candidates {
-            Candidates::Objects(items) => items.iter().map(|n| node_name(n).to_string()).collect(),
-            Candidates::Names(names) => names.clone(),
-        };
-        let mut scores: Vec<HostPriority> = names.into_iter().map(|host| HostPriority { host, score: 0 }).collect();
+        let mut scores: Vec<HostPriority> = candidates.names().into_iter().map(|host| HostPriority { host, score: 0 }).collect();
         let Some(&largest) = demand.units.first() else {
             return Ok(scores);
         };

@@ -131,8 +131,8 @@ pub fn preferred(available: &[String], must_include: &[String], size: usize) -> 
         }
     }
     let pinned: Vec<&str> = must_include.iter().filter_map(|id| parse_token(id).map(|(u, _)| u)).collect();
-    let fits = |uuid: &str, n: usize| n >= size && pinned.iter().all(|p| *p == uuid);
-    let best = by_gpu.iter().filter(|(u, t)| fits(u, t.len())).min_by_key(|(u, t)| (t.len(), **u)).map(|(u, _)| *u);
+    let candidates: Vec<(&str, u32)> = by_gpu.iter().filter(|(u, _)| pinned.iter().all(|p| p == *u)).map(|(u, t)| (*u, u32::try_from(t.len()).unwrap_or(u32::MAX))).collect();
+    let best = best_fit(&candidates, u32::try_from(size).unwrap_or(u32::MAX));
     let order: Vec<&str> = match best {
         Some(u) => vec![u],
         None => {
@@ -153,6 +153,14 @@ pub fn preferred(available: &[String], must_include: &[String], size: usize) -> 
         }
     }
     out
+}
+
+/// The GPU a container of `size` units goes to, from `free` (key, units
+/// free): the one with the least free that holds it (best fit, so larger
+/// requests still find room), the lower key on a tie. The one rule the
+/// plugin's preference and the extender's fit share.
+pub fn best_fit<K: Ord + Copy>(free: &[(K, u32)], size: u32) -> Option<K> {
+    free.iter().filter(|(_, n)| *n >= size).min_by_key(|(k, n)| (*n, *k)).map(|(k, _)| *k)
 }
 
 /// The whole GPUs a container of `size` units larger than any one GPU

@@ -46,7 +46,7 @@ pub struct DaemonArgs {
     pub sweep_ms: u64,
 }
 
-pub use egpu_node::logging::{init_logging, log_filter};
+use egpu_node::logging::log_filter;
 
 fn next_to_exe(name: &str) -> PathBuf {
     std::env::current_exe()

@@ -202,6 +202,13 @@ async fn bind_pod(
     (StatusCode::CREATED, axum::Json(serde_json::json!({"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Success", "code": 201}))).into_response()
 }
 
+/// For a watch request (`watch=true`), the version it starts from (0
+/// when it names none); `None` for a list.
+fn watch_from(query: &str) -> Option<u64> {
+    let mut kv = query.split('&');
+    kv.clone().any(|kv| kv == "watch=true" || kv == "watch=1").then(|| kv.find_map(|kv| kv.strip_prefix("resourceVersion=")).and_then(|v| v.parse().ok()).unwrap_or(0))
+}
+
 async fn list_pods(axum::extract::State(api): axum::extract::State<ApiServer>, axum::extract::RawQuery(q): axum::extract::RawQuery) -> axum::response::Response {
     use axum::response::IntoResponse;
     let q = q.unwrap_or_default();
@@ -213,12 +220,11 @@ async fn list_pods(axum::extract::State(api): axum::extract::State<ApiServer>, a
     if !q.contains("fieldSelector=spec.nodeName%3Dn1") {
         return (axum::http::StatusCode::BAD_REQUEST, format!("want this node's pods only, got ?{q}")).into_response();
     }
-    if q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1") {
+    if let Some(from) = watch_from(&q) {
         // A watch: one MODIFIED event (a line of JSON) per change after the
         // version it starts from, as the API server streams them; a 410
         // ERROR, then the end, once the history is compacted past it; a
         // BOOKMARK, then the end, when the test ends the watches.
-        let from: u64 = q.split('&').find_map(|kv| kv.strip_prefix("resourceVersion=")).and_then(|v| v.parse().ok()).unwrap_or(0);
         api.watches_from.lock().unwrap().push(from);
         let (tx, body) = tokio::sync::mpsc::channel::<Result<String, std::convert::Infallible>>(16);
         let mut changes = api.pod_version.subscribe();
@@ -267,8 +273,7 @@ async fn list_nodes(axum::extract::State(api): axum::extract::State<ApiServer>, 
         n
     };
     let labelled = |n: &serde_json::Value| n["metadata"]["labels"]["egpu.io/enabled"] == "true";
-    if q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1") {
-        let from: u64 = q.split('&').find_map(|kv| kv.strip_prefix("resourceVersion=")).and_then(|v| v.parse().ok()).unwrap_or(0);
+    if let Some(from) = watch_from(&q) {
         let rx = api.node_version.subscribe();
         let now = rx.borrow().0;
         let names: Vec<String> = api.nodes.lock().unwrap().keys().cloned().collect();
