@@ -92,7 +92,9 @@ fn metrics_are_served_over_http_and_follow_slices_resizes_and_workloads() {
     // `egpu ls -o json` shows the same compute view.
     let ls = n.slices();
     let d = &ls[0]["devices"][0];
-    let _ = w.kill();
+    // SIGTERM, which `egpu exec` forwards to the burner (a SIGKILL would
+    // leave the burner running on its own).
+    common::signal(w.id(), libc::SIGTERM);
     let _ = w.wait();
     assert!(ok, "no GPU time seen for the workload:\n{last}\nlog:\n{}", n.log());
     assert_eq!((ls[0]["priority"].as_str(), d["compute_share_percent"].as_f64(), d["compute_limit_percent"].as_f64()), (Some("normal"), Some(60.0), Some(60.0)));
