@@ -10,6 +10,15 @@ cargo build --workspace --all-targets
 # The whole-process tests start these binaries; tell them they are built.
 export EGPU_TEST_PREBUILT=1
 
+# The glibc 2.17 build of what runs in containers and on the host
+# (tests/container.rs runs it in an old image).
+if cargo-zigbuild --version >/dev/null 2>&1 && { command -v zig >/dev/null 2>&1 || python3 -m ziglang version >/dev/null 2>&1; }; then
+    echo "==> building libegpu.so and egpu-cdi-hook for glibc 2.17"
+    ./scripts/build-compat.sh
+else
+    echo "==> cargo-zigbuild or zig is missing: the glibc 2.17 build is not made, and its container test will say it is skipped (.ci/run installs both)"
+fi
+
 echo "==> clippy (deny-level lints such as undocumented unsafe blocks fail the run)"
 cargo clippy --workspace --all-targets --quiet
 

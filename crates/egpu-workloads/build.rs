@@ -51,6 +51,12 @@ fn main() {
     let st = Command::new(&ar).args(["crs", lib.to_str().unwrap(), obj.to_str().unwrap()]).status().expect("ar");
     assert!(st.success(), "ar failed");
     println!("cargo:rustc-link-search=native={}", out.display());
-    // The probe needs the driver at run time, like any CUDA program.
-    println!("cargo:rustc-link-arg-bin=egpu-probe=-Wl,--push-state,--no-as-needed,-lcuda,-lnvidia-ml,--pop-state");
+    // The probe needs the driver at run time, like any CUDA program. Not
+    // `--push-state`: zig's linker (the glibc 2.17 build,
+    // scripts/build-compat.sh) lacks it; rustc links with `--as-needed`, so
+    // ending with it restores what was in force. One argument each: zig's
+    // wrapper refuses libraries inside `-Wl,`.
+    for arg in ["-Wl,--no-as-needed", "-lcuda", "-lnvidia-ml", "-Wl,--as-needed"] {
+        println!("cargo:rustc-link-arg-bin=egpu-probe={arg}");
+    }
 }

@@ -11,6 +11,9 @@ use std::path::{Path, PathBuf};
 pub const SLICE_DIR_ENV: &str = "EGPU_SLICE_DIR";
 /// Where a container sees its slice's files (bind mounts from its CDI spec).
 pub const CONTAINER_SLICE_DIR: &str = "/run/egpu/slice";
+/// Where a container sees the interposer (its CDI spec mounts it there and
+/// names it in the container's `/etc/ld.so.preload`).
+pub const CONTAINER_HOOK: &str = "/run/egpu/libegpu.so";
 
 pub fn slices_dir(run_dir: &Path) -> PathBuf {
     run_dir.join("slices")

@@ -45,7 +45,7 @@ pub enum AgentError {
     Adopt(#[source] Box<SliceOpError>),
     #[error("--cdi-dir")]
     Cdi(#[source] crate::cdi::CdiError),
-    #[error("the container check {path} does not exist: a container of an image that cannot load the hook would run unlimited; build it (cargo build -p egpu) or pass --cdi-hook PATH")]
+    #[error("the container check {path} does not exist: a container of an image that cannot load the hook would run unlimited; build it (cargo build -p egpu-cdi-hook) or pass --cdi-hook PATH")]
     CdiHook { path: PathBuf },
     #[error("{path} exists and is not a socket; refusing to replace it (remove it or pass another --socket)")]
     NotASocket { path: PathBuf },

@@ -73,32 +73,44 @@ impl Drop for Container {
     }
 }
 
+/// What a test container's root file system holds: the `/usr` (and `/bin`,
+/// `/lib`, `/lib64`, `/sbin`) of `system`, read-only, and the directory
+/// `opt` at `/opt/egpu`.
+struct Image<'a> {
+    system: &'a Path,
+    opt: &'a Path,
+}
+
+/// The host's own system, and the test binaries built with it.
+fn host_image(opt: &Path) -> Image<'_> {
+    Image { system: Path::new("/"), opt }
+}
+
 /// A bundle running `sh -c script`, with the CDI device `device` injected
-/// from the specs in `cdi_dir`. Its root file system is the host's `/usr`
-/// (read-only) plus the test binaries at `/opt/egpu`; with `host_usr` false,
-/// it is empty: an image without a C library, as a musl or static image is
-/// to glibc's loader.
-fn bundle(dir: &Path, cdi_dir: &Path, device: &str, script: &str, host_usr: bool) -> PathBuf {
+/// from the specs in `cdi_dir`, its root file system made of `image`; with
+/// none, it is empty: an image without a C library, as a musl or static
+/// image is to glibc's loader.
+fn bundle(dir: &Path, cdi_dir: &Path, device: &str, script: &str, image: Option<Image>) -> PathBuf {
     let rootfs = dir.join("rootfs");
     std::fs::create_dir_all(rootfs.join("etc")).unwrap();
     let mut binds = Vec::new();
-    if host_usr {
-        binds.push(("/usr".to_string(), "/usr".to_string()));
-        binds.push((target_dir().display().to_string(), "/opt/egpu".to_string()));
+    if let Some(image) = &image {
+        binds.push((image.system.join("usr").display().to_string(), "/usr".to_string()));
+        binds.push((image.opt.display().to_string(), "/opt/egpu".to_string()));
         for d in ["bin", "lib", "lib64", "sbin"] {
-            let host = Path::new("/").join(d);
-            match std::fs::read_link(&host) {
+            let there = image.system.join(d);
+            match std::fs::read_link(&there) {
                 Ok(to) => std::os::unix::fs::symlink(to, rootfs.join(d)).unwrap(),
-                Err(_) if host.is_dir() => binds.push((host.display().to_string(), format!("/{d}"))),
+                Err(_) if there.is_dir() => binds.push((there.display().to_string(), format!("/{d}"))),
                 Err(_) => {}
             }
+        }
+        if let Ok(cache) = std::fs::read(image.system.join("etc/ld.so.cache")) {
+            std::fs::write(rootfs.join("etc/ld.so.cache"), cache).unwrap();
         }
     }
     std::fs::write(rootfs.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").unwrap();
     std::fs::write(rootfs.join("etc/group"), "root:x:0:\n").unwrap();
-    if let Ok(cache) = std::fs::read("/etc/ld.so.cache") {
-        std::fs::write(rootfs.join("etc/ld.so.cache"), cache).unwrap();
-    }
     let o = Command::new("runc").args(["spec", "--bundle"]).arg(dir).output().unwrap();
     assert!(o.status.success(), "runc spec: {}", String::from_utf8_lossy(&o.stderr));
     let config = dir.join("config.json");
@@ -143,7 +155,7 @@ fn a_runc_container_runs_in_its_slice_through_the_cdi_spec() {
     //    /run/egpu/slice: the environment can neither remove the one nor
     //    point the other elsewhere (at a limits file the workload made).
     let grow = Container { runc_root: runc_root.clone(), id: format!("egpu-grow-{}", std::process::id()) };
-    let b = bundle(&tmp.path().join("grow"), &cdi_dir, "egpu.io/slice=svc", "unset LD_PRELOAD; export EGPU_SLICE_DIR=/tmp/forged; exec /opt/egpu/egpu-probe grow --step 256MiB --until 2GiB --hold", true);
+    let b = bundle(&tmp.path().join("grow"), &cdi_dir, "egpu.io/slice=svc", "unset LD_PRELOAD; export EGPU_SLICE_DIR=/tmp/forged; exec /opt/egpu/egpu-probe grow --step 256MiB --until 2GiB --hold", Some(host_image(&target_dir())));
     let mut p = Lines::spawn(grow.run(&b));
     let blocked = p.wait_event("blocked", T).unwrap_or_else(|| panic!("the container's probe never blocked at its 1 GiB limit (a 16 GiB GPU): {:?}", p.seen));
     assert!(blocked["total"].as_u64().unwrap() < 1 << 30, "{blocked}");
@@ -196,7 +208,7 @@ fn a_runc_container_runs_in_its_slice_through_the_cdi_spec() {
         echo x > /run/egpu/slice/limits && echo WROTE-LIMITS; \
         echo x > /etc/ld.so.preload && echo WROTE-PRELOAD; \
         exec /opt/egpu/egpu-probe info";
-    let b = bundle(&tmp.path().join("look"), &cdi_dir, "egpu.io/slice=svc", script, true);
+    let b = bundle(&tmp.path().join("look"), &cdi_dir, "egpu.io/slice=svc", script, Some(host_image(&target_dir())));
     let o = look.run(&b).output().unwrap();
     let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
     assert!(o.status.success(), "{out}\n{err}");
@@ -213,7 +225,7 @@ fn a_runc_container_runs_in_its_slice_through_the_cdi_spec() {
     // 6. An image that cannot load the hook is not started: its programs
     //    would run unlimited.
     let bare = Container { runc_root: look.runc_root.clone(), id: format!("egpu-bare-{}", std::process::id()) };
-    let b = bundle(&tmp.path().join("bare"), &cdi_dir, "egpu.io/slice=svc", "exit 0", false);
+    let b = bundle(&tmp.path().join("bare"), &cdi_dir, "egpu.io/slice=svc", "exit 0", None);
     let o = bare.run(&b).output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success(), "a container without a C library was started: {err}");
@@ -222,4 +234,122 @@ fn a_runc_container_runs_in_its_slice_through_the_cdi_spec() {
     // 7. The spec goes with the slice.
     node.ok(&["rm", "svc"]);
     assert!(!spec_file.exists(), "the CDI spec outlived its slice");
+}
+
+/// Where `scripts/build-compat.sh` puts the glibc 2.17 build, and where
+/// `scripts/old-glibc-rootfs.sh` makes the old image, if both are there;
+/// else why not (a failure with `EGPU_REQUIRE_COMPAT=1`, set by `.ci/run`).
+fn compat_inputs() -> Result<(PathBuf, PathBuf), String> {
+    let target = target_dir().parent().unwrap().to_path_buf();
+    let profile = target_dir().file_name().unwrap().to_owned();
+    let compat = target.join(format!("{}-unknown-linux-gnu", std::env::consts::ARCH)).join(profile);
+    let rootfs = target.join("old-glibc-rootfs");
+    for f in ["libegpu.so", "egpu-cdi-hook", "libegpu_simgpu.so", "egpu-probe"] {
+        if !compat.join(f).is_file() {
+            return Err(format!("{} is missing: run scripts/build-compat.sh", compat.join(f).display()));
+        }
+    }
+    if !rootfs.join(".egpu-complete").is_file() {
+        return Err(format!("no old-glibc image at {}: run scripts/old-glibc-rootfs.sh", rootfs.display()));
+    }
+    Ok((compat, rootfs))
+}
+
+/// The glibc symbol versions `file` needs, as (major, minor).
+fn glibc_needs(file: &Path) -> Vec<(u32, u32)> {
+    let data = std::fs::read(file).unwrap();
+    let needs = egpu_cdi_hook::needs(file, &data).unwrap();
+    let versions = needs.iter().flat_map(|n| n.versions.iter());
+    versions.filter_map(|v| v.strip_prefix("GLIBC_")).map(|v| {
+        let mut it = v.split('.').map(|x| x.parse::<u32>().unwrap());
+        (it.next().unwrap(), it.next().unwrap_or(0))
+    }).collect()
+}
+
+/// The image's dynamic loader and library directory.
+fn old_loader(rootfs: &Path) -> (PathBuf, PathBuf) {
+    let libdir = rootfs.join(format!("usr/lib/{}-linux-gnu", std::env::consts::ARCH));
+    let ld = if cfg!(target_arch = "aarch64") { "ld-linux-aarch64.so.1" } else { "ld-linux-x86-64.so.2" };
+    (libdir.join(ld), libdir)
+}
+
+#[test]
+fn an_image_with_an_old_glibc_runs_in_a_slice_with_the_glibc_2_17_build() {
+    if skip_unless_runc() {
+        return;
+    }
+    let (compat, rootfs) = match compat_inputs() {
+        Ok(v) => v,
+        Err(why) => {
+            assert!(std::env::var("EGPU_REQUIRE_COMPAT").as_deref() != Ok("1"), "EGPU_REQUIRE_COMPAT=1 but {why}");
+            eprintln!("skipped: {why}");
+            return;
+        }
+    };
+    // The image is older than the usual build allows, and the compat build is
+    // not: its files need nothing after glibc 2.17; the usual build needs
+    // 2.34.
+    let (ld, libdir) = old_loader(&rootfs);
+    let libc = libdir.join("libc.so.6");
+    let defined = egpu_cdi_hook::defines(&libc, &std::fs::read(&libc).unwrap()).unwrap();
+    assert!(defined.contains("GLIBC_2.17") && !defined.contains("GLIBC_2.34"), "{} is not an old glibc: {defined:?}", libc.display());
+    for f in ["libegpu.so", "egpu-cdi-hook", "libegpu_simgpu.so", "egpu-probe"] {
+        let newest = glibc_needs(&compat.join(f)).into_iter().max();
+        assert!(newest.is_some_and(|v| v <= (2, 17)), "the compat {f} needs glibc {newest:?}");
+    }
+    assert!(glibc_needs(&target_dir().join("libegpu.so")).contains(&(2, 34)), "the usual build no longer needs glibc 2.34: is this test still needed?");
+
+    // The container check runs in the host's namespace: run it with the old
+    // image's loader and C library, as on an old host. The usual build
+    // cannot even start there.
+    let o = Command::new(&ld).arg("--library-path").arg(&libdir).arg(target_dir().join("egpu-cdi-hook")).arg("--version").output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("GLIBC_2."), "the usual egpu-cdi-hook started on glibc 2.31: {err}");
+    let tmp = tempfile::tempdir().unwrap();
+    let old_host_hook = tmp.path().join("egpu-cdi-hook-on-old-glibc");
+    std::fs::write(&old_host_hook, format!("#!/bin/sh\nexec '{}' --library-path '{}' '{}' \"$@\"\n", ld.display(), libdir.display(), compat.join("egpu-cdi-hook").display())).unwrap();
+    std::fs::set_permissions(&old_host_hook, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+
+    // 1. With the compat build, a container of the old image runs in its
+    //    slice, held to its limit, and a live resize reaches it.
+    let cdi_dir = tmp.path().join("cdi");
+    let flags = |hook: &Path| -> Vec<String> {
+        let v = [("--cdi-dir", cdi_dir.clone()), ("--hook-lib", hook.to_path_buf()), ("--sim-lib", compat.join("libegpu_simgpu.so")), ("--cdi-hook", old_host_hook.clone())];
+        v.into_iter().flat_map(|(flag, path)| [flag.to_string(), path.display().to_string()]).collect()
+    };
+    let f = flags(&compat.join("libegpu.so"));
+    let node = Node::start_with("1x16GiB", &f.iter().map(String::as_str).collect::<Vec<_>>());
+    node.ok(&["create", "--name", "old", "--gpu-memory", "1GiB"]);
+    let runc_root = tmp.path().join("runc");
+    let old = Container { runc_root: runc_root.clone(), id: format!("egpu-old-{}", std::process::id()) };
+    let image = Image { system: &rootfs, opt: &compat };
+    let b = bundle(&tmp.path().join("old"), &cdi_dir, "egpu.io/slice=old", "exec /opt/egpu/egpu-probe grow --step 256MiB --until 2GiB --hold", Some(image));
+    let mut p = Lines::spawn(old.run(&b));
+    let blocked = p.wait_event("blocked", T).unwrap_or_else(|| panic!("the old image's probe never blocked at its 1 GiB limit: {:?}\n{}", p.seen, node.log()));
+    assert!(blocked["total"].as_u64().unwrap() < 1 << 30, "{blocked}");
+    // It runs on the image's glibc 2.31, with the hook loaded.
+    let host_pid = old.host_pid();
+    let maps = std::fs::read_to_string(format!("/proc/{host_pid}/maps")).unwrap();
+    assert!(maps.contains("libc-2.31.so") && maps.contains(HOOK_IN_CONTAINER), "{maps}");
+    let pids: Vec<u64> = node.slice("old")["processes"].as_array().unwrap().iter().map(|p| p["pid"].as_u64().unwrap()).collect();
+    assert_eq!(pids, [host_pid]);
+    node.ok(&["resize", "old", "--gpu-memory", "3GiB"]);
+    p.wait_event("unblocked", T).unwrap_or_else(|| panic!("the resize did not reach the old image's container: {:?}", p.seen));
+    p.wait_event("holding", T).expect("the probe reaches --until after the resize");
+    drop(old);
+    assert!(wait_until(T, || p.child.try_wait().unwrap().is_some()), "runc run did not end after the kill");
+    drop(node);
+
+    // 2. With the usual build, the same image is refused before it starts,
+    //    with what its C library lacks and what to do.
+    let _ = std::fs::remove_dir_all(&cdi_dir);
+    let f = flags(&target_dir().join("libegpu.so"));
+    let node = Node::start_with("1x16GiB", &f.iter().map(String::as_str).collect::<Vec<_>>());
+    node.ok(&["create", "--name", "old", "--gpu-memory", "1GiB"]);
+    let refused = Container { runc_root, id: format!("egpu-old-refused-{}", std::process::id()) };
+    let b = bundle(&tmp.path().join("refused"), &cdi_dir, "egpu.io/slice=old", "exit 0", Some(Image { system: &rootfs, opt: &compat }));
+    let o = refused.run(&b).output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "an image whose glibc is too old for the hook was started: {err}");
+    assert!(err.contains("cannot be held to its GPU slice") && err.contains("lacks") && err.contains("GLIBC_2.34") && err.contains("scripts/build-compat.sh"), "{err}");
 }

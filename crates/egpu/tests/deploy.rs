@@ -252,6 +252,10 @@ fn the_image_holds_what_the_manifests_run() {
                 let (dir, file) = src.rsplit_once('/').unwrap();
                 let installed = if dir.ends_with("/bin") { format!("/release/{file} ") } else { src.to_string() };
                 assert!(dockerfile.contains(&installed), "the Dockerfile does not install {src}");
+                // It leaves the image for the host and its containers, whatever
+                // their C library: the glibc 2.17 build (scripts/build-compat.sh).
+                let compat = format!("/src/target/{}-unknown-linux-gnu/release/{file} ", std::env::consts::ARCH);
+                assert!(dockerfile.contains(&compat), "the Dockerfile installs {src} from another build than scripts/build-compat.sh's");
             }
         }
     }

@@ -19,8 +19,6 @@
 //! The GPU itself (device nodes, the NVIDIA driver's libraries) comes from the
 //! NVIDIA Container Toolkit's own CDI spec on a real node: ask for both devices.
 
-pub mod check;
-
 use crate::config::{NodeConfig, SIM_GPUS_ENV, SIM_PASSTHROUGH_ENV, SIM_STATE_ENV};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -32,8 +30,7 @@ pub const KIND: &str = "egpu.io/slice";
 pub const CDI_VERSION: &str = "0.5.0";
 /// Spec file names: this prefix, the slice name, `.json`.
 pub const SPEC_PREFIX: &str = "egpu.io-slice_";
-/// Where the container sees the interposer.
-pub const CONTAINER_HOOK: &str = "/run/egpu/libegpu.so";
+pub use egpu_abi::paths::CONTAINER_HOOK;
 /// Where the container sees the simulated driver (simulated nodes only).
 pub const CONTAINER_SIMLIB: &str = "/run/egpu/simlib";
 /// Where the container sees the simulated GPUs' shared state.
@@ -148,7 +145,8 @@ pub fn slice_spec(cfg: &NodeConfig, name: &str, slice_dir: &Path, device_uuids: 
             }
         }
     }
-    // Before the first process: can the image load the hook at all? (`check`)
+    // Before the first process: can the image load the hook at all? (the
+    // `egpu-cdi-hook` crate)
     let hooks = vec![Hook {
         hook_name: "createContainer".into(),
         path: cfg.cdi_hook.display().to_string(),

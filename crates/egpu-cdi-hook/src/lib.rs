@@ -20,6 +20,7 @@
 //! `RESOLVE_IN_ROOT`), so the image's absolute symlinks stay in the image;
 //! only regular files of at most [`MAX_FILE`] bytes are read.
 
+use egpu_abi::paths::CONTAINER_HOOK;
 use std::collections::BTreeSet;
 use std::io::Read;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -51,7 +52,7 @@ pub enum CheckError {
     )]
     Missing { lib: String, dirs: String },
     #[error(
-        "the image's {lib} ({path}) lacks {missing}, which libegpu.so needs (it needs {needed}): every program of this container would fail to start. Use an image with a newer C library (glibc 2.34 or later for the hook as built here)"
+        "the image's {lib} ({path}) lacks {missing}, which libegpu.so needs (it needs {needed}): every program of this container would fail to start. Use an image with a newer C library, or give egpud (--hook-lib) the hook built for glibc 2.17 by scripts/build-compat.sh"
     )]
     TooOld { lib: String, path: String, missing: String, needed: String },
 }
@@ -207,14 +208,14 @@ pub fn check_rootfs(rootfs: &Path, hook_lib: &Path) -> Result<(), CheckError> {
     let root = std::fs::File::open(rootfs).map_err(|source| CheckError::Read { path: rootfs.into(), source })?;
     let preload = read_in_root(&root, rootfs, "etc/ld.so.preload")?;
     let listed = preload.as_ref().map(|f| String::from_utf8_lossy(&f.data).split_whitespace().collect::<Vec<_>>().join(" "));
-    if listed.as_deref() != Some(super::CONTAINER_HOOK) {
+    if listed.as_deref() != Some(CONTAINER_HOOK) {
         let found = listed.map_or("no such file".into(), |l| format!("it lists '{l}'"));
         return Err(CheckError::NotInPlace { what: "/etc/ld.so.preload".into(), found });
     }
-    match stat_in_root(&root, rootfs, super::CONTAINER_HOOK.trim_start_matches('/'))? {
+    match stat_in_root(&root, rootfs, CONTAINER_HOOK.trim_start_matches('/'))? {
         Some(f) if (f.dev, f.ino) == (hook_meta.dev(), hook_meta.ino()) => {}
-        Some(_) => return Err(CheckError::NotInPlace { what: super::CONTAINER_HOOK.into(), found: format!("another file than {}", hook_lib.display()) }),
-        None => return Err(CheckError::NotInPlace { what: super::CONTAINER_HOOK.into(), found: "no such file".into() }),
+        Some(_) => return Err(CheckError::NotInPlace { what: CONTAINER_HOOK.into(), found: format!("another file than {}", hook_lib.display()) }),
+        None => return Err(CheckError::NotInPlace { what: CONTAINER_HOOK.into(), found: "no such file".into() }),
     }
     let dirs = lib_dirs();
     for need in needs(hook_lib, &hook)? {
@@ -289,7 +290,7 @@ mod tests {
         std::fs::create_dir_all(tmp.path().join("run/egpu")).unwrap();
         let hook = tmp.path().join("run/egpu/libegpu.so");
         std::fs::copy(std::env::current_exe().unwrap(), &hook).unwrap();
-        std::fs::write(tmp.path().join("etc/ld.so.preload"), format!("{}\n", super::super::CONTAINER_HOOK)).unwrap();
+        std::fs::write(tmp.path().join("etc/ld.so.preload"), format!("{}\n", CONTAINER_HOOK)).unwrap();
         for n in needs(&hook, &std::fs::read(&hook).unwrap()).unwrap() {
             put(&n.lib, &host_lib(&n.lib), &dir.join(&n.lib));
         }
@@ -310,7 +311,7 @@ mod tests {
         assert!(matches!(&err, CheckError::NotInPlace { what, .. } if what == "/etc/ld.so.preload") && err.to_string().contains("/usr/lib/other.so"), "{err}");
         std::fs::remove_file(&preload).unwrap();
         assert!(matches!(check_rootfs(copies.path(), &exe), Err(CheckError::NotInPlace { .. })));
-        std::fs::write(&preload, format!("{}\n", super::super::CONTAINER_HOOK)).unwrap();
+        std::fs::write(&preload, format!("{}\n", CONTAINER_HOOK)).unwrap();
         let other = copies.path().join("other-hook.so");
         std::fs::copy(&exe, &other).unwrap();
         let err = check_rootfs(copies.path(), &other).unwrap_err();

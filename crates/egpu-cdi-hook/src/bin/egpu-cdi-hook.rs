@@ -1,10 +1,10 @@
 //! `egpu-cdi-hook`: the `createContainer` hook of every slice's CDI spec.
 //! It reads the OCI state on stdin and refuses (exit 1, the reason on
 //! stderr) a container whose image cannot load `libegpu.so`, which would
-//! otherwise run unlimited. Logic in `egpu_node::cdi::check`.
+//! otherwise run unlimited. Logic in the library of this crate.
 
 use clap::Parser;
-use egpu_node::cdi::check::{check_rootfs, rootfs_of_state};
+use egpu_cdi_hook::{check_rootfs, rootfs_of_state};
 use std::io::Read;
 use std::path::PathBuf;
 use std::process::ExitCode;
