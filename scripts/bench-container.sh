@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 RUNS=${1:-30}
 command -v runc >/dev/null || { echo "runc is not installed (apt-get install runc)" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "needs root (rootful runc)" >&2; exit 2; }
-cargo build -q --release -p egpu -p egpu-hook -p egpu-simgpu
+cargo build -q --release -p egpu -p egpu-cdi-hook -p egpu-hook -p egpu-simgpu
 T=$PWD/target/release
 W=$(mktemp -d)
 cleanup() {

@@ -21,10 +21,15 @@ ARCH=$(uname -m)
 TARGET="$ARCH-unknown-linux-gnu"
 PROFILE=debug
 for a in "$@"; do
-    [ "$a" = --release ] && PROFILE=release
+    case "$a" in
+        --release) PROFILE=release ;;
+        -r | --profile | --profile=*)
+            echo "build-compat: give --release, not $a: the check below reads target/<triple>/debug or release" >&2
+            exit 2 ;;
+    esac
 done
 
-if ! cargo-zigbuild --version >/dev/null 2>&1; then
+if ! cargo zigbuild --help >/dev/null 2>&1; then
     echo "build-compat: cargo-zigbuild is missing: cargo install --locked cargo-zigbuild@0.24.1 (and pip install ziglang==0.17.1 for zig)" >&2
     exit 2
 fi
@@ -40,7 +45,7 @@ OUT="target/$TARGET/$PROFILE"
 # The newest glibc version each file needs (its DT_VERNEED), against $GLIBC.
 bad=0
 for f in libegpu.so egpu-cdi-hook libegpu_simgpu.so egpu-probe egpu-mkslice; do
-    newest=$(objdump -p "$OUT/$f" | awk '/^Version References:/ { r = 1; next } r && /^[^ ]/ { r = 0 } r && $4 ~ /^GLIBC_/ { print substr($4, 7) }' | sort -V | tail -1)
+    newest=$(LC_ALL=C objdump -p "$OUT/$f" | awk '/^Version References:/ { r = 1; next } r && /^[^ ]/ { r = 0 } r && $4 ~ /^GLIBC_/ { print substr($4, 7) }' | sort -V | tail -1)
     if [ -z "$newest" ]; then
         echo "build-compat: $OUT/$f needs no versioned glibc symbol: not what a glibc build gives" >&2
         bad=1

@@ -6,13 +6,14 @@
 # 30 s and 215 MB. Does nothing when the directory already holds one.
 #
 # Usage: scripts/old-glibc-rootfs.sh [DIR]   (default: target/old-glibc-rootfs)
-# EGPU_DEBIAN_MIRROR overrides the mirror (default http://deb.debian.org/debian).
+# EGPU_DEBIAN_MIRROR overrides the mirror (default http://deb.debian.org/debian,
+# then http://archive.debian.org/debian, where Debian moves old releases).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DIR=${1:-target/old-glibc-rootfs}
 SUITE=bullseye
-MIRROR=${EGPU_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+MIRRORS=${EGPU_DEBIAN_MIRROR:-http://deb.debian.org/debian http://archive.debian.org/debian}
 LIBC="$DIR/usr/lib/$(uname -m)-linux-gnu/libc.so.6"
 
 if [ -e "$LIBC" ] && [ -e "$DIR/.egpu-complete" ]; then
@@ -27,13 +28,20 @@ if ! command -v debootstrap >/dev/null 2>&1; then
     echo "old-glibc-rootfs: debootstrap is missing: apt-get install debootstrap" >&2
     exit 2
 fi
-echo "==> debootstrap --variant=minbase $SUITE $DIR ($MIRROR)"
 rm -rf "$DIR" "$DIR.tmp"
 mkdir -p "$(dirname "$DIR")"
-if ! debootstrap --variant=minbase "$SUITE" "$DIR.tmp" "$MIRROR" > "$DIR.log" 2>&1; then
-    tail -20 "$DIR.log" >&2
-    echo "old-glibc-rootfs: debootstrap of $SUITE from $MIRROR failed (full log: $DIR.log). If the mirror no longer carries $SUITE, set EGPU_DEBIAN_MIRROR to one that does (e.g. http://archive.debian.org/debian)" >&2
+ok=
+for MIRROR in $MIRRORS; do
+    echo "==> debootstrap --variant=minbase --merged-usr $SUITE $DIR ($MIRROR)"
+    if debootstrap --variant=minbase --merged-usr "$SUITE" "$DIR.tmp" "$MIRROR" > "$DIR.log" 2>&1; then
+        ok=1
+        break
+    fi
+    tail -5 "$DIR.log" >&2
     rm -rf "$DIR.tmp"
+done
+if [ -z "$ok" ]; then
+    echo "old-glibc-rootfs: debootstrap of $SUITE failed from every mirror ($MIRRORS; last log: $DIR.log). Set EGPU_DEBIAN_MIRROR to a mirror that carries $SUITE" >&2
     exit 1
 fi
 touch "$DIR.tmp/.egpu-complete"
