@@ -10,8 +10,9 @@
 //! requests of each kind, in one run: parsing the request with Node objects
 //! alone (the baseline every extender without a cache pays), and filter
 //! and prioritize as the HTTP handlers run them (parse, decide, serialise
-//! the answer: filter sends the passing Node objects, or names, back), and
-//! their ratios to the baseline.
+//! the answer: filter sends the passing Node objects, or names, back),
+//! preemption as the scheduler asks it (125 candidate nodes, two victims
+//! each, by UID), and their ratios to the baseline.
 
 use egpu_k8s::annotation::{GpuFree, NodeGpus, VERSION};
 use egpu_k8s::extender::{Extender, ExtenderArgs, NodeCache};
@@ -32,10 +33,19 @@ fn node(i: usize, rng: &mut rand_chacha::ChaCha8Rng) -> Value {
             GpuFree { index: g as u32, uuid: format!("GPU-{i:04}-{g}-0000-0000-000000000000"), model: "NVIDIA H100 80GB HBM3".into(), units: UNITS, free }
         })
         .collect();
-    // The pods holding units, named as a Deployment names them: ~10 units each.
-    let taken: u32 = gpus.iter().map(|g| g.units - g.free).sum();
-    let pods = (0..taken.div_ceil(10)).map(|k| format!("team-{}/inference-{:09x}-{:05x}", k % 7, i * 977 + k as usize, k * 31 + 7)).map(|name| (name, 10)).collect();
-    let ann = NodeGpus { v: VERSION, unit_bytes: 1 << 30, gpus, pods: Some(pods) }.to_json();
+    // The pods holding units, named as a Deployment names them: up to 10
+    // units each, one GPU each; by name, and by UID with their GPU.
+    let (mut pods, mut holds) = (std::collections::BTreeMap::new(), std::collections::BTreeMap::new());
+    for g in &gpus {
+        let mut left = g.units - g.free;
+        while left > 0 {
+            let (k, units) = (pods.len(), left.min(10));
+            pods.insert(format!("team-{}/inference-{:09x}-{:05x}", k % 7, i * 977 + k, k * 31 + 7), units);
+            holds.insert(pod_uid(i, k), [(g.index, units)].into());
+            left -= units;
+        }
+    }
+    let ann = NodeGpus { v: VERSION, unit_bytes: 1 << 30, gpus, pods: Some(pods), holds: Some(holds) }.to_json();
     let labels: serde_json::Map<String, Value> = (0..20).map(|k| (format!("example.com/label-{k}"), json!(format!("value-{k}-{i}")))).collect();
     let images: Vec<Value> = (0..30).map(|k| json!({"names": [format!("registry.example.com/team/image-{k}@sha256:{:064x}", k * 7919 + i), format!("registry.example.com/team/image-{k}:v1.{k}")], "sizeBytes": 123_456_789 + k})).collect();
     let conditions: Vec<Value> = ["MemoryPressure", "DiskPressure", "PIDPressure", "Ready"]
@@ -54,6 +64,11 @@ fn node(i: usize, rng: &mut rand_chacha::ChaCha8Rng) -> Value {
             "images": images,
         }
     })
+}
+
+/// The UID of node `i`'s `k`th pod.
+fn pod_uid(i: usize, k: usize) -> String {
+    format!("{i:08x}-{k:04x}-4000-8000-000000000000")
 }
 
 fn percentile(mut v: Vec<Duration>, q: f64) -> Duration {
@@ -115,6 +130,24 @@ fn main() {
     let prioritize_names = time_names(&|b| {
         black_box(serde_json::to_vec(&cached.prioritize(serde_json::from_str(b).unwrap()).unwrap()).unwrap());
     });
+    // Preemption as kube-scheduler asks it by default: candidates on 10% of
+    // the nodes (its minCandidateNodesPercentage), two victims each, by UID.
+    let preempt_bodies: Vec<String> = [20, 30, 40, 60]
+        .iter()
+        .map(|u| {
+            let victims: serde_json::Map<String, Value> = nodes
+                .iter()
+                .take(NODES / 10)
+                .enumerate()
+                .map(|(i, n)| (n["metadata"]["name"].as_str().unwrap().to_string(), json!({"Pods": [{"UID": pod_uid(i, 0)}, {"UID": pod_uid(i, 1)}], "NumPDBViolations": 0})))
+                .collect();
+            json!({"Pod": {"metadata": {"name": "p", "namespace": "default"}, "spec": {"containers": [{"name": "main", "resources": {"limits": {"egpu.io/gpu-memory": u.to_string()}}}]}}, "NodeNameToMetaVictims": victims}).to_string()
+        })
+        .collect();
+    let preempt = time_over(&preempt_bodies, &|b| {
+        black_box(serde_json::to_vec(&cached.preempt(serde_json::from_str(b).unwrap()).unwrap()).unwrap());
+    });
+    let kept = cached.preempt(serde_json::from_str(&preempt_bodies[1]).unwrap()).unwrap().node_name_to_meta_victims.len();
     let passed = ext.filter(serde_json::from_str(&bodies[1]).unwrap()).nodes.map_or(0, |n| n.items.len());
     assert_eq!(cached.filter(serde_json::from_str(&names[1]).unwrap()).node_names.map_or(0, |n| n.len()), passed, "both paths pass the same nodes");
     println!(
@@ -123,8 +156,8 @@ fn main() {
         bodies[1].len() as f64 / 1e6
     );
     let base = percentile(parse.clone(), 0.5);
-    println!("(node names: request {:.3} MB)", names[1].len() as f64 / 1e6);
-    for (name, v) in [("parse (baseline)", parse), ("filter", filter), ("prioritize", prioritize), ("filter, names", filter_names), ("prioritize, names", prioritize_names)] {
+    println!("(node names: request {:.3} MB; preempt: {} candidate nodes, request {:.3} MB, a 30-unit pod keeps {kept})", names[1].len() as f64 / 1e6, NODES / 10, preempt_bodies[1].len() as f64 / 1e6);
+    for (name, v) in [("parse (baseline)", parse), ("filter", filter), ("prioritize", prioritize), ("filter, names", filter_names), ("prioritize, names", prioritize_names), ("preempt, names", preempt)] {
         let p50 = percentile(v.clone(), 0.5);
         println!("{name:>18}: p50 {:>8.2} ms  p99 {:>8.2} ms  ({:.2}x the parse p50)", p50.as_secs_f64() * 1e3, percentile(v, 0.99).as_secs_f64() * 1e3, p50.as_secs_f64() / base.as_secs_f64());
     }

@@ -43,6 +43,15 @@ pub struct NodeGpus {
     /// live.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pods: Option<std::collections::BTreeMap<String, u32>>,
+    /// Where each pod's units are, by pod UID: GPU index → units it holds
+    /// there, from the same read as `free`. The extender's preemption
+    /// (`preemptVerb`) gives a victim's units back to those GPUs. A pod
+    /// whose UID the plugin has not seen (it follows the node's pods) is
+    /// left out: its units are not given back, so preemption passes over a
+    /// node rather than evicting pods that would not make room. Absent: a
+    /// plugin before this field (skipped, like `pods`, where not needed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holds: Option<std::collections::BTreeMap<String, std::collections::BTreeMap<u32, u32>>>,
 }
 
 /// Why a node's annotation cannot be used.
@@ -86,7 +95,7 @@ impl NodeGpus {
             serde_json::from_str(value).map_err(invalid)?
         } else {
             let l: Lean = serde_json::from_str(value).map_err(invalid)?;
-            NodeGpus { v: l.v, unit_bytes: l.unit_bytes, gpus: l.gpus, pods: None }
+            NodeGpus { v: l.v, unit_bytes: l.unit_bytes, gpus: l.gpus, pods: None, holds: None }
         };
         if n.unit_bytes == 0 {
             return Err(AnnotationError::Invalid("unit_bytes is 0".into()));
@@ -123,6 +132,25 @@ impl NodeGpus {
         true
     }
 
+    /// Gives back the units the pods `uids` hold here (per `holds`) to
+    /// their GPUs' free units, never above a GPU's units: what the node
+    /// would have free once those pods are gone. Returns the units given
+    /// back (a pod `holds` does not name gives none).
+    pub fn release(&mut self, uids: &[&str]) -> u32 {
+        let Some(holds) = &self.holds else { return 0 };
+        let mut back = 0;
+        for per_gpu in uids.iter().filter_map(|u| holds.get(*u)) {
+            for (&index, &units) in per_gpu {
+                if let Some(g) = self.gpus.iter_mut().find(|g| g.index == index) {
+                    let add = units.min(g.units.saturating_sub(g.free));
+                    g.free += add;
+                    back += add;
+                }
+            }
+        }
+        back
+    }
+
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).expect("plain data serialises")
     }
@@ -138,6 +166,7 @@ mod tests {
             unit_bytes: 1 << 30,
             gpus: vec![GpuFree { index: 0, uuid: "GPU-a".into(), model: "NVIDIA H200".into(), units: 141, free: 20 }],
             pods: Some([("default/a".to_string(), 20)].into()),
+            holds: Some([("uid-a".to_string(), [(0, 20)].into())].into()),
         }
     }
 
@@ -148,6 +177,7 @@ mod tests {
             unit_bytes: 1 << 30,
             gpus: free.iter().enumerate().map(|(i, &f)| GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units: 16, free: f }).collect(),
             pods: None,
+            holds: None,
         };
         let free = |g: &NodeGpus| g.gpus.iter().map(|x| x.free).collect::<Vec<_>>();
         // One GPU, best fit, ties to the lower UUID.
@@ -179,7 +209,8 @@ mod tests {
         assert_eq!(NodeGpus::parse(Some(old)).unwrap().pods, None);
         // Without the pod list: the rest the same.
         let lean = NodeGpus::parse_with(Some(&s.to_json()), false).unwrap();
-        assert_eq!((lean.pods, lean.gpus), (None, s.gpus.clone()));
+        assert_eq!((lean.pods, lean.holds, lean.gpus), (None, None, s.gpus.clone()));
+        assert!(s.to_json().contains(r#""holds":{"uid-a":{"0":20}}"#), "{}", s.to_json());
         assert_eq!(NodeGpus::parse(None), Err(AnnotationError::Missing));
         assert!(matches!(NodeGpus::parse(Some("{")), Err(AnnotationError::Invalid(_))));
         assert_eq!(NodeGpus::parse(Some(r#"{"v":2,"whatever":1}"#)), Err(AnnotationError::Version(2)));
@@ -190,5 +221,27 @@ mod tests {
         let mut bad = s;
         bad.unit_bytes = 0;
         assert!(matches!(NodeGpus::parse(Some(&bad.to_json())), Err(AnnotationError::Invalid(_))));
+    }
+
+    #[test]
+    fn release_gives_the_victims_units_back_to_their_gpus() {
+        let gpu = |index: u32, free: u32| GpuFree { index, uuid: format!("GPU-{index}"), model: "m".into(), units: 16, free };
+        let mut g = NodeGpus {
+            v: VERSION,
+            unit_bytes: 1 << 30,
+            gpus: vec![gpu(0, 2), gpu(1, 0)],
+            pods: None,
+            holds: Some([("a".to_string(), [(0, 6), (1, 4)].into()), ("b".to_string(), [(1, 12)].into())].into()),
+        };
+        // An unknown UID gives nothing back.
+        assert_eq!(g.release(&["zz"]), 0);
+        assert_eq!(g.release(&["a"]), 10);
+        assert_eq!(g.gpus.iter().map(|x| x.free).collect::<Vec<_>>(), [8, 4]);
+        // Never above a GPU's units, whatever a stale list says.
+        g.gpus[1].free = 10;
+        assert_eq!(g.release(&["b"]), 6);
+        assert_eq!(g.gpus[1].free, 16);
+        let mut none = NodeGpus { holds: None, ..g.clone() };
+        assert_eq!(none.release(&["a"]), 0, "a plugin before `holds` gives nothing back");
     }
 }

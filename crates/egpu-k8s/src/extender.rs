@@ -27,7 +27,7 @@
 //! extender/v1` types; field names are Go's (capitalised), and the older
 //! lower-case spellings are accepted too.
 
-use crate::annotation::{AnnotationError, NodeGpus};
+use crate::annotation::{AnnotationError, GpuFree, NodeGpus};
 use crate::assume::Assumed;
 use egpu_place::policy::EgpuPolicy;
 use egpu_place::{Cluster, NodeSpec, Placement, Pod, Qos, TargetWorkload, TypeSet};
@@ -82,6 +82,52 @@ pub struct HostPriority {
     pub host: String,
     #[serde(rename = "Score")]
     pub score: i64,
+}
+
+/// `ExtenderPreemptionArgs`: the pod, and the victims the scheduler chose
+/// on each candidate node: UIDs only (`NodeNameToMetaVictims`) when the
+/// extender is `nodeCacheCapable`, else whole pods (`NodeNameToVictims`).
+#[derive(Debug, Deserialize)]
+pub struct PreemptionArgs {
+    #[serde(rename = "Pod", alias = "pod")]
+    pub pod: Option<Value>,
+    #[serde(rename = "NodeNameToVictims", alias = "nodeNameToVictims", default)]
+    pub node_name_to_victims: Option<BTreeMap<String, Victims>>,
+    #[serde(rename = "NodeNameToMetaVictims", alias = "nodeNameToMetaVictims", default)]
+    pub node_name_to_meta_victims: Option<BTreeMap<String, MetaVictims>>,
+}
+
+/// `Victims`: whole pods.
+#[derive(Debug, Deserialize)]
+pub struct Victims {
+    #[serde(rename = "Pods", alias = "pods", default)]
+    pub pods: Vec<Value>,
+    #[serde(rename = "NumPDBViolations", alias = "numPDBViolations", default)]
+    pub num_pdb_violations: i64,
+}
+
+/// `MetaVictims`: the victims' UIDs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaVictims {
+    #[serde(rename = "Pods", alias = "pods", default)]
+    pub pods: Vec<MetaPod>,
+    #[serde(rename = "NumPDBViolations", alias = "numPDBViolations", default)]
+    pub num_pdb_violations: i64,
+}
+
+/// `MetaPod`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MetaPod {
+    #[serde(rename = "UID", alias = "uid")]
+    pub uid: String,
+}
+
+/// `ExtenderPreemptionResult`: the candidate nodes kept, with their victims
+/// (always by UID, whichever form came in).
+#[derive(Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreemptionResult {
+    #[serde(rename = "NodeNameToMetaVictims")]
+    pub node_name_to_meta_victims: BTreeMap<String, MetaVictims>,
 }
 
 /// A request the extender cannot answer; it goes back in `Error`.
@@ -158,13 +204,20 @@ impl Demand {
         Ok(Demand { units, in_order })
     }
 
+    /// Whether the containers would not fit on these GPUs even with all
+    /// their units free: no eviction could make room.
+    pub fn never_fits(&self, gpus: &NodeGpus) -> bool {
+        let empty = NodeGpus { gpus: gpus.gpus.iter().map(|g| GpuFree { free: g.units, ..g.clone() }).collect(), pods: None, holds: None, ..*gpus };
+        self.misfit(&empty).is_some()
+    }
+
     /// Whether the containers fit on the GPUs' free units (each container on
     /// one GPU, several may share one; or whole GPUs for a container larger
     /// than one), placed as the plugin places them, largest first. `None`
     /// if they fit, else the reason.
     pub fn misfit(&self, gpus: &NodeGpus) -> Option<String> {
         // The GPUs alone: the pod list is not needed to place units.
-        let mut left = NodeGpus { gpus: gpus.gpus.clone(), pods: None, ..*gpus };
+        let mut left = NodeGpus { gpus: gpus.gpus.clone(), pods: None, holds: None, ..*gpus };
         for &u in &self.units {
             if left.take(u) {
                 continue;
@@ -423,12 +476,13 @@ impl Extender {
     }
 
     /// The node's annotation less what this extender bound there that the
-    /// annotation does not count yet.
-    fn free_from(&self, name: &str, value: Option<&str>) -> Result<NodeGpus, AnnotationError> {
+    /// annotation does not count yet; `full`: with the pod lists (`pods`,
+    /// `holds`) however it stands.
+    fn free_from(&self, name: &str, value: Option<&str>, full: bool) -> Result<NodeGpus, AnnotationError> {
         // The pod list only where something is assumed: an assumption made
         // between these two locks and read without the list is kept (and
         // counted) until the next request, which errs on the safe side.
-        let with_pods = self.assumed.lock().expect("assume lock").has(name);
+        let with_pods = full || self.assumed.lock().expect("assume lock").has(name);
         let g = NodeGpus::parse_with(value, with_pods)?;
         Ok(self.assumed.lock().expect("assume lock").view(name, g, Instant::now(), self.assume_ttl))
     }
@@ -444,14 +498,15 @@ impl Extender {
         }
     }
 
-    /// Each candidate's name and what it has free, or why that is unknown.
-    fn frees(&self, c: &Candidates) -> Vec<(String, Result<NodeGpus, String>)> {
+    /// Each candidate's name and what it has free, or why that is unknown;
+    /// `full` as in [`Extender::free_from`].
+    fn frees(&self, c: &Candidates, full: bool) -> Vec<(String, Result<NodeGpus, String>)> {
         match c {
             Candidates::Objects(items) => items
                 .iter()
                 .map(|n| {
                     let name = node_name(n);
-                    (name.to_string(), self.free_from(name, n["metadata"]["annotations"][crate::annotation::ANNOTATION].as_str()).map_err(|e| e.to_string()))
+                    (name.to_string(), self.free_from(name, n["metadata"]["annotations"][crate::annotation::ANNOTATION].as_str(), full).map_err(|e| e.to_string()))
                 })
                 .collect(),
             Candidates::Names(names) => {
@@ -462,7 +517,7 @@ impl Extender {
                     .map(|name| {
                         let free = match cache.get(name) {
                             None => Err(format!("node is not in this extender's node cache: not selected by '{selector}', or not seen yet")),
-                            Some(value) => self.free_from(name, value.as_deref()).map_err(|e| e.to_string()),
+                            Some(value) => self.free_from(name, value.as_deref(), full).map_err(|e| e.to_string()),
                         };
                         (name.clone(), free)
                     })
@@ -597,17 +652,24 @@ impl Extender {
             let uid = pod["metadata"]["uid"].as_str().unwrap_or("");
             self.observe(uid, &demand);
             self.assumed.lock().expect("assume lock").remember(uid, &demand.in_order);
-            for (k, (name, free)) in self.frees(&candidates).into_iter().enumerate() {
-                match free.map(|g| demand.misfit(&g)) {
+            for (k, (name, free)) in self.frees(&candidates, false).into_iter().enumerate() {
+                match free {
                     Err(e) => {
                         out.failed_and_unresolvable_nodes.insert(name, format!("egpu: {e}"));
                         keep[k] = false;
                     }
-                    Ok(Some(why)) => {
-                        out.failed_nodes.insert(name, format!("egpu: {why}"));
-                        keep[k] = false;
-                    }
-                    Ok(None) => {}
+                    Ok(g) => match demand.misfit(&g) {
+                        None => {}
+                        // Preemption cannot help: the scheduler need not try it here.
+                        Some(why) if demand.never_fits(&g) => {
+                            out.failed_and_unresolvable_nodes.insert(name, format!("egpu: {why}, even with every GPU of the node free"));
+                            keep[k] = false;
+                        }
+                        Some(why) => {
+                            out.failed_nodes.insert(name, format!("egpu: {why}"));
+                            keep[k] = false;
+                        }
+                    },
                 }
             }
             let (failed, unresolvable) = (out.failed_nodes.len(), out.failed_and_unresolvable_nodes.len());
@@ -652,7 +714,7 @@ impl Extender {
         let Some(&largest) = demand.units.first() else {
             return Ok(scores);
         };
-        let frees = self.frees(&candidates);
+        let frees = self.frees(&candidates, false);
         let recent: Vec<u32> = self.recent.lock().expect("recent lock").units.iter().map(|(_, u)| *u).collect();
         // Nodes grouped by units per GPU: a pod's share of a GPU depends on its size.
         let mut groups: BTreeMap<u32, Vec<(usize, NodeGpus)>> = BTreeMap::new();
@@ -713,6 +775,58 @@ impl Extender {
     }
 }
 
+impl Extender {
+    /// `preempt`: of the nodes where the scheduler would evict victims for
+    /// the pod, keeps those where, once the victims' units are back on the
+    /// GPUs they hold (the annotation's `holds`), each of the pod's
+    /// containers fits on one GPU (or whole GPUs), as `filter` judges; the
+    /// victims stay as the scheduler chose them. The scheduler's own
+    /// preemption counts only the node's total units, so without this it
+    /// could evict pods spread over several GPUs and still leave no GPU
+    /// with room: evictions for nothing, and again at the next attempt.
+    /// Dropped: a node whose annotation cannot be read, and one the
+    /// victims cannot make room on. A pod that asks for no units keeps
+    /// every node. Without a node cache (the scheduler then sends no
+    /// nodes) nothing can be judged and every node is kept.
+    pub fn preempt(&self, args: PreemptionArgs) -> Result<PreemptionResult, RequestError> {
+        let pod = args.pod.ok_or(RequestError::NoPod)?;
+        let demand = Demand::of_pod(&pod, &self.resource)?;
+        let victims: BTreeMap<String, MetaVictims> = match (args.node_name_to_meta_victims, args.node_name_to_victims) {
+            (Some(meta), _) => meta,
+            (None, Some(full)) => full
+                .into_iter()
+                .map(|(node, v)| {
+                    let pods = v.pods.iter().map(|p| MetaPod { uid: p["metadata"]["uid"].as_str().unwrap_or_default().to_string() }).collect();
+                    (node, MetaVictims { pods, num_pdb_violations: v.num_pdb_violations })
+                })
+                .collect(),
+            (None, None) => BTreeMap::new(),
+        };
+        if demand.units.is_empty() || self.nodes.is_none() {
+            return Ok(PreemptionResult { node_name_to_meta_victims: victims });
+        }
+        let candidates = self.candidates(None, Some(victims.keys().cloned().collect()))?;
+        let mut out = PreemptionResult::default();
+        let (mut kept, mut dropped) = (0, 0);
+        for (name, free) in self.frees(&candidates, true) {
+            let Some(v) = victims.get(&name) else { continue };
+            let uids: Vec<&str> = v.pods.iter().map(|p| p.uid.as_str()).collect();
+            let fits = free.is_ok_and(|mut g| {
+                g.release(&uids);
+                demand.misfit(&g).is_none()
+            });
+            if fits {
+                out.node_name_to_meta_victims.insert(name, v.clone());
+                kept += 1;
+            } else {
+                dropped += 1;
+            }
+        }
+        self.metrics.preempted(kept, dropped);
+        Ok(out)
+    }
+}
+
 /// A one-GPU pod of `milli` on GPUs of type `ty` (None when out of range).
 fn sharing_pod(milli: u32, ty: egpu_place::GpuTypeId) -> Option<Pod> {
     Pod::new(0, 0, 1, milli.clamp(1, 1000), TypeSet::only(ty), Qos::Be).ok()
@@ -730,10 +844,10 @@ pub fn metrics_router(ext: std::sync::Arc<Extender>) -> axum::Router {
 }
 
 /// The extender's HTTP routes: `POST /filter`, `POST /prioritize`,
-/// `POST /bind`, `GET /metrics`, `GET /healthz`. A body that is not JSON of the protocol's shape gets
+/// `POST /bind`, `POST /preempt`, `GET /metrics`, `GET /healthz`. A body that is not JSON of the protocol's shape gets
 /// HTTP 400 with the reason; a request the extender cannot answer gets its
-/// reason in the result's `Error` (filter) or HTTP 400 (prioritize, whose
-/// result has no error field).
+/// reason in the result's `Error` (filter, bind) or HTTP 400 (prioritize
+/// and preempt, whose results have no error field).
 pub fn router(ext: std::sync::Arc<Extender>) -> axum::Router {
     use axum::extract::{DefaultBodyLimit, State};
     use axum::http::StatusCode;
@@ -777,10 +891,21 @@ pub fn router(ext: std::sync::Arc<Extender>) -> axum::Router {
         ext.metrics.request("prioritize", ok, t.elapsed());
         r
     }
+    async fn preempt(State(ext): Ext, body: axum::body::Bytes) -> Response {
+        let t = std::time::Instant::now();
+        let parsed = serde_json::from_slice::<PreemptionArgs>(&body).map_err(|e| format!("not an ExtenderPreemptionArgs JSON body: {e}"));
+        let (ok, r) = match parsed.and_then(|a| ext.preempt(a).map_err(|e| e.to_string())) {
+            Ok(result) => (true, axum::Json(result).into_response()),
+            Err(why) => (false, (StatusCode::BAD_REQUEST, why).into_response()),
+        };
+        ext.metrics.request("preempt", ok, t.elapsed());
+        r
+    }
     axum::Router::new()
         .route("/filter", post(filter))
         .route("/prioritize", post(prioritize))
         .route("/bind", post(bind))
+        .route("/preempt", post(preempt))
         // Without the node cache the scheduler sends whole Node objects:
         // ~10 KB each, so a 10,000-GPU cluster's request is ~14 MB.
         .layer(DefaultBodyLimit::max(256 << 20))
@@ -802,6 +927,7 @@ mod tests {
             unit_bytes: 1 << 30,
             gpus: free.iter().enumerate().map(|(i, &f)| GpuFree { index: i as u32, uuid: format!("GPU-{name}-{i}"), model: "m".into(), units: 16, free: f }).collect(),
             pods: None,
+            holds: None,
         };
         json!({"metadata": {"name": name, "annotations": {"egpu.io/gpus": g.to_json()}}, "status": {"capacity": {"egpu.io/gpu-memory": "32"}}})
     }
@@ -849,8 +975,16 @@ mod tests {
         let r = ext.filter(args(pod(&["32"]), vec![node("two", &[16, 16]), node("one", &[16, 15]), node("odd", &[16, 16])]));
         assert_eq!(r.nodes.unwrap().items.len(), 2);
         assert!(r.failed_nodes["one"].contains("2 whole GPUs of 16") && r.failed_nodes["one"].contains("1 GPU(s) are entirely free"), "{:?}", r.failed_nodes);
+        // What no eviction could fix is unresolvable, so the scheduler does
+        // not preempt there: not a multiple of a GPU, more whole GPUs than
+        // the node has, more than one GPU's units on a node of small GPUs.
         let r = ext.filter(args(pod(&["20"]), vec![node("two", &[16, 16])]));
-        assert!(r.failed_nodes["two"].contains("ask for a multiple of 16"), "{:?}", r.failed_nodes);
+        assert!(r.failed_and_unresolvable_nodes["two"].contains("ask for a multiple of 16"), "{:?}", r.failed_and_unresolvable_nodes);
+        let r = ext.filter(args(pod(&["48"]), vec![node("two", &[16, 16]), node("three", &[16, 16, 0])]));
+        assert!(r.failed_and_unresolvable_nodes["two"].contains("even with every GPU of the node free"), "{r:?}");
+        assert!(r.failed_nodes["three"].contains("3 whole GPUs of 16"), "{r:?}");
+        let r = ext.filter(args(pod(&["10", "10"]), vec![node("a", &[6, 6])]));
+        assert!(r.failed_nodes.contains_key("a") && r.failed_and_unresolvable_nodes.is_empty(), "evicting makes room for both: {r:?}");
         // Scored as a pod of two whole GPUs: a node with exactly two free wins.
         let s = ext.prioritize(args(pod(&["32"]), vec![node("four", &[16, 16, 16, 16]), node("two", &[16, 16, 0, 0]), node("one", &[16, 0, 0, 0])])).unwrap();
         assert_eq!(s.iter().find(|h| h.host == "two").unwrap().score, MAX_SCORE, "{s:?}");
@@ -861,6 +995,100 @@ mod tests {
         // Errors go back in Error.
         let r = ext.filter(serde_json::from_value(json!({"Pod": pod(&["1"])})).unwrap());
         assert_eq!(r.error, RequestError::NoCandidates.to_string());
+    }
+
+    #[test]
+    fn preempt_keeps_the_nodes_where_the_victims_make_room_on_one_gpu() {
+        // GPUs of 16 with 3 and 3 free; pods a (5 on GPU 0, 5 on GPU 1) and
+        // b (10 on GPU 1). The pod asks for 12.
+        let mut g: NodeGpus = serde_json::from_str(node("n", &[3, 3])["metadata"]["annotations"][crate::annotation::ANNOTATION].as_str().unwrap()).unwrap();
+        g.holds = Some([("a".to_string(), [(0, 5), (1, 5)].into()), ("b".to_string(), [(1, 10)].into())].into());
+        let meta = json!({"name": "n", "annotations": {crate::annotation::ANNOTATION: g.to_json()}});
+        let cache = Arc::new(NodeCache::new("egpu.io/enabled=true"));
+        cache.replace(vec![serde_json::from_value(meta).unwrap()]);
+        let ext = Extender::new(R).with_node_cache(cache);
+        let victims = |uids: &[&str]| MetaVictims { pods: uids.iter().map(|u| MetaPod { uid: u.to_string() }).collect(), num_pdb_violations: 0 };
+        let kept = |units: &str, uids: &[&str]| {
+            let args = PreemptionArgs { pod: Some(pod(&[units])), node_name_to_victims: None, node_name_to_meta_victims: Some([("n".to_string(), victims(uids))].into()) };
+            ext.preempt(args).unwrap().node_name_to_meta_victims.contains_key("n")
+        };
+        // a frees 5 on each GPU (8 and 8): not 12 on one. b frees 10 on GPU 1 (13).
+        assert!(!kept("12", &["a"]));
+        assert!(kept("12", &["b"]));
+        assert!(kept("12", &["a", "b"]));
+        assert!(!kept("12", &["unknown"]), "a pod the annotation does not place frees nothing");
+        // After a (8 and 8 free), 8 fits and 9 does not.
+        assert!(kept("8", &["a"]) && !kept("9", &["a"]));
+        // Whole pods (without nodeCacheCapable) are read by their UIDs.
+        let full = json!({"Pod": pod(&["12"]), "NodeNameToVictims": {"n": {"Pods": [{"metadata": {"uid": "b"}}], "NumPDBViolations": 2}}});
+        let r = ext.preempt(serde_json::from_value(full).unwrap()).unwrap();
+        assert_eq!(r.node_name_to_meta_victims["n"], MetaVictims { num_pdb_violations: 2, ..victims(&["b"]) });
+        // A pod that asks for no units keeps every node; so does an extender
+        // without a node cache, which cannot see the nodes.
+        let none = json!({"Pod": {"spec": {"containers": [{"name": "x"}]}}, "NodeNameToMetaVictims": {"zz": {"Pods": []}}});
+        assert!(ext.preempt(serde_json::from_value(none).unwrap()).unwrap().node_name_to_meta_victims.contains_key("zz"));
+        let blind = Extender::new(R);
+        let args = PreemptionArgs { pod: Some(pod(&["12"])), node_name_to_victims: None, node_name_to_meta_victims: Some([("n".to_string(), victims(&["a"]))].into()) };
+        assert!(blind.preempt(args).unwrap().node_name_to_meta_victims.contains_key("n"));
+        // The wire names are Go's.
+        let wire = serde_json::to_value(PreemptionResult { node_name_to_meta_victims: [("n".to_string(), victims(&["b"]))].into() }).unwrap();
+        assert_eq!(wire, json!({"NodeNameToMetaVictims": {"n": {"Pods": [{"UID": "b"}], "NumPDBViolations": 0}}}));
+        assert_eq!(ext.preempt(serde_json::from_value(json!({"NodeNameToMetaVictims": {}})).unwrap()), Err(RequestError::NoPod));
+    }
+
+    proptest::proptest! {
+        /// Preemption's judgement is the filter's on the node as it would
+        /// be without the victims (their units freed on their GPUs, worked
+        /// out here independently of `release`), and more victims never
+        /// lose a node.
+        #[test]
+        fn preempt_judges_as_filter_would_without_the_victims(
+            pods in proptest::collection::vec((0usize..3, 1u32..=8), 0..8),
+            ask in proptest::collection::vec(1u32..=40, 1..3),
+            victims in proptest::collection::vec(proptest::bool::ANY, 8),
+            more in proptest::collection::vec(proptest::bool::ANY, 8),
+        ) {
+            // Three GPUs of 16; each pod (GPU, units) is kept only if it fits.
+            let mut free = [16u32; 3];
+            let mut holds: BTreeMap<String, BTreeMap<u32, u32>> = BTreeMap::new();
+            for (j, &(gpu, units)) in pods.iter().enumerate() {
+                if free[gpu] >= units {
+                    free[gpu] -= units;
+                    holds.insert(format!("p{j}"), [(gpu as u32, units)].into());
+                }
+            }
+            let annotated = |free: &[u32], holds: &BTreeMap<String, BTreeMap<u32, u32>>| {
+                let mut g: NodeGpus = serde_json::from_str(node("n", free)["metadata"]["annotations"][crate::annotation::ANNOTATION].as_str().unwrap()).unwrap();
+                g.holds = Some(holds.clone());
+                g
+            };
+            let cache = Arc::new(NodeCache::new("egpu.io/enabled=true"));
+            let meta = json!({"name": "n", "annotations": {crate::annotation::ANNOTATION: annotated(&free, &holds).to_json()}});
+            cache.replace(vec![serde_json::from_value(meta).unwrap()]);
+            let ext = Extender::new(R).with_node_cache(cache);
+            let units: Vec<String> = ask.iter().map(u32::to_string).collect();
+            let units: Vec<&str> = units.iter().map(String::as_str).collect();
+            let pick = |which: &[bool]| -> Vec<String> { (0..pods.len()).filter(|&j| which[j]).map(|j| format!("p{j}")).collect() };
+            let kept = |uids: &[String]| {
+                let v = MetaVictims { pods: uids.iter().map(|u| MetaPod { uid: u.clone() }).collect(), num_pdb_violations: 0 };
+                let args = PreemptionArgs { pod: Some(pod(&units)), node_name_to_victims: None, node_name_to_meta_victims: Some([("n".to_string(), v)].into()) };
+                ext.preempt(args).unwrap().node_name_to_meta_victims.contains_key("n")
+            };
+            let chosen = pick(&victims);
+            // The node without the victims, worked out from the pod list.
+            let mut after = free;
+            for u in &chosen {
+                if let Some(h) = holds.get(u) {
+                    for (&gpu, &n) in h {
+                        after[gpu as usize] += n;
+                    }
+                }
+            }
+            let filtered = Extender::new(R).filter(args(pod(&units), vec![node("n", &after)]));
+            proptest::prop_assert_eq!(kept(&chosen), filtered.nodes.unwrap().items.len() == 1);
+            let both: Vec<String> = pick(&victims.iter().zip(&more).map(|(a, b)| *a || *b).collect::<Vec<_>>());
+            proptest::prop_assert!(!kept(&chosen) || kept(&both), "more victims lost the node");
+        }
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub struct ExtenderMetrics {
     seconds: Family<Labels, Histogram, fn() -> Histogram>,
     nodes: Family<Labels, Counter>,
     binds: Family<Labels, Counter>,
+    preempt_nodes: Family<Labels, Counter>,
     assumed: Gauge,
     cache_nodes: Gauge,
     cache_synced: Gauge,
@@ -45,20 +46,26 @@ impl Default for ExtenderMetrics {
             seconds: Family::new_with_constructor(latency as fn() -> Histogram),
             nodes: Family::default(),
             binds: Family::default(),
+            preempt_nodes: Family::default(),
             assumed: Gauge::default(),
             cache_nodes: Gauge::default(),
             cache_synced: Gauge::default(),
         };
         {
             let mut r = m.registry.lock().expect("registry lock");
-            r.register("egpu_extender_requests", "Requests answered, by verb (filter, prioritize, bind) and outcome (ok, error)", m.requests.clone());
+            r.register("egpu_extender_requests", "Requests answered, by verb (filter, prioritize, bind, preempt) and outcome (ok, error)", m.requests.clone());
             r.register("egpu_extender_request_seconds", "Time to answer a request, parse to answer, by verb", m.seconds.clone());
             r.register(
                 "egpu_extender_filter_nodes",
-                "Nodes filters decided on, by result: passed, failed (too little free on one GPU, or too few whole free GPUs), unresolvable (no usable annotation, or not in the node cache)",
+                "Nodes filters decided on, by result: passed, failed (too little free on one GPU, or too few whole free GPUs), unresolvable (no usable annotation, not in the node cache, or no fit even with every GPU of the node free)",
                 m.nodes.clone(),
             );
             r.register("egpu_extender_binds", "Binds, by outcome: bound, refused (the request, the pod or a 4xx answer said no), failed (anything else: no answer in time, a server error, no API access)", m.binds.clone());
+            r.register(
+                "egpu_extender_preempt_nodes",
+                "Candidate nodes of preemptions, by result: kept (the victims make room on one GPU, or whole GPUs, for each container), dropped (they would not, or the node's annotation cannot be read)",
+                m.preempt_nodes.clone(),
+            );
             r.register("egpu_extender_assumed_pods", "Pods bound, within the assume TTL, whose units the extender counts on their node until the node's annotation does", m.assumed.clone());
             r.register("egpu_extender_node_cache_nodes", "Nodes in the extender's node cache", m.cache_nodes.clone());
             r.register("egpu_extender_node_cache_synced", "1 once a list has filled the node cache (0 without one, or before)", m.cache_synced.clone());
@@ -78,6 +85,13 @@ impl ExtenderMetrics {
     pub fn filtered(&self, passed: usize, failed: usize, unresolvable: usize) {
         for (result, n) in [("passed", passed), ("failed", failed), ("unresolvable", unresolvable)] {
             self.nodes.get_or_create(&vec![("result", result)]).inc_by(n as u64);
+        }
+    }
+
+    /// A preemption's decisions on its candidate nodes.
+    pub fn preempted(&self, kept: usize, dropped: usize) {
+        for (result, n) in [("kept", kept), ("dropped", dropped)] {
+            self.preempt_nodes.get_or_create(&vec![("result", result)]).inc_by(n as u64);
         }
     }
 

@@ -158,8 +158,16 @@ pub enum PluginError {
     Config(String),
 }
 
-/// `egpu.io/` annotations of a node's pods, by (namespace, name).
-type PodAnnotations = HashMap<(String, String), std::collections::BTreeMap<String, String>>;
+/// A pod of this node, as the followed list has it.
+#[derive(Debug, Clone, Default)]
+struct PodInfo {
+    uid: String,
+    /// Its `egpu.io/` annotations.
+    annotations: std::collections::BTreeMap<String, String>,
+}
+
+/// This node's pods, by (namespace, name).
+type PodAnnotations = HashMap<(String, String), PodInfo>;
 
 /// A container holding units, per the kubelet.
 #[derive(Debug, Clone)]
@@ -310,7 +318,8 @@ impl Shared {
                 if let (Some(held), Some(holders)) = (&held, &holders) {
                     self.sweep(&mut client, &slices, held).await;
                     self.apply_pod_annotations(&mut client, &inv, &slices, holders).await;
-                    annotation = Some(node_gpus(&inv, &devices, holders).to_json());
+                    let pods = self.pod_annotations.lock().expect("pods lock").clone();
+                    annotation = Some(node_gpus(&inv, &devices, holders, pods.as_ref()).to_json());
                 }
                 (Some(inv), devices)
             }
@@ -423,7 +432,7 @@ impl Shared {
         let Some(pods) = pods else { return };
         for h in holders {
             let name = tokens::slice_name(&h.ids);
-            let (Some(ann), Some(slice)) = (pods.get(&(h.namespace.clone(), h.pod.clone())), slices.iter().find(|s| s.name == name)) else { continue };
+            let (Some(PodInfo { annotations: ann, .. }), Some(slice)) = (pods.get(&(h.namespace.clone(), h.pod.clone())), slices.iter().find(|s| s.name == name)) else { continue };
             let warn = |why: String| {
                 if self.resize_warned.lock().expect("pods lock").insert((name.clone(), why.clone())) {
                     tracing::warn!(slice = %name, pod = %format!("{}/{}", h.namespace, h.pod), "cannot apply the pod's annotations: {why}");
@@ -492,11 +501,11 @@ impl Shared {
     }
 
     /// A pod's key and its `egpu.io/` annotations (`None` without a name).
-    fn pod_entry(pod: kube::api::ObjectMeta) -> Option<((String, String), std::collections::BTreeMap<String, String>)> {
+    fn pod_entry(pod: kube::api::ObjectMeta) -> Option<((String, String), PodInfo)> {
         let ns = pod.namespace.unwrap_or_default();
         let name = pod.name?;
-        let ann = pod.annotations.unwrap_or_default().into_iter().filter(|(k, _)| k.starts_with("egpu.io/")).collect();
-        Some(((ns, name), ann))
+        let annotations = pod.annotations.unwrap_or_default().into_iter().filter(|(k, _)| k.starts_with("egpu.io/")).collect();
+        Some(((ns, name), PodInfo { uid: pod.uid.unwrap_or_default(), annotations }))
     }
 
     /// Makes (or finds) the slice of one container's tokens.
@@ -617,12 +626,21 @@ fn default_share(inv: &Inventory, gpu: &tokens::Gpu, memory: u64) -> u32 {
 }
 
 /// The node annotation: per GPU, its units and those that are healthy and
-/// held by no container; and the pods that hold units.
-fn node_gpus(inv: &Inventory, devices: &[dp::Device], holders: &[Holder]) -> NodeGpus {
+/// held by no container; the pods that hold units; and, for the pods of
+/// the followed list (`pods`, by name: their UIDs), which GPUs they hold.
+fn node_gpus(inv: &Inventory, devices: &[dp::Device], holders: &[Holder], pods_known: Option<&PodAnnotations>) -> NodeGpus {
     let held: HashSet<&str> = holders.iter().flat_map(|h| &h.ids).map(String::as_str).collect();
     let mut pods: std::collections::BTreeMap<String, u32> = std::collections::BTreeMap::new();
+    let mut holds: std::collections::BTreeMap<String, std::collections::BTreeMap<u32, u32>> = std::collections::BTreeMap::new();
     for h in holders {
         *pods.entry(format!("{}/{}", h.namespace, h.pod)).or_default() += u32::try_from(h.ids.len()).unwrap_or(u32::MAX);
+        let Some(info) = pods_known.and_then(|p| p.get(&(h.namespace.clone(), h.pod.clone()))).filter(|i| !i.uid.is_empty()) else { continue };
+        let per_gpu = holds.entry(info.uid.clone()).or_default();
+        for (uuid, _) in h.ids.iter().filter_map(|id| tokens::parse_token(id)) {
+            if let Some(g) = inv.gpus.iter().find(|g| g.uuid == uuid) {
+                *per_gpu.entry(g.index).or_default() += 1;
+            }
+        }
     }
     let healthy: HashSet<&str> = devices.iter().filter(|d| d.health == HEALTHY).map(|d| d.id.as_str()).collect();
     let gpus = inv
@@ -637,7 +655,7 @@ fn node_gpus(inv: &Inventory, devices: &[dp::Device], holders: &[Holder]) -> Nod
             GpuFree { index: g.index, uuid: g.uuid.clone(), model: g.model.clone(), units, free: u32::try_from(free).unwrap_or(u32::MAX) }
         })
         .collect();
-    NodeGpus { v: annotation::VERSION, unit_bytes: inv.unit_bytes, gpus, pods: Some(pods) }
+    NodeGpus { v: annotation::VERSION, unit_bytes: inv.unit_bytes, gpus, pods: Some(pods), holds: Some(holds) }
 }
 
 /// The `DevicePlugin` gRPC service. Its `ListAndWatch` streams end when
@@ -884,6 +902,22 @@ mod tests {
             devices: vec![node::SliceDevice { device, memory_limit_bytes: gib << 30, ..Default::default() }],
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn the_annotation_says_which_gpus_each_known_pod_holds() {
+        let gpu = |index: u32, uuid: &str| tokens::Gpu { index, uuid: uuid.into(), model: "m".into(), memory_bytes: 4 << 30 };
+        let inv = Inventory { unit_bytes: 1 << 30, gpus: vec![gpu(0, "GPU-a"), gpu(1, "GPU-b")] };
+        let devices = advertise(&inv, &[], None);
+        let holder = |pod: &str, ids: &[&str]| Holder { namespace: "ns".into(), pod: pod.into(), ids: ids.iter().map(|s| s.to_string()).collect() };
+        // Pod p: two containers, on both GPUs; pod q is not in the followed list.
+        let holders = [holder("p", &["GPU-a_0", "GPU-a_1"]), holder("p", &["GPU-b_0"]), holder("q", &["GPU-b_1", "GPU-b_2"])];
+        let known: PodAnnotations = [(("ns".to_string(), "p".to_string()), PodInfo { uid: "uid-p".into(), ..Default::default() })].into();
+        let g = node_gpus(&inv, &devices, &holders, Some(&known));
+        assert_eq!(g.gpus.iter().map(|x| x.free).collect::<Vec<_>>(), [2, 1]);
+        assert_eq!(g.pods, Some([("ns/p".to_string(), 3), ("ns/q".to_string(), 2)].into()));
+        assert_eq!(g.holds, Some([("uid-p".to_string(), [(0, 2), (1, 1)].into())].into()), "q's UID is unknown: left out");
+        assert_eq!(node_gpus(&inv, &devices, &holders, None).holds, Some(Default::default()));
     }
 
     #[test]

@@ -198,6 +198,7 @@ fn the_scheduler_its_extender_and_the_example_pod_agree() {
     assert_eq!(port.container_port, i32::from(metrics.port()));
     assert_eq!((ext["enableHTTPS"].as_bool(), ext["ignorable"].as_bool()), (Some(false), Some(false)));
     assert_eq!((ext["filterVerb"].as_str(), ext["prioritizeVerb"].as_str(), ext["bindVerb"].as_str()), (Some("filter"), Some("prioritize"), Some("bind")));
+    assert_eq!(ext["preemptVerb"].as_str(), Some("preempt"), "without it the scheduler evicts by the node's total units, GPU by GPU blind");
     // Its answer, not the scheduler's timeout, ends a bind.
     let timeout = humantime::parse_duration(ext["httpTimeout"].as_str().expect("httpTimeout set")).unwrap();
     assert!(timeout > egpu_k8s::extender::BIND_DEADLINE, "httpTimeout {timeout:?}");

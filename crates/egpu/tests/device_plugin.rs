@@ -151,7 +151,7 @@ impl ApiServer {
     /// `default/a` as it is now.
     fn pod_a(&self) -> serde_json::Value {
         serde_json::json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": "a", "namespace": "default", "resourceVersion": self.pod_version.borrow().0.to_string(), "annotations": *self.pod_annotations.lock().unwrap()},
+            "metadata": {"name": "a", "namespace": "default", "uid": "uid-a", "resourceVersion": self.pod_version.borrow().0.to_string(), "annotations": *self.pod_annotations.lock().unwrap()},
             "spec": {"nodeName": "n1", "containers": []}})
     }
 }
@@ -599,6 +599,10 @@ fn device_plugin_turns_kubelet_allocations_into_slices() {
         // It names the pod whose units `free` counts, and how many it holds,
         // for the extender's bind.
         assert_eq!(a.pods, Some([("default/a".to_string(), 10)].into()));
+        // And, once its followed list has the pod's UID, where they are, for
+        // the extender's preemption.
+        let held_by_uid = || annotation().and_then(|a| a.holds) == Some([("uid-a".to_string(), [(0, 10)].into())].into());
+        assert!(wait_until(WAIT, held_by_uid), "annotation {:?}", annotation());
 
         // 4b. The pod's annotations resize its slice live: share, cap, burst.
         let set = |kv: &[(&str, &str)]| api.set_pod_annotations(kv);
@@ -736,6 +740,7 @@ fn gpus_annotation(free: &[u32], pods: &[(&str, u32)]) -> String {
         unit_bytes: 1 << 30,
         gpus: free.iter().enumerate().map(|(i, &f)| egpu_k8s::annotation::GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units: 16, free: f }).collect(),
         pods: Some(pods.iter().map(|(p, u)| (p.to_string(), *u)).collect()),
+        holds: None,
     }
     .to_json()
 }
@@ -793,6 +798,28 @@ fn scheduler_extender_with_a_node_cache_takes_node_names() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("cannot list the nodes selected by --node-selector 'team=x'"), "{err}");
+    // Preemption: a node is kept only where the victims' units, back on the
+    // GPUs they hold, make room on one GPU. n5 has 2 + 2 free of 16 + 16;
+    // pod v-a holds 6 on GPU 0, v-b 14 on GPU 1; the pod asks for 12.
+    let mut n5: egpu_k8s::annotation::NodeGpus = serde_json::from_str(&gpus_annotation(&[2, 2], &[])).unwrap();
+    n5.holds = Some([("v-a".to_string(), [(0, 6)].into()), ("v-b".to_string(), [(1, 14)].into())].into());
+    api.set_node("n5", true, Some(n5.to_json()));
+    let preempt = |victims: serde_json::Value| -> serde_json::Value {
+        let (code, body) = post(&sched.1, "/preempt", &serde_json::json!({"Pod": pod_asking(12), "NodeNameToMetaVictims": victims}).to_string());
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    let victims = |uids: &[&str]| serde_json::json!({"Pods": uids.iter().map(|u| serde_json::json!({"UID": u})).collect::<Vec<_>>(), "NumPDBViolations": 1});
+    let cached = || ask("/filter", 12, &["n5"])["FailedNodes"]["n5"].as_str().is_some_and(|why| why.contains("the most free on one GPU is 2"));
+    assert!(wait_until(WAIT, cached), "n5 never came through the watch");
+    let r = preempt(serde_json::json!({"n5": victims(&["v-b"])}));
+    assert_eq!(r["NodeNameToMetaVictims"]["n5"], victims(&["v-b"]), "kept with the scheduler's victims, as they came: {r}");
+    // v-a frees 6 on GPU 0 (8 free): no room for 12; a node outside the cache is dropped too.
+    let r = preempt(serde_json::json!({"n5": victims(&["v-a"]), "n9": victims(&["v-b"])}));
+    assert_eq!(r, serde_json::json!({"NodeNameToMetaVictims": {}}), "{r}");
+    let (_, m) = get(&metrics, "/metrics");
+    let preempt_nodes = |result: &str| sample(&m, &format!("egpu_extender_preempt_nodes_total{{result=\"{result}\"}}"));
+    assert_eq!((preempt_nodes("kept"), preempt_nodes("dropped")), (Some(1.0), Some(2.0)), "{m}");
     // A node that loses the label leaves the cache (the watch's DELETED).
     api.set_node("n1", false, Some(gpus_annotation(&[16, 16], &[])));
     let gone = || ask("/filter", 8, &["n1"])["FailedAndUnresolvableNodes"]["n1"].as_str().unwrap_or_default().contains("not in this extender's node cache");
