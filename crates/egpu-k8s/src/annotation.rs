@@ -135,16 +135,18 @@ impl NodeGpus {
     /// Gives back the units the pods `uids` hold here (per `holds`) to
     /// their GPUs' free units, never above a GPU's units: what the node
     /// would have free once those pods are gone. Returns the units given
-    /// back (a pod `holds` does not name gives none).
-    pub fn release(&mut self, uids: &[&str]) -> u32 {
+    /// back (a pod `holds` does not name gives none; a UID named twice
+    /// gives once).
+    pub fn release(&mut self, uids: &[&str]) -> u64 {
         let Some(holds) = &self.holds else { return 0 };
+        let uids: std::collections::BTreeSet<&str> = uids.iter().copied().collect();
         let mut back = 0;
         for per_gpu in uids.iter().filter_map(|u| holds.get(*u)) {
             for (&index, &units) in per_gpu {
                 if let Some(g) = self.gpus.iter_mut().find(|g| g.index == index) {
                     let add = units.min(g.units.saturating_sub(g.free));
                     g.free += add;
-                    back += add;
+                    back += u64::from(add);
                 }
             }
         }
@@ -235,7 +237,7 @@ mod tests {
         };
         // An unknown UID gives nothing back.
         assert_eq!(g.release(&["zz"]), 0);
-        assert_eq!(g.release(&["a"]), 10);
+        assert_eq!(g.release(&["a", "a"]), 10, "named twice, given once");
         assert_eq!(g.gpus.iter().map(|x| x.free).collect::<Vec<_>>(), [8, 4]);
         // Never above a GPU's units, whatever a stale list says.
         g.gpus[1].free = 10;

@@ -1,5 +1,5 @@
 //! The scheduler extender: kube-scheduler's HTTP extender protocol
-//! (`filter`, `prioritize`, `bind`), with eGPU's placement policy.
+//! (`filter`, `prioritize`, `bind`, `preempt`), with eGPU's placement policy.
 //!
 //! - **Filter** keeps the nodes where every container's `egpu.io/gpu-memory`
 //!   request fits on one GPU, from the node's `egpu.io/gpus` annotation
@@ -17,6 +17,9 @@
 //!   binder does, and assumes its units on the node until the node's
 //!   annotation says the pod holds them all (or `assume_ttl` passes). What race remains is
 //!   in `docs/kubernetes.md`, "Limits".
+//! - **Preempt** keeps the candidate nodes where the scheduler's victims,
+//!   their units given back to the GPUs they hold (the annotation's
+//!   `holds`), make room as `filter` judges it ([`Extender::preempt`]).
 //! - **Nodes**: with API access the extender keeps a node cache (the eGPU
 //!   nodes' annotations, listed and watched), so the scheduler may send
 //!   node names (`nodeCacheCapable: true`); Node objects are read as sent
@@ -27,7 +30,7 @@
 //! extender/v1` types; field names are Go's (capitalised), and the older
 //! lower-case spellings are accepted too.
 
-use crate::annotation::{AnnotationError, GpuFree, NodeGpus};
+use crate::annotation::{AnnotationError, NodeGpus};
 use crate::assume::Assumed;
 use egpu_place::policy::EgpuPolicy;
 use egpu_place::{Cluster, NodeSpec, Placement, Pod, Qos, TargetWorkload, TypeSet};
@@ -204,11 +207,21 @@ impl Demand {
         Ok(Demand { units, in_order })
     }
 
-    /// Whether the containers would not fit on these GPUs even with all
-    /// their units free: no eviction could make room.
+    /// Whether no eviction could make room for the containers on these
+    /// GPUs: they ask for more units than the node has, or one of them is
+    /// larger than every GPU and no GPU size divides it with enough GPUs of
+    /// that size. Only these sure cases: with whole GPUs of mixed sizes,
+    /// the placement of an empty node is not always the best one (32 + 16
+    /// units on GPUs of 16, 16, 8, 8, 8, 8 misfit empty, and fit once the
+    /// 32 takes the four 8s), so a misfit on an empty node proves nothing.
     pub fn never_fits(&self, gpus: &NodeGpus) -> bool {
-        let empty = NodeGpus { gpus: gpus.gpus.iter().map(|g| GpuFree { free: g.units, ..g.clone() }).collect(), pods: None, holds: None, ..*gpus };
-        self.misfit(&empty).is_some()
+        let total: u64 = gpus.gpus.iter().map(|g| u64::from(g.units)).sum();
+        if self.units.iter().map(|&u| u64::from(u)).sum::<u64>() > total {
+            return true;
+        }
+        let largest = gpus.gpus.iter().map(|g| g.units).max().unwrap_or(0);
+        let of_size = |s: u32| gpus.gpus.iter().filter(|g| g.units == s).count() as u64;
+        self.units.iter().any(|&u| u > largest && !gpus.gpus.iter().any(|g| g.units > 0 && u % g.units == 0 && of_size(g.units) >= u64::from(u / g.units)))
     }
 
     /// Whether the containers fit on the GPUs' free units (each container on
@@ -316,7 +329,9 @@ pub struct Extender {
 pub struct NodeCache {
     /// The label selector followed, for the reason a node is unknown.
     selector: String,
-    annotations: RwLock<HashMap<String, Option<String>>>,
+    /// Each node's annotation, parsed when it arrives (a filter then reads
+    /// no JSON), or why it cannot be used.
+    annotations: RwLock<HashMap<String, Result<Arc<NodeGpus>, AnnotationError>>>,
     /// Whether a list has filled it yet.
     synced: std::sync::atomic::AtomicBool,
 }
@@ -360,8 +375,9 @@ impl NodeCache {
     }
 }
 
-fn annotation_of(m: &kube::api::ObjectMeta) -> Option<String> {
-    m.annotations.as_ref().and_then(|a| a.get(crate::annotation::ANNOTATION)).cloned()
+/// A node's annotation, parsed whole (with its pod lists).
+fn annotation_of(m: &kube::api::ObjectMeta) -> Result<Arc<NodeGpus>, AnnotationError> {
+    NodeGpus::parse(m.annotations.as_ref().and_then(|a| a.get(crate::annotation::ANNOTATION)).map(String::as_str)).map(Arc::new)
 }
 
 /// The candidate nodes of a request: Node objects as sent, or names looked
@@ -487,6 +503,15 @@ impl Extender {
         Ok(self.assumed.lock().expect("assume lock").view(name, g, Instant::now(), self.assume_ttl))
     }
 
+    /// [`Extender::free_from`] for an annotation the node cache parsed: its
+    /// GPUs copied, and its pod lists only where needed.
+    fn free_from_parsed(&self, name: &str, parsed: &Result<Arc<NodeGpus>, AnnotationError>, full: bool) -> Result<NodeGpus, AnnotationError> {
+        let parsed = parsed.as_ref().map_err(Clone::clone)?;
+        let with_pods = full || self.assumed.lock().expect("assume lock").has(name);
+        let g = if with_pods { NodeGpus::clone(parsed) } else { NodeGpus { gpus: parsed.gpus.clone(), pods: None, holds: None, ..**parsed } };
+        Ok(self.assumed.lock().expect("assume lock").view(name, g, Instant::now(), self.assume_ttl))
+    }
+
     /// The request's candidates: Node objects, else names with a node cache.
     fn candidates(&self, nodes: Option<NodeList>, names: Option<Vec<String>>) -> Result<Candidates, RequestError> {
         match (nodes, names, &self.nodes) {
@@ -517,7 +542,7 @@ impl Extender {
                     .map(|name| {
                         let free = match cache.get(name) {
                             None => Err(format!("node is not in this extender's node cache: not selected by '{selector}', or not seen yet")),
-                            Some(value) => self.free_from(name, value.as_deref(), full).map_err(|e| e.to_string()),
+                            Some(parsed) => self.free_from_parsed(name, parsed, full).map_err(|e| e.to_string()),
                         };
                         (name.clone(), free)
                     })
@@ -907,7 +932,7 @@ pub fn router(ext: std::sync::Arc<Extender>) -> axum::Router {
         .route("/bind", post(bind))
         .route("/preempt", post(preempt))
         // Without the node cache the scheduler sends whole Node objects:
-        // ~10 KB each, so a 10,000-GPU cluster's request is ~14 MB.
+        // ~14 KB each, so a 10,000-GPU cluster's request is ~18 MB.
         .layer(DefaultBodyLimit::max(256 << 20))
         .with_state(ext.clone())
         .merge(metrics_router(ext))
@@ -999,9 +1024,9 @@ mod tests {
 
     #[test]
     fn preempt_keeps_the_nodes_where_the_victims_make_room_on_one_gpu() {
-        // GPUs of 16 with 3 and 3 free; pods a (5 on GPU 0, 5 on GPU 1) and
-        // b (10 on GPU 1). The pod asks for 12.
-        let mut g: NodeGpus = serde_json::from_str(node("n", &[3, 3])["metadata"]["annotations"][crate::annotation::ANNOTATION].as_str().unwrap()).unwrap();
+        // GPUs of 16 with 3 and 1 free; pods a (5 on GPU 0, 5 on GPU 1) and
+        // b (10 on GPU 1); 8 units of GPU 0 are held by pods not named.
+        let mut g: NodeGpus = serde_json::from_str(node("n", &[3, 1])["metadata"]["annotations"][crate::annotation::ANNOTATION].as_str().unwrap()).unwrap();
         g.holds = Some([("a".to_string(), [(0, 5), (1, 5)].into()), ("b".to_string(), [(1, 10)].into())].into());
         let meta = json!({"name": "n", "annotations": {crate::annotation::ANNOTATION: g.to_json()}});
         let cache = Arc::new(NodeCache::new("egpu.io/enabled=true"));
@@ -1012,15 +1037,16 @@ mod tests {
             let args = PreemptionArgs { pod: Some(pod(&[units])), node_name_to_victims: None, node_name_to_meta_victims: Some([("n".to_string(), victims(uids))].into()) };
             ext.preempt(args).unwrap().node_name_to_meta_victims.contains_key("n")
         };
-        // a frees 5 on each GPU (8 and 8): not 12 on one. b frees 10 on GPU 1 (13).
+        // a frees 5 on each GPU (8 and 6 free): not 12 on one; b frees 10
+        // on GPU 1 (11); both free 8 and 16.
         assert!(!kept("12", &["a"]));
-        assert!(kept("12", &["b"]));
+        assert!(!kept("12", &["b"]) && kept("11", &["b"]));
         assert!(kept("12", &["a", "b"]));
-        assert!(!kept("12", &["unknown"]), "a pod the annotation does not place frees nothing");
-        // After a (8 and 8 free), 8 fits and 9 does not.
+        assert!(!kept("12", &["unknown"]) && !kept("4", &["unknown"]), "a pod the annotation does not place frees nothing");
+        // After a (8 and 6 free), 8 fits and 9 does not.
         assert!(kept("8", &["a"]) && !kept("9", &["a"]));
         // Whole pods (without nodeCacheCapable) are read by their UIDs.
-        let full = json!({"Pod": pod(&["12"]), "NodeNameToVictims": {"n": {"Pods": [{"metadata": {"uid": "b"}}], "NumPDBViolations": 2}}});
+        let full = json!({"Pod": pod(&["11"]), "NodeNameToVictims": {"n": {"Pods": [{"metadata": {"uid": "b"}}], "NumPDBViolations": 2}}});
         let r = ext.preempt(serde_json::from_value(full).unwrap()).unwrap();
         assert_eq!(r.node_name_to_meta_victims["n"], MetaVictims { num_pdb_violations: 2, ..victims(&["b"]) });
         // A pod that asks for no units keeps every node; so does an extender
@@ -1036,6 +1062,28 @@ mod tests {
         assert_eq!(ext.preempt(serde_json::from_value(json!({"NodeNameToMetaVictims": {}})).unwrap()), Err(RequestError::NoPod));
     }
 
+    #[test]
+    fn never_fits_only_where_no_eviction_could_help() {
+        let gpus = |sizes: &[u32], free: &[u32]| NodeGpus {
+            v: VERSION,
+            unit_bytes: 1 << 30,
+            gpus: sizes.iter().zip(free).enumerate().map(|(i, (&units, &free))| GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units, free }).collect(),
+            pods: None,
+            holds: None,
+        };
+        let demand = |units: &[u32]| Demand { units: { let mut u = units.to_vec(); u.sort_unstable_by(|a, b| b.cmp(a)); u }, in_order: units.to_vec() };
+        let two = gpus(&[16, 16], &[0, 0]);
+        assert!(demand(&[20]).never_fits(&two), "larger than a GPU, not a multiple");
+        assert!(demand(&[48]).never_fits(&two), "three whole GPUs of two");
+        assert!(demand(&[10, 10, 10, 10]).never_fits(&two), "more than the node has");
+        assert!(!demand(&[32]).never_fits(&two) && !demand(&[16, 16]).never_fits(&two));
+        // Mixed sizes: the empty node's placement misfits, yet a fuller node fits.
+        let sizes = [16, 16, 8, 8, 8, 8];
+        let d = demand(&[32, 16]);
+        assert!(d.misfit(&gpus(&sizes, &sizes)).is_some() && d.misfit(&gpus(&sizes, &[15, 16, 8, 8, 8, 8])).is_none());
+        assert!(!d.never_fits(&gpus(&sizes, &[0; 6])), "evictions could make room");
+    }
+
     proptest::proptest! {
         /// Preemption's judgement is the filter's on the node as it would
         /// be without the victims (their units freed on their GPUs, worked
@@ -1044,7 +1092,7 @@ mod tests {
         #[test]
         fn preempt_judges_as_filter_would_without_the_victims(
             pods in proptest::collection::vec((0usize..3, 1u32..=8), 0..8),
-            ask in proptest::collection::vec(1u32..=40, 1..3),
+            ask in proptest::collection::vec(proptest::prop_oneof![4 => 1u32..=16, 1 => proptest::strategy::Just(32u32)], 1..4),
             victims in proptest::collection::vec(proptest::bool::ANY, 8),
             more in proptest::collection::vec(proptest::bool::ANY, 8),
         ) {

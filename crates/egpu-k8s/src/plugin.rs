@@ -632,11 +632,13 @@ fn node_gpus(inv: &Inventory, devices: &[dp::Device], holders: &[Holder], pods_k
     let held: HashSet<&str> = holders.iter().flat_map(|h| &h.ids).map(String::as_str).collect();
     let mut pods: std::collections::BTreeMap<String, u32> = std::collections::BTreeMap::new();
     let mut holds: std::collections::BTreeMap<String, std::collections::BTreeMap<u32, u32>> = std::collections::BTreeMap::new();
+    // A token counts once, as in `free`, even if listed twice.
+    let mut placed: HashSet<&str> = HashSet::new();
     for h in holders {
         *pods.entry(format!("{}/{}", h.namespace, h.pod)).or_default() += u32::try_from(h.ids.len()).unwrap_or(u32::MAX);
         let Some(info) = pods_known.and_then(|p| p.get(&(h.namespace.clone(), h.pod.clone()))).filter(|i| !i.uid.is_empty()) else { continue };
         let per_gpu = holds.entry(info.uid.clone()).or_default();
-        for (uuid, _) in h.ids.iter().filter_map(|id| tokens::parse_token(id)) {
+        for (uuid, _) in h.ids.iter().filter(|id| placed.insert(id.as_str())).filter_map(|id| tokens::parse_token(id)) {
             if let Some(g) = inv.gpus.iter().find(|g| g.uuid == uuid) {
                 *per_gpu.entry(g.index).or_default() += 1;
             }
