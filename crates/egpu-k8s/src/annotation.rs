@@ -132,6 +132,11 @@ impl NodeGpus {
         true
     }
 
+    /// The GPUs alone, without the pod lists (what placing units needs).
+    pub fn gpus_only(&self) -> NodeGpus {
+        NodeGpus { v: self.v, unit_bytes: self.unit_bytes, gpus: self.gpus.clone(), pods: None, holds: None }
+    }
+
     /// Gives back the units the pods `uids` hold here (per `holds`) to
     /// their GPUs' free units, never above a GPU's units: what the node
     /// would have free once those pods are gone. Returns the units given

@@ -229,8 +229,7 @@ impl Demand {
     /// than one), placed as the plugin places them, largest first. `None`
     /// if they fit, else the reason.
     pub fn misfit(&self, gpus: &NodeGpus) -> Option<String> {
-        // The GPUs alone: the pod list is not needed to place units.
-        let mut left = NodeGpus { gpus: gpus.gpus.clone(), pods: None, holds: None, ..*gpus };
+        let mut left = gpus.gpus_only();
         for &u in &self.units {
             if left.take(u) {
                 continue;
@@ -495,20 +494,24 @@ impl Extender {
     /// annotation does not count yet; `full`: with the pod lists (`pods`,
     /// `holds`) however it stands.
     fn free_from(&self, name: &str, value: Option<&str>, full: bool) -> Result<NodeGpus, AnnotationError> {
-        // The pod list only where something is assumed: an assumption made
-        // between these two locks and read without the list is kept (and
-        // counted) until the next request, which errs on the safe side.
-        let with_pods = full || self.assumed.lock().expect("assume lock").has(name);
-        let g = NodeGpus::parse_with(value, with_pods)?;
-        Ok(self.assumed.lock().expect("assume lock").view(name, g, Instant::now(), self.assume_ttl))
+        self.viewed(name, full, |with_pods| NodeGpus::parse_with(value, with_pods))
     }
 
     /// [`Extender::free_from`] for an annotation the node cache parsed: its
     /// GPUs copied, and its pod lists only where needed.
     fn free_from_parsed(&self, name: &str, parsed: &Result<Arc<NodeGpus>, AnnotationError>, full: bool) -> Result<NodeGpus, AnnotationError> {
         let parsed = parsed.as_ref().map_err(Clone::clone)?;
+        self.viewed(name, full, |with_pods| Ok(if with_pods { NodeGpus::clone(parsed) } else { parsed.gpus_only() }))
+    }
+
+    /// The annotation `read` gives (with its pod lists when asked for) less
+    /// the node's assumptions. The pod lists only where `full` or something
+    /// is assumed: an assumption made between these two locks and read
+    /// without the list is kept (and counted) until the next request, which
+    /// errs on the safe side.
+    fn viewed(&self, name: &str, full: bool, read: impl FnOnce(bool) -> Result<NodeGpus, AnnotationError>) -> Result<NodeGpus, AnnotationError> {
         let with_pods = full || self.assumed.lock().expect("assume lock").has(name);
-        let g = if with_pods { NodeGpus::clone(parsed) } else { NodeGpus { gpus: parsed.gpus.clone(), pods: None, holds: None, ..**parsed } };
+        let g = read(with_pods)?;
         Ok(self.assumed.lock().expect("assume lock").view(name, g, Instant::now(), self.assume_ttl))
     }
 

@@ -5,13 +5,15 @@
 //!   default): one device per memory unit of each GPU ([`tokens`]). The
 //!   kubelet counts them, so a node is never promised more GPU memory than
 //!   it has, and a container's request becomes a slice with a hard memory
-//!   limit of exactly what it asked for, on one GPU, created through egpud's
+//!   limit of exactly what it asked for, on one GPU (or on whole GPUs, for a
+//!   container larger than one), created through egpud's
 //!   gRPC API and handed to the runtime as a CDI device.
 //! - It talks to the kubelet (registration, pod-resources) and to egpud,
 //!   over unix sockets. With `--node-name` it also patches its own Node's
 //!   `egpu.io/gpus` annotation ([`annotation`]) through the API server, for
 //!   the scheduler extender ([`extender`]), which reads it from the Node
-//!   objects kube-scheduler sends; the extender's API access is for binding
+//!   objects kube-scheduler sends or from its own node cache (a watch of the
+//!   nodes); the extender's API access is for that cache and for binding
 //!   pods ([`assume`]).
 //! - The protocols are the kubelet's published ones (`proto/k8s/`), written
 //!   for eGPU with the published names and field numbers.

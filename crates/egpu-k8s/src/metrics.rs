@@ -63,7 +63,7 @@ impl Default for ExtenderMetrics {
             r.register("egpu_extender_binds", "Binds, by outcome: bound, refused (the request, the pod or a 4xx answer said no), failed (anything else: no answer in time, a server error, no API access)", m.binds.clone());
             r.register(
                 "egpu_extender_preempt_nodes",
-                "Candidate nodes of preemptions, by result: kept (the victims make room on one GPU, or whole GPUs, for each container), dropped (they would not, or the node's annotation cannot be read)",
+                "Candidate nodes of preemptions, by result: kept (the victims make room on one GPU, or whole GPUs, for each container), dropped (they would not, or the node is not in the node cache or its annotation cannot be read)",
                 m.preempt_nodes.clone(),
             );
             r.register("egpu_extender_assumed_pods", "Pods bound, within the assume TTL, whose units the extender counts on their node until the node's annotation does", m.assumed.clone());
@@ -71,6 +71,13 @@ impl Default for ExtenderMetrics {
             r.register("egpu_extender_node_cache_synced", "1 once a list has filled the node cache (0 without one, or before)", m.cache_synced.clone());
         }
         m
+    }
+}
+
+/// Adds each count to its `result` in `family`.
+fn count_results(family: &Family<Labels, Counter>, counts: &[(&'static str, usize)]) {
+    for &(result, n) in counts {
+        family.get_or_create(&vec![("result", result)]).inc_by(n as u64);
     }
 }
 
@@ -83,16 +90,12 @@ impl ExtenderMetrics {
 
     /// A filter's decisions.
     pub fn filtered(&self, passed: usize, failed: usize, unresolvable: usize) {
-        for (result, n) in [("passed", passed), ("failed", failed), ("unresolvable", unresolvable)] {
-            self.nodes.get_or_create(&vec![("result", result)]).inc_by(n as u64);
-        }
+        count_results(&self.nodes, &[("passed", passed), ("failed", failed), ("unresolvable", unresolvable)]);
     }
 
     /// A preemption's decisions on its candidate nodes.
     pub fn preempted(&self, kept: usize, dropped: usize) {
-        for (result, n) in [("kept", kept), ("dropped", dropped)] {
-            self.preempt_nodes.get_or_create(&vec![("result", result)]).inc_by(n as u64);
-        }
+        count_results(&self.preempt_nodes, &[("kept", kept), ("dropped", dropped)]);
     }
 
     /// A bind's outcome: `bound`, `refused` or `failed`.

@@ -317,8 +317,10 @@ impl Shared {
                 let devices = advertise(&inv, &slices, last_held.as_ref());
                 if let (Some(held), Some(holders)) = (&held, &holders) {
                     self.sweep(&mut client, &slices, held).await;
-                    self.apply_pod_annotations(&mut client, &inv, &slices, holders).await;
+                    // One copy of the followed pod list for both (the lock is
+                    // not held across egpud's calls).
                     let pods = self.pod_annotations.lock().expect("pods lock").clone();
+                    self.apply_pod_annotations(&mut client, &inv, &slices, holders, pods.as_ref()).await;
                     annotation = Some(node_gpus(&inv, &devices, holders, pods.as_ref()).to_json());
                 }
                 (Some(inv), devices)
@@ -426,9 +428,8 @@ impl Shared {
     /// the node's pods saw are touched; a refusal (an annotation that does
     /// not parse, or egpud's: e.g. shares over 100% of the GPU) is logged
     /// once per slice and value.
-    async fn apply_pod_annotations(&self, client: &mut egpu_node::client::Client, inv: &Inventory, slices: &[node::Slice], holders: &[Holder]) {
+    async fn apply_pod_annotations(&self, client: &mut egpu_node::client::Client, inv: &Inventory, slices: &[node::Slice], holders: &[Holder], pods: Option<&PodAnnotations>) {
         self.resize_warned.lock().expect("pods lock").retain(|(name, _)| slices.iter().any(|s| &s.name == name));
-        let pods = self.pod_annotations.lock().expect("pods lock").clone();
         let Some(pods) = pods else { return };
         for h in holders {
             let name = tokens::slice_name(&h.ids);

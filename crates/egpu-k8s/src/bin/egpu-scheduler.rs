@@ -1,7 +1,8 @@
 //! `egpu-scheduler`: the kube-scheduler extender (logic in `egpu-k8s`):
 //! filters nodes where each container's `egpu.io/gpu-memory` fits one GPU,
-//! scores them with eGPU's placement policy, and binds pods, remembering
-//! their units until the nodes' annotations count them.
+//! scores them with eGPU's placement policy, binds pods, remembering
+//! their units until the nodes' annotations count them, and judges
+//! preemption per GPU.
 
 use clap::Parser;
 use egpu_k8s::extender::{Extender, NodeCache, RESYNC_EVERY, metrics_router, router};
@@ -16,7 +17,7 @@ use std::sync::Arc;
 #[command(name = "egpu-scheduler", version, about = "kube-scheduler extender: per-GPU fit and eGPU's placement policy for egpu.io/gpu-memory pods")]
 struct Args {
     /// Address to serve the extender's HTTP API on (filter, prioritize,
-    /// bind, healthz). `bind` has no authentication and binds pods with this
+    /// bind, preempt, metrics, healthz). `bind` has no authentication and binds pods with this
     /// process's credentials, so with binding on the address must be a
     /// loopback one (beside kube-scheduler, in its pod).
     #[arg(long, default_value = "127.0.0.1:8888")]
