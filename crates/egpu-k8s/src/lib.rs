@@ -18,19 +18,27 @@
 //! - The protocols are the kubelet's published ones (`proto/k8s/`), written
 //!   for eGPU with the published names and field numbers.
 //!
+//! - With Dynamic Resource Allocation instead ([`dra`], `egpu-dra-plugin`),
+//!   the node's GPUs are published as a ResourceSlice with consumable
+//!   `memory` and `compute`, and each allocated ResourceClaim becomes one
+//!   slice.
+//!
 //! Modules: [`tokens`] (device IDs, the preferred allocation: pure),
 //! [`plugin`] (the gRPC service, registration, refresh and sweep loops),
 //! [`annotation`] (the Node annotation's format), [`extender`] (the
 //! kube-scheduler extender), [`assume`] (its cache of bound pods),
 //! [`follow`] (list-then-watch of objects' metadata), [`metrics`] (the
-//! extender's Prometheus metrics).
+//! extender's Prometheus metrics), [`dra`] (the DRA kubelet plugin),
+//! [`quantity`] (Kubernetes quantities).
 
 pub mod annotation;
 pub mod assume;
+pub mod dra;
 pub mod extender;
 pub mod follow;
 pub mod metrics;
 pub mod plugin;
+pub mod quantity;
 pub mod tokens;
 
 /// Generated types of the kubelet's device-plugin API (`v1beta1`).

@@ -1,0 +1,904 @@
+//! Dynamic Resource Allocation (DRA): eGPU's kubelet plugin for the driver
+//! `gpu.egpu.io` (`egpu-dra-plugin`). Design note: `docs/kubernetes.md`,
+//! "Dynamic Resource Allocation".
+//!
+//! - **Publish** one ResourceSlice for the node: one device per GPU
+//!   (`gpu-<index>`), with its `index`, `uuid` and `model` as attributes and
+//!   two consumable capacities, `memory` (bytes) and `compute` (percent of
+//!   the GPU, guaranteed), and `allowMultipleAllocations`: the scheduler
+//!   then hands parts of one GPU to several claims and keeps each capacity's
+//!   sum within the GPU (Kubernetes' consumable capacity). Without that
+//!   feature the API server drops the field and every claim gets whole
+//!   GPUs.
+//! - **Prepare** a claim (`NodePrepareResources`, the kubelet's call before
+//!   its pod starts): read the ResourceClaim, turn what the scheduler
+//!   allocated on this node for this driver into **one egpud slice** named
+//!   `dra-<claim UID>` (one device per GPU, memory = the consumed memory,
+//!   guaranteed compute = the consumed compute, cap and burst from the
+//!   claim's opaque configuration), and answer with its CDI device. Repeated
+//!   calls answer the same; a restarted plugin finds the slice in egpud.
+//! - **Unprepare** deletes that slice (not forced: egpud refuses while a
+//!   process still runs in it, and the kubelet calls again).
+//! - **Register** through the kubelet's plugin watcher: this plugin serves
+//!   `Registration` on `<kubelet dir>/plugins_registry/<driver>-reg.sock`
+//!   and `DRAPlugin` (v1 and v1beta1) on
+//!   `<kubelet dir>/plugins/<driver>/dra.sock`.
+//!
+//! [`resource_slice`], [`plan`] and [`SliceConfig`] are pure; the rest is IO.
+
+use crate::quantity::ceil_times;
+use crate::tokens::Gpu;
+use egpu_node::proto as node;
+use k8s_openapi::api::resource::v1 as res;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::watch;
+use tonic::{Request, Response, Status};
+
+/// Generated types of the kubelet's DRA plugin API, v1.
+#[allow(clippy::all)]
+pub mod v1 {
+    tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1");
+}
+
+/// Generated types of the kubelet's DRA plugin API, v1beta1 (the same
+/// messages as v1).
+#[allow(clippy::all)]
+pub mod v1beta1 {
+    tonic::include_proto!("k8s.io.kubelet.pkg.apis.dra.v1beta1");
+}
+
+/// Generated types of the kubelet's plugin-watcher registration API.
+#[allow(clippy::all)]
+pub mod registration {
+    tonic::include_proto!("pluginregistration");
+}
+
+/// The default driver name.
+pub const DEFAULT_DRIVER: &str = "gpu.egpu.io";
+/// The capacity that holds a GPU's memory, in bytes.
+pub const MEMORY: &str = "memory";
+/// The capacity that holds a GPU's compute, in percent: what a claim
+/// consumes is its guaranteed share.
+pub const COMPUTE: &str = "compute";
+/// The plugin type the kubelet's plugin watcher knows DRA plugins by.
+pub const PLUGIN_TYPE: &str = "DRAPlugin";
+/// The service versions registered, newest first.
+pub const SUPPORTED_VERSIONS: [&str; 2] = ["v1.DRAPlugin", "v1beta1.DRAPlugin"];
+/// The prefix of the slices this plugin makes: `dra-<claim UID>`.
+pub const SLICE_PREFIX: &str = "dra-";
+/// The `apiVersion` of the opaque configuration a claim may give.
+pub const CONFIG_API_VERSION: &str = "gpu.egpu.io/v1";
+/// Its `kind`.
+pub const CONFIG_KIND: &str = "SliceConfig";
+
+/// A GPU's device name in the ResourceSlice.
+pub fn device_name(index: u32) -> String {
+    format!("gpu-{index}")
+}
+
+fn device_index(name: &str) -> Option<u32> {
+    name.strip_prefix("gpu-").filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()) && (d.len() == 1 || !d.starts_with('0'))).and_then(|d| d.parse().ok())
+}
+
+/// The slice a claim becomes.
+pub fn slice_name(claim_uid: &str) -> String {
+    format!("{SLICE_PREFIX}{claim_uid}")
+}
+
+/// The name of this node's ResourceSlice.
+pub fn resource_slice_name(node: &str, driver: &str) -> String {
+    let mut n = format!("{node}-{driver}");
+    n.truncate(253);
+    n.trim_end_matches(['-', '.']).to_string()
+}
+
+fn quantity(v: u64) -> Quantity {
+    Quantity(v.to_string())
+}
+
+/// The spec of this node's ResourceSlice: one pool, named after the node,
+/// with one device per GPU.
+pub fn resource_slice_spec(driver: &str, node: &str, gpus: &[Gpu], generation: i64) -> res::ResourceSliceSpec {
+    let devices = gpus
+        .iter()
+        .map(|g| {
+            let attr_s = |s: &str| res::DeviceAttribute { string: Some(s.to_string()), ..Default::default() };
+            let attributes = BTreeMap::from([
+                ("index".to_string(), res::DeviceAttribute { int: Some(i64::from(g.index)), ..Default::default() }),
+                ("uuid".to_string(), attr_s(&g.uuid)),
+                ("model".to_string(), attr_s(&g.model)),
+            ]);
+            // A claim that names no amount gets the whole GPU's memory and no
+            // compute guarantee (it still uses idle compute up to its cap).
+            let memory = res::DeviceCapacity {
+                value: quantity(g.memory_bytes),
+                request_policy: Some(res::CapacityRequestPolicy {
+                    default: Some(quantity(g.memory_bytes)),
+                    valid_range: Some(res::CapacityRequestPolicyRange { min: quantity(1 << 20), max: Some(quantity(g.memory_bytes)), step: None }),
+                    valid_values: None,
+                }),
+            };
+            let compute = res::DeviceCapacity {
+                value: quantity(100),
+                request_policy: Some(res::CapacityRequestPolicy {
+                    default: Some(quantity(0)),
+                    valid_range: Some(res::CapacityRequestPolicyRange { min: quantity(0), max: Some(quantity(100)), step: None }),
+                    valid_values: None,
+                }),
+            };
+            res::Device {
+                name: device_name(g.index),
+                attributes: Some(attributes),
+                capacity: Some(BTreeMap::from([(MEMORY.to_string(), memory), (COMPUTE.to_string(), compute)])),
+                allow_multiple_allocations: Some(true),
+                ..Default::default()
+            }
+        })
+        .collect();
+    res::ResourceSliceSpec {
+        driver: driver.to_string(),
+        node_name: Some(node.to_string()),
+        pool: res::ResourcePool { name: node.to_string(), generation, resource_slice_count: 1 },
+        devices: Some(devices),
+        ..Default::default()
+    }
+}
+
+/// The opaque configuration a claim (or its DeviceClass) may give the
+/// driver, in `spec.devices.config[].opaque.parameters`:
+/// `{"apiVersion": "gpu.egpu.io/v1", "kind": "SliceConfig", "computeLimit":
+/// "50%", "memoryBurst": "24GiB", "priority": "high"}`. Every field is
+/// optional; an unknown field is an error (a typo must not pass unnoticed).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SliceConfig {
+    pub api_version: Option<String>,
+    pub kind: Option<String>,
+    /// The compute cap, e.g. `50%` (default: the whole GPU).
+    pub compute_limit: Option<String>,
+    /// The memory burst cap of each device, e.g. `24GiB`: above its
+    /// guarantee a slice borrows memory no slice reserved, up to this.
+    pub memory_burst: Option<String>,
+    /// `high`, `normal` (default) or `best-effort`.
+    pub priority: Option<String>,
+}
+
+/// What a SliceConfig asks, parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Asked {
+    limit_bps: u32,
+    burst_bytes: u64,
+    priority: node::Priority,
+}
+
+impl SliceConfig {
+    fn parse(v: &serde_json::Value) -> Result<SliceConfig, String> {
+        let c: SliceConfig = serde_json::from_value(v.clone()).map_err(|e| format!("its {CONFIG_KIND} configuration does not parse: {e}"))?;
+        if let Some(a) = &c.api_version
+            && a != CONFIG_API_VERSION
+        {
+            return Err(format!("its configuration has apiVersion '{a}'; this driver reads {CONFIG_API_VERSION}"));
+        }
+        if let Some(k) = &c.kind
+            && k != CONFIG_KIND
+        {
+            return Err(format!("its configuration has kind '{k}'; this driver reads {CONFIG_KIND}"));
+        }
+        Ok(c)
+    }
+
+    /// Later configurations override earlier ones, field by field.
+    fn merged(self, later: SliceConfig) -> SliceConfig {
+        SliceConfig {
+            api_version: later.api_version.or(self.api_version),
+            kind: later.kind.or(self.kind),
+            compute_limit: later.compute_limit.or(self.compute_limit),
+            memory_burst: later.memory_burst.or(self.memory_burst),
+            priority: later.priority.or(self.priority),
+        }
+    }
+
+    fn asked(&self) -> Result<Asked, String> {
+        use egpu_core::quantity::{Bytes, Percent};
+        let limit_bps = match &self.compute_limit {
+            None => 10_000,
+            Some(s) => s.parse::<Percent>().map_err(|e| format!("computeLimit: {e}"))?.0,
+        };
+        if limit_bps == 0 {
+            return Err("computeLimit: 0% would never run; give a cap above 0, e.g. 50%".into());
+        }
+        let burst_bytes = match &self.memory_burst {
+            None => 0,
+            Some(s) => s.parse::<Bytes>().map_err(|e| format!("memoryBurst: {e}"))?.0,
+        };
+        let priority = match self.priority.as_deref() {
+            None | Some("normal") => node::Priority::Normal,
+            Some("high") => node::Priority::High,
+            Some("best-effort") => node::Priority::BestEffort,
+            Some(p) => return Err(format!("priority '{p}' is not high, normal or best-effort")),
+        };
+        Ok(Asked { limit_bps, burst_bytes, priority })
+    }
+}
+
+/// What one claim becomes on this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// The slice's devices, by GPU index.
+    pub devices: Vec<node::DeviceShareSpec>,
+    pub priority: node::Priority,
+    /// (request, device name, GPU index) of each allocation result, in order.
+    pub results: Vec<(String, String, u32)>,
+}
+
+/// Turns what the scheduler allocated a claim into a slice: the results of
+/// `driver` (all of which must be in `pool`, this node's), on GPUs of
+/// `gpus`; memory and compute from their consumed capacity (absent: the
+/// whole GPU's memory, no compute guarantee), summed per GPU; the cap,
+/// burst and priority from the opaque configuration for this driver.
+pub fn plan(claim: &res::ResourceClaim, driver: &str, pool: &str, gpus: &[Gpu]) -> Result<Plan, String> {
+    let alloc = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .ok_or("it is not allocated yet (status.allocation is empty); the scheduler allocates a claim when it schedules its first pod")?;
+    let devices = alloc.devices.as_ref();
+    let results: Vec<&res::DeviceRequestAllocationResult> = devices.and_then(|d| d.results.as_ref()).into_iter().flatten().filter(|r| r.driver == driver).collect();
+    if results.is_empty() {
+        return Err(format!("none of its allocated devices is of driver {driver}"));
+    }
+    // Configuration: from the class first, then the claim, in order, each for
+    // all requests or for some; only this driver's opaque ones.
+    let mut configs: Vec<(&res::DeviceAllocationConfiguration, SliceConfig)> = Vec::new();
+    for c in devices.and_then(|d| d.config.as_ref()).into_iter().flatten() {
+        let Some(o) = c.opaque.as_ref().filter(|o| o.driver == driver) else { continue };
+        configs.push((c, SliceConfig::parse(&o.parameters.0)?));
+    }
+    configs.sort_by_key(|(c, _)| c.source != "FromClass");
+    let mut per_gpu: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
+    let mut asked: Option<Asked> = None;
+    let mut out = Vec::new();
+    for r in results {
+        if r.pool != pool {
+            return Err(format!("device {} was allocated from pool '{}', but this node's pool is '{pool}' (is the plugin's --node-name this node's?)", r.device, r.pool));
+        }
+        if r.admin_access == Some(true) {
+            return Err(format!("request {} asks for admin access to {}; this driver gives GPUs only as slices", r.request, r.device));
+        }
+        let index = device_index(&r.device).ok_or_else(|| format!("device '{}' is not one this driver publishes (gpu-<index>)", r.device))?;
+        let gpu = gpus.iter().find(|g| g.index == index).ok_or_else(|| format!("GPU {index} ({}) is not on this node any more", r.device))?;
+        let consumed = |key: &str, factor: u64| -> Result<Option<u64>, String> {
+            r.consumed_capacity.as_ref().and_then(|c| c.get(key)).map(|q| ceil_times(&q.0, factor).map_err(|e| format!("consumed {key} of {}: {e}", r.device))).transpose()
+        };
+        let memory = consumed(MEMORY, 1)?.unwrap_or(gpu.memory_bytes);
+        let share = consumed(COMPUTE, 100)?.unwrap_or(0);
+        if memory == 0 {
+            return Err(format!("request {} consumes no memory of {}; ask for some (capacity.requests.memory)", r.request, r.device));
+        }
+        // The request's own configuration, the last that names it (or all).
+        let base = r.request.split('/').next().unwrap_or(&r.request);
+        let mine = configs
+            .iter()
+            .filter(|(c, _)| c.requests.as_ref().is_none_or(|q| q.is_empty() || q.iter().any(|n| n == &r.request || n == base)))
+            .fold(SliceConfig::default(), |acc, (_, s)| acc.merged(s.clone()));
+        let a = mine.asked()?;
+        // One slice has one cap, burst rule and priority: its requests must agree.
+        match asked {
+            None => asked = Some(a),
+            Some(prev) if prev != a => return Err("its requests' configurations differ (cap, burst or priority), but one claim is one slice; give them one configuration".into()),
+            Some(_) => {}
+        }
+        let e = per_gpu.entry(index).or_default();
+        e.0 = e.0.saturating_add(memory);
+        e.1 = e.1.saturating_add(share);
+        out.push((r.request.clone(), r.device.clone(), index));
+    }
+    let a = asked.expect("at least one result");
+    let mut specs = Vec::new();
+    for (index, (memory, share)) in per_gpu {
+        if share > 10_000 {
+            return Err(format!("it is guaranteed {}% of GPU {index}, more than the whole GPU", share as f64 / 100.0));
+        }
+        let burst = if a.burst_bytes == 0 { 0 } else { a.burst_bytes.max(memory) };
+        specs.push(node::DeviceShareSpec { device: index, memory_bytes: memory, compute_share_bps: share as u32, compute_limit_bps: a.limit_bps, memory_burst_bytes: burst });
+    }
+    Ok(Plan { devices: specs, priority: a.priority, results: out })
+}
+
+/// How the plugin runs.
+#[derive(Debug, Clone)]
+pub struct DraConfig {
+    pub driver: String,
+    /// This node's name: the pool's and the ResourceSlice's.
+    pub node: String,
+    pub egpud_socket: PathBuf,
+    /// The kubelet's root directory (`/var/lib/kubelet`).
+    pub kubelet_dir: PathBuf,
+    /// The directory egpud writes CDI specs into (its `--cdi-dir`).
+    pub cdi_dir: PathBuf,
+    /// The CDI kind of the GPU vendor's spec (`nvidia.com/gpu`), or none.
+    pub gpu_cdi_kind: Option<String>,
+    /// How often egpud's GPUs and the sockets are checked.
+    pub poll: Duration,
+}
+
+impl DraConfig {
+    pub fn registration_socket(&self) -> PathBuf {
+        self.kubelet_dir.join("plugins_registry").join(format!("{}-reg.sock", self.driver))
+    }
+    pub fn plugin_socket(&self) -> PathBuf {
+        self.kubelet_dir.join("plugins").join(&self.driver).join("dra.sock")
+    }
+
+    /// Checks the names the API and the kubelet will see.
+    pub fn check(&self) -> Result<(), String> {
+        let dns = |s: &str| !s.is_empty() && s.len() <= 253 && s.split('.').all(|l| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') && !l.starts_with('-') && !l.ends_with('-'));
+        if !dns(&self.driver) || !self.driver.contains('.') {
+            return Err(format!("--driver '{}' must be a DNS subdomain with a domain, e.g. {DEFAULT_DRIVER}", self.driver));
+        }
+        if !dns(&self.node) {
+            return Err(format!("--node-name '{}' is not a node name (a DNS subdomain)", self.node));
+        }
+        if let Some(kind) = &self.gpu_cdi_kind
+            && (kind.split('/').count() != 2 || kind.contains('=') || kind.starts_with('/') || kind.ends_with('/'))
+        {
+            return Err(format!("--gpu-cdi-kind '{kind}' is not a CDI kind (vendor/class, e.g. nvidia.com/gpu)"));
+        }
+        if self.poll.is_zero() {
+            return Err("--poll must be greater than 0, e.g. 1s".into());
+        }
+        Ok(())
+    }
+}
+
+/// Where the plugin reads claims and publishes its ResourceSlice.
+pub trait Cluster: Send + Sync + 'static {
+    fn claim(&self, namespace: &str, name: &str) -> impl std::future::Future<Output = Result<res::ResourceClaim, String>> + Send;
+    /// Creates or updates the node's ResourceSlice to `spec` (its pool
+    /// generation is bumped past the stored one when the spec changes).
+    fn publish(&self, name: &str, spec: res::ResourceSliceSpec) -> impl std::future::Future<Output = Result<(), String>> + Send;
+}
+
+/// The API server, through the kube client.
+#[derive(Clone)]
+pub struct Api {
+    client: kube::Client,
+}
+
+impl Api {
+    pub fn new(client: kube::Client) -> Api {
+        Api { client }
+    }
+}
+
+/// How long one API call may take.
+const API_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Cluster for Api {
+    async fn claim(&self, namespace: &str, name: &str) -> Result<res::ResourceClaim, String> {
+        let api: kube::Api<res::ResourceClaim> = kube::Api::namespaced(self.client.clone(), namespace);
+        match tokio::time::timeout(API_TIMEOUT, api.get_opt(name)).await {
+            Ok(Ok(Some(c))) => Ok(c),
+            Ok(Ok(None)) => Err(format!("ResourceClaim {namespace}/{name} does not exist")),
+            Ok(Err(e)) => Err(format!("cannot read ResourceClaim {namespace}/{name}: {e}")),
+            Err(_) => Err(format!("reading ResourceClaim {namespace}/{name} took over {API_TIMEOUT:?}")),
+        }
+    }
+
+    async fn publish(&self, name: &str, mut spec: res::ResourceSliceSpec) -> Result<(), String> {
+        let api: kube::Api<res::ResourceSlice> = kube::Api::all(self.client.clone());
+        let call = async {
+            match api.get_opt(name).await.map_err(|e| format!("cannot read ResourceSlice {name}: {e}"))? {
+                None => {
+                    let s = res::ResourceSlice { metadata: kube::api::ObjectMeta { name: Some(name.to_string()), ..Default::default() }, spec };
+                    api.create(&kube::api::PostParams::default(), &s).await.map_err(|e| format!("cannot create ResourceSlice {name}: {e}"))?;
+                }
+                Some(mut have) => {
+                    spec.pool.generation = have.spec.pool.generation;
+                    if have.spec == spec {
+                        return Ok(());
+                    }
+                    spec.pool.generation += 1;
+                    have.spec = spec;
+                    api.replace(name, &kube::api::PostParams::default(), &have).await.map_err(|e| format!("cannot update ResourceSlice {name}: {e}"))?;
+                }
+            }
+            Ok(())
+        };
+        tokio::time::timeout(API_TIMEOUT, call).await.unwrap_or_else(|_| Err(format!("publishing ResourceSlice {name} took over {API_TIMEOUT:?}")))
+    }
+}
+
+/// State shared by the services and the loops.
+pub struct Shared<C: Cluster> {
+    cfg: DraConfig,
+    cluster: C,
+    /// The GPUs last read from egpud.
+    gpus: Mutex<Option<Vec<Gpu>>>,
+    /// Prepares and unprepares run one at a time (egpud's answers to a
+    /// repeated create are compared, not raced).
+    lock: tokio::sync::Mutex<()>,
+}
+
+impl<C: Cluster> Shared<C> {
+    pub fn new(cfg: DraConfig, cluster: C) -> Result<Arc<Shared<C>>, String> {
+        cfg.check()?;
+        Ok(Arc::new(Shared { cfg, cluster, gpus: Mutex::new(None), lock: tokio::sync::Mutex::new(()) }))
+    }
+
+    async fn egpud(&self) -> Result<egpu_node::client::Client, String> {
+        egpu_node::client::connect(&self.cfg.egpud_socket).await.map_err(|e| format!("egpud is not reachable at {}: {e}", self.cfg.egpud_socket.display()))
+    }
+
+    /// Reads egpud's GPUs; publishes the ResourceSlice when they changed or
+    /// the last publish failed.
+    pub async fn refresh(&self) {
+        let read = async {
+            let mut c = self.egpud().await?;
+            let n = c.get_node(node::GetNodeRequest {}).await.map_err(|e| e.message().to_string())?.into_inner();
+            Ok::<_, String>(n.devices.iter().map(|d| Gpu { index: d.index, uuid: d.uuid.clone(), model: d.name.clone(), memory_bytes: d.memory_bytes }).collect::<Vec<_>>())
+        };
+        let gpus = match read.await {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::warn!("cannot read the GPUs from egpud ({e}); the ResourceSlice stays as last published, and claims cannot be prepared until egpud answers");
+                return;
+            }
+        };
+        if self.gpus.lock().expect("gpus lock").as_ref() == Some(&gpus) {
+            return;
+        }
+        let name = resource_slice_name(&self.cfg.node, &self.cfg.driver);
+        match self.cluster.publish(&name, resource_slice_spec(&self.cfg.driver, &self.cfg.node, &gpus, 0)).await {
+            Ok(()) => {
+                tracing::info!(slice = %name, gpus = gpus.len(), "published the node's GPUs");
+                *self.gpus.lock().expect("gpus lock") = Some(gpus);
+            }
+            Err(e) => tracing::warn!("{e}; retrying at the next refresh"),
+        }
+    }
+
+    /// The CDI devices of a slice on `gpu`: the slice's, and the GPU's from
+    /// the vendor's spec when `--gpu-cdi-kind` names one.
+    fn cdi_ids(&self, slice: &str, gpu: u32, with_slice: bool) -> Vec<String> {
+        let mut out = Vec::new();
+        if with_slice {
+            out.push(egpu_node::cdi::device_name(slice));
+        }
+        if let Some(kind) = &self.cfg.gpu_cdi_kind {
+            out.push(format!("{kind}={gpu}"));
+        }
+        out
+    }
+
+    /// Prepares one claim: its devices, or why not.
+    pub async fn prepare(&self, c: &v1::Claim) -> Result<Vec<v1::Device>, String> {
+        let _one = self.lock.lock().await;
+        let claim = self.cluster.claim(&c.namespace, &c.name).await?;
+        let uid = claim.metadata.uid.as_deref().unwrap_or("");
+        if uid != c.uid {
+            return Err(format!("ResourceClaim {}/{} has UID {uid}, not {} (deleted and created again?)", c.namespace, c.name, c.uid));
+        }
+        let mut client = self.egpud().await?;
+        let n = client.get_node(node::GetNodeRequest {}).await.map_err(|e| e.message().to_string())?.into_inner();
+        let gpus: Vec<Gpu> = n.devices.iter().map(|d| Gpu { index: d.index, uuid: d.uuid.clone(), model: d.name.clone(), memory_bytes: d.memory_bytes }).collect();
+        let p = plan(&claim, &self.cfg.driver, &self.cfg.node, &gpus).map_err(|e| format!("ResourceClaim {}/{}: {e}", c.namespace, c.name))?;
+        let name = slice_name(&c.uid);
+        let where_ = p.devices.iter().map(|d| format!("{} B on GPU {}", d.memory_bytes, d.device)).collect::<Vec<_>>().join(", ");
+        let req = node::CreateSliceRequest { name: name.clone(), priority: p.priority as i32, devices: p.devices.clone(), ephemeral: false, owner_pid: 0 };
+        match client.create_slice(req).await {
+            Ok(_) => tracing::info!(slice = %name, claim = %format!("{}/{}", c.namespace, c.name), devices = %where_, "prepared"),
+            Err(e) if e.code() == tonic::Code::AlreadyExists => {
+                // Prepared before (a repeated call, or a restarted plugin).
+                let s = client.get_slice(node::GetSliceRequest { name: name.clone() }).await.map_err(|e| e.message().to_string())?.into_inner();
+                let mut have: Vec<(u32, u64)> = s.devices.iter().map(|d| (d.device, d.memory_limit_bytes)).collect();
+                have.sort_unstable();
+                let want: Vec<(u32, u64)> = p.devices.iter().map(|d| (d.device, d.memory_bytes)).collect();
+                if have != want {
+                    return Err(format!("slice {name} exists with other devices or memory ({have:?}, want {want:?}); delete it (egpu rm {name}) and the kubelet will prepare the claim again"));
+                }
+            }
+            Err(e) => return Err(format!("egpud refused slice {name} ({where_}): {}", e.message())),
+        }
+        if !self.cfg.cdi_dir.join(egpu_node::cdi::spec_file(&name)).exists() {
+            let _ = client.delete_slice(node::DeleteSliceRequest { name: name.clone(), force: false }).await;
+            return Err(format!("egpud wrote no CDI spec for {name} in {}: start egpud with --cdi-dir {}", self.cfg.cdi_dir.display(), self.cfg.cdi_dir.display()));
+        }
+        // The slice's CDI device goes with the first device of each request,
+        // so a container gets it once whichever requests it names.
+        let mut seen = std::collections::HashSet::new();
+        Ok(p.results
+            .iter()
+            .map(|(request, device, gpu)| v1::Device {
+                request_names: vec![request.clone()],
+                pool_name: self.cfg.node.clone(),
+                device_name: device.clone(),
+                cdi_device_ids: self.cdi_ids(&name, *gpu, seen.insert(request.clone())),
+            })
+            .collect())
+    }
+
+    /// Unprepares one claim: deletes its slice (gone already is fine).
+    pub async fn unprepare(&self, c: &v1::Claim) -> Result<(), String> {
+        let _one = self.lock.lock().await;
+        let name = slice_name(&c.uid);
+        let mut client = self.egpud().await?;
+        match client.delete_slice(node::DeleteSliceRequest { name: name.clone(), force: false }).await {
+            Ok(_) => {
+                tracing::info!(slice = %name, claim = %format!("{}/{}", c.namespace, c.name), "unprepared");
+                Ok(())
+            }
+            Err(e) if e.code() == tonic::Code::NotFound => Ok(()),
+            Err(e) => Err(format!("cannot delete slice {name}: {}", e.message())),
+        }
+    }
+}
+
+/// The `DRAPlugin` service, both versions.
+pub struct Service<C: Cluster>(pub Arc<Shared<C>>);
+
+impl<C: Cluster> Clone for Service<C> {
+    fn clone(&self) -> Self {
+        Service(self.0.clone())
+    }
+}
+
+impl<C: Cluster> Service<C> {
+    async fn prepare_all(&self, r: v1::NodePrepareResourcesRequest) -> v1::NodePrepareResourcesResponse {
+        let mut claims = std::collections::HashMap::new();
+        for c in r.claims {
+            let answer = match self.0.prepare(&c).await {
+                Ok(devices) => v1::NodePrepareResourceResponse { devices, error: String::new() },
+                Err(error) => {
+                    tracing::warn!(claim = %format!("{}/{}", c.namespace, c.name), "cannot prepare: {error}");
+                    v1::NodePrepareResourceResponse { devices: vec![], error }
+                }
+            };
+            claims.insert(c.uid, answer);
+        }
+        v1::NodePrepareResourcesResponse { claims }
+    }
+
+    async fn unprepare_all(&self, r: v1::NodeUnprepareResourcesRequest) -> v1::NodeUnprepareResourcesResponse {
+        let mut claims = std::collections::HashMap::new();
+        for c in r.claims {
+            let error = self.0.unprepare(&c).await.err().unwrap_or_default();
+            claims.insert(c.uid, v1::NodeUnprepareResourceResponse { error });
+        }
+        v1::NodeUnprepareResourcesResponse { claims }
+    }
+}
+
+#[tonic::async_trait]
+impl<C: Cluster> v1::dra_plugin_server::DraPlugin for Service<C> {
+    async fn node_prepare_resources(&self, r: Request<v1::NodePrepareResourcesRequest>) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
+        Ok(Response::new(self.prepare_all(r.into_inner()).await))
+    }
+    async fn node_unprepare_resources(&self, r: Request<v1::NodeUnprepareResourcesRequest>) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
+        Ok(Response::new(self.unprepare_all(r.into_inner()).await))
+    }
+}
+
+/// v1beta1's messages are v1's, field for field: a message of one is read
+/// as the other through its encoding.
+fn convert<A: prost::Message, B: prost::Message + Default>(a: &A) -> Result<B, Status> {
+    B::decode(a.encode_to_vec().as_slice()).map_err(|e| Status::internal(format!("v1beta1/v1 conversion: {e}")))
+}
+
+#[tonic::async_trait]
+impl<C: Cluster> v1beta1::dra_plugin_server::DraPlugin for Service<C> {
+    async fn node_prepare_resources(&self, r: Request<v1beta1::NodePrepareResourcesRequest>) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
+        let out = self.prepare_all(convert(&r.into_inner())?).await;
+        Ok(Response::new(convert(&out)?))
+    }
+    async fn node_unprepare_resources(&self, r: Request<v1beta1::NodeUnprepareResourcesRequest>) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
+        let out = self.unprepare_all(convert(&r.into_inner())?).await;
+        Ok(Response::new(convert(&out)?))
+    }
+}
+
+/// The plugin watcher's `Registration` service.
+#[derive(Clone)]
+pub struct Registrar {
+    info: registration::PluginInfo,
+}
+
+#[tonic::async_trait]
+impl registration::registration_server::Registration for Registrar {
+    async fn get_info(&self, _: Request<registration::InfoRequest>) -> Result<Response<registration::PluginInfo>, Status> {
+        Ok(Response::new(self.info.clone()))
+    }
+    async fn notify_registration_status(&self, r: Request<registration::RegistrationStatus>) -> Result<Response<registration::RegistrationStatusResponse>, Status> {
+        let r = r.into_inner();
+        if r.plugin_registered {
+            tracing::info!(driver = %self.info.name, "registered with the kubelet");
+        } else {
+            tracing::error!(driver = %self.info.name, "the kubelet refused the registration: {}", r.error);
+        }
+        Ok(Response::new(registration::RegistrationStatusResponse {}))
+    }
+}
+
+/// The identity of a file, to notice it was removed or replaced.
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+fn bind(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    tokio::net::UnixListener::bind(path)
+}
+
+/// Serves both sockets and keeps the ResourceSlice current until
+/// `shutdown`; serves again when a socket is removed (the kubelet's plugin
+/// directories wiped). The plugin socket is served before the registration
+/// socket appears, so the kubelet finds it answering.
+pub async fn run<C: Cluster>(shared: Arc<Shared<C>>, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), String> {
+    let cfg = shared.cfg.clone();
+    let (stop_all, stopping) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_all.send(true);
+    });
+    shared.refresh().await;
+    let refresher = {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + shared.cfg.poll, shared.cfg.poll);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                shared.refresh().await;
+            }
+        })
+    };
+    let (plugin_sock, reg_sock) = (cfg.plugin_socket(), cfg.registration_socket());
+    let info = registration::PluginInfo {
+        r#type: PLUGIN_TYPE.into(),
+        name: cfg.driver.clone(),
+        endpoint: plugin_sock.display().to_string(),
+        supported_versions: SUPPORTED_VERSIONS.iter().map(|s| s.to_string()).collect(),
+    };
+    let result = loop {
+        let served = (|| Ok::<_, std::io::Error>((bind(&plugin_sock)?, file_id(&plugin_sock), bind(&reg_sock)?, file_id(&reg_sock))))();
+        let (plugin_l, plugin_id, reg_l, reg_id) = match served {
+            Ok(s) => s,
+            Err(e) => break Err(format!("cannot serve on {} / {}: {e}", plugin_sock.display(), reg_sock.display())),
+        };
+        let (stop, stopped) = watch::channel(false);
+        let until = |mut rx: watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let svc = Service(shared.clone());
+        let plugin = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(v1::dra_plugin_server::DraPluginServer::new(svc.clone()))
+                .add_service(v1beta1::dra_plugin_server::DraPluginServer::new(svc))
+                .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(plugin_l), until(stopped.clone())),
+        );
+        let reg = tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(registration::registration_server::RegistrationServer::new(Registrar { info: info.clone() }))
+                .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(reg_l), until(stopped)),
+        );
+        tracing::info!(driver = %cfg.driver, "serving {} and {}", plugin_sock.display(), reg_sock.display());
+        let mut tick = tokio::time::interval(cfg.poll);
+        let mut stopping = stopping.clone();
+        let done = loop {
+            tokio::select! {
+                _ = stopping.wait_for(|s| *s) => break true,
+                _ = tick.tick() => {
+                    if file_id(&plugin_sock) != plugin_id || file_id(&reg_sock) != reg_id || plugin.is_finished() || reg.is_finished() {
+                        tracing::info!("a socket was removed (kubelet restart?): serving again");
+                        break false;
+                    }
+                }
+            }
+        };
+        let _ = stop.send(true);
+        let _ = plugin.await;
+        let _ = reg.await;
+        if done {
+            for (p, id) in [(&reg_sock, reg_id), (&plugin_sock, plugin_id)] {
+                if file_id(p) == id {
+                    let _ = std::fs::remove_file(p);
+                }
+            }
+            break Ok(());
+        }
+    };
+    refresher.abort();
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn gpus() -> Vec<Gpu> {
+        (0..2).map(|i| Gpu { index: i, uuid: format!("GPU-{i}"), model: "NVIDIA H200".into(), memory_bytes: 16 << 30 }).collect()
+    }
+
+    fn claim(v: serde_json::Value) -> res::ResourceClaim {
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn result(request: &str, device: &str, consumed: Option<(&str, &str)>) -> serde_json::Value {
+        let mut r = serde_json::json!({"request": request, "driver": DEFAULT_DRIVER, "pool": "node-a", "device": device});
+        if let Some((m, c)) = consumed {
+            r["consumedCapacity"] = serde_json::json!({MEMORY: m, COMPUTE: c});
+            r["shareID"] = serde_json::json!("7c3f0c9e-5b0e-4b9e-9b43-0b8f2f0e7a11");
+        }
+        r
+    }
+
+    fn allocated(results: Vec<serde_json::Value>, config: serde_json::Value) -> res::ResourceClaim {
+        claim(serde_json::json!({
+            "metadata": {"name": "c", "namespace": "ns", "uid": "u-1"},
+            "spec": {"devices": {"requests": []}},
+            "status": {"allocation": {"devices": {"results": results, "config": config}}}
+        }))
+    }
+
+    #[test]
+    fn the_resource_slice_publishes_each_gpu_with_consumable_memory_and_compute() {
+        let spec = resource_slice_spec(DEFAULT_DRIVER, "node-a", &gpus(), 3);
+        assert_eq!((spec.driver.as_str(), spec.node_name.as_deref(), spec.pool.name.as_str(), spec.pool.generation), (DEFAULT_DRIVER, Some("node-a"), "node-a", 3));
+        let d = spec.devices.as_ref().unwrap();
+        assert_eq!(d.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), ["gpu-0", "gpu-1"]);
+        assert_eq!(d[1].allow_multiple_allocations, Some(true));
+        let cap = d[1].capacity.as_ref().unwrap();
+        assert_eq!(cap[MEMORY].value.0, (16u64 << 30).to_string());
+        assert_eq!(cap[MEMORY].request_policy.as_ref().unwrap().default.as_ref().unwrap().0, (16u64 << 30).to_string(), "no amount: the whole GPU's memory");
+        assert_eq!(cap[COMPUTE].value.0, "100");
+        assert_eq!(cap[COMPUTE].request_policy.as_ref().unwrap().default.as_ref().unwrap().0, "0", "no amount: no guarantee");
+        let attrs = d[1].attributes.as_ref().unwrap();
+        assert_eq!(attrs["index"].int, Some(1));
+        assert_eq!(attrs["uuid"].string.as_deref(), Some("GPU-1"));
+        // The API's JSON names.
+        let j = serde_json::to_value(&spec).unwrap();
+        assert_eq!(j["devices"][0]["allowMultipleAllocations"], true);
+        assert_eq!(j["devices"][0]["capacity"]["memory"]["requestPolicy"]["validRange"]["min"], "1048576");
+        assert_eq!(j["pool"]["resourceSliceCount"], 1);
+        assert_eq!(resource_slice_name("node-a", DEFAULT_DRIVER), "node-a-gpu.egpu.io");
+    }
+
+    #[test]
+    fn a_claim_becomes_one_slice_with_its_consumed_capacity() {
+        let cfg = serde_json::json!([{"source": "FromClaim", "opaque": {"driver": DEFAULT_DRIVER, "parameters": {"apiVersion": CONFIG_API_VERSION, "kind": CONFIG_KIND, "computeLimit": "50%", "memoryBurst": "12GiB", "priority": "high"}}}]);
+        let p = plan(&allocated(vec![result("gpu", "gpu-1", Some(("10Gi", "30")))], cfg), DEFAULT_DRIVER, "node-a", &gpus()).unwrap();
+        assert_eq!(p.devices, [node::DeviceShareSpec { device: 1, memory_bytes: 10 << 30, compute_share_bps: 3000, compute_limit_bps: 5000, memory_burst_bytes: 12 << 30 }]);
+        assert_eq!(p.priority, node::Priority::High);
+        assert_eq!(p.results, [("gpu".to_string(), "gpu-1".to_string(), 1)]);
+        // Without consumable capacity (the feature off): whole GPUs, no guarantee, defaults.
+        let p = plan(&allocated(vec![result("a", "gpu-0", None), result("a", "gpu-1", None)], serde_json::json!([])), DEFAULT_DRIVER, "node-a", &gpus()).unwrap();
+        assert_eq!(p.devices.iter().map(|d| (d.device, d.memory_bytes, d.compute_share_bps, d.compute_limit_bps, d.memory_burst_bytes)).collect::<Vec<_>>(), [(0, 16 << 30, 0, 10_000, 0), (1, 16 << 30, 0, 10_000, 0)]);
+        assert_eq!(p.priority, node::Priority::Normal);
+        // Two shares of one GPU (two requests): summed on one device.
+        let p = plan(&allocated(vec![result("a", "gpu-0", Some(("2Gi", "10"))), result("b", "gpu-0", Some(("3Gi", "15")))], serde_json::json!([])), DEFAULT_DRIVER, "node-a", &gpus()).unwrap();
+        assert_eq!(p.devices.iter().map(|d| (d.device, d.memory_bytes, d.compute_share_bps)).collect::<Vec<_>>(), [(0, 5 << 30, 2500)]);
+        // A burst cap below the guarantee is raised to it.
+        let cfg = serde_json::json!([{"source": "FromClass", "opaque": {"driver": DEFAULT_DRIVER, "parameters": {"memoryBurst": "1GiB"}}}]);
+        let p = plan(&allocated(vec![result("a", "gpu-0", Some(("2Gi", "0")))], cfg), DEFAULT_DRIVER, "node-a", &gpus()).unwrap();
+        assert_eq!(p.devices[0].memory_burst_bytes, 2 << 30);
+    }
+
+    #[test]
+    fn the_claims_configuration_overrides_the_class_and_other_drivers_are_left_alone() {
+        let cfg = serde_json::json!([
+            {"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": DEFAULT_DRIVER, "parameters": {"computeLimit": "40%"}}},
+            {"source": "FromClass", "opaque": {"driver": DEFAULT_DRIVER, "parameters": {"computeLimit": "90%", "priority": "best-effort"}}},
+            {"source": "FromClaim", "opaque": {"driver": "other.example.com", "parameters": {"anything": 1}}},
+            {"source": "FromClaim", "requests": ["other-request"], "opaque": {"driver": DEFAULT_DRIVER, "parameters": {"computeLimit": "10%"}}}
+        ]);
+        let mut results = vec![result("gpu", "gpu-0", Some(("1Gi", "5")))];
+        results.push(serde_json::json!({"request": "nic", "driver": "other.example.com", "pool": "p", "device": "eth0"}));
+        let p = plan(&allocated(results, cfg), DEFAULT_DRIVER, "node-a", &gpus()).unwrap();
+        assert_eq!((p.devices[0].compute_limit_bps, p.priority), (4000, node::Priority::BestEffort));
+        assert_eq!(p.results.len(), 1, "the other driver's device is not ours");
+    }
+
+    #[test]
+    fn what_cannot_become_a_slice_says_why() {
+        let none = serde_json::json!([]);
+        let err = |c: res::ResourceClaim| plan(&c, DEFAULT_DRIVER, "node-a", &gpus()).unwrap_err();
+        let unallocated = claim(serde_json::json!({"metadata": {"name": "c"}, "spec": {"devices": {}}}));
+        assert!(err(unallocated).contains("not allocated"));
+        let mut wrong_pool = result("a", "gpu-0", None);
+        wrong_pool["pool"] = "node-b".into();
+        assert!(err(allocated(vec![wrong_pool], none.clone())).contains("pool 'node-b'"));
+        assert!(err(allocated(vec![result("a", "gpu-7", None)], none.clone())).contains("GPU 7"));
+        assert!(err(allocated(vec![result("a", "nic-0", None)], none.clone())).contains("not one this driver publishes"));
+        assert!(err(allocated(vec![result("a", "gpu-00", None)], none.clone())).contains("not one this driver publishes"));
+        assert!(err(allocated(vec![result("a", "gpu-0", Some(("lots", "0")))], none.clone())).contains("consumed memory of gpu-0"));
+        assert!(err(allocated(vec![result("a", "gpu-0", Some(("0", "0")))], none.clone())).contains("no memory"));
+        assert!(err(allocated(vec![result("a", "gpu-0", Some(("1Gi", "60"))), result("b", "gpu-0", Some(("1Gi", "60")))], none.clone())).contains("more than the whole GPU"));
+        let mut admin = result("a", "gpu-0", None);
+        admin["adminAccess"] = true.into();
+        assert!(err(allocated(vec![admin], none.clone())).contains("admin access"));
+        let other = serde_json::json!({"request": "nic", "driver": "other.example.com", "pool": "p", "device": "eth0"});
+        assert!(err(allocated(vec![other], none)).contains("none of its allocated devices"));
+        let bad = |params: serde_json::Value| {
+            let cfg = serde_json::json!([{"source": "FromClaim", "opaque": {"driver": DEFAULT_DRIVER, "parameters": params}}]);
+            err(allocated(vec![result("a", "gpu-0", None)], cfg))
+        };
+        assert!(bad(serde_json::json!({"computeLimt": "50%"})).contains("unknown field `computeLimt`"));
+        assert!(bad(serde_json::json!({"computeLimit": "150%"})).starts_with("computeLimit:"));
+        assert!(bad(serde_json::json!({"computeLimit": "0%"})).contains("never run"));
+        assert!(bad(serde_json::json!({"memoryBurst": "lots"})).starts_with("memoryBurst:"));
+        assert!(bad(serde_json::json!({"priority": "urgent"})).contains("'urgent'"));
+        assert!(bad(serde_json::json!({"apiVersion": "gpu.egpu.io/v2"})).contains("apiVersion 'gpu.egpu.io/v2'"));
+        assert!(bad(serde_json::json!({"kind": "Gpu"})).contains("kind 'Gpu'"));
+        assert!(bad(serde_json::json!("a string")).contains("does not parse"));
+        // Two requests with different configurations: one slice cannot have both.
+        let cfg = serde_json::json!([{"source": "FromClaim", "requests": ["b"], "opaque": {"driver": DEFAULT_DRIVER, "parameters": {"computeLimit": "20%"}}}]);
+        assert!(err(allocated(vec![result("a", "gpu-0", None), result("b", "gpu-1", None)], cfg)).contains("configurations differ"));
+    }
+
+    #[test]
+    fn config_and_names() {
+        let cfg = DraConfig {
+            driver: DEFAULT_DRIVER.into(),
+            node: "node-a".into(),
+            egpud_socket: "/x".into(),
+            kubelet_dir: "/var/lib/kubelet".into(),
+            cdi_dir: "/var/run/cdi".into(),
+            gpu_cdi_kind: None,
+            poll: Duration::from_secs(1),
+        };
+        assert_eq!(cfg.check(), Ok(()));
+        assert_eq!(cfg.registration_socket(), Path::new("/var/lib/kubelet/plugins_registry/gpu.egpu.io-reg.sock"));
+        assert_eq!(cfg.plugin_socket(), Path::new("/var/lib/kubelet/plugins/gpu.egpu.io/dra.sock"));
+        assert!(DraConfig { driver: "egpu".into(), ..cfg.clone() }.check().unwrap_err().contains("--driver"));
+        assert!(DraConfig { driver: "GPU.egpu.io".into(), ..cfg.clone() }.check().unwrap_err().contains("--driver"));
+        assert!(DraConfig { node: "Node_A".into(), ..cfg.clone() }.check().unwrap_err().contains("--node-name"));
+        assert!(DraConfig { gpu_cdi_kind: Some("nvidia.com/gpu=0".into()), ..cfg.clone() }.check().unwrap_err().contains("not a CDI kind"));
+        assert!(DraConfig { poll: Duration::ZERO, ..cfg }.check().unwrap_err().contains("--poll"));
+        assert_eq!(slice_name("u-1"), "dra-u-1");
+        assert_eq!((device_index("gpu-12"), device_index("gpu-"), device_index("gpu-1a")), (Some(12), None, None));
+        // The longest claim UID (36 characters) makes a valid slice name.
+        assert!(egpu_core::slice::validate_name(&slice_name("0b8f2f0e-7a11-4b9e-9b43-7c3f0c9e5b0e")).is_ok());
+    }
+
+    proptest! {
+        /// Whatever the allocation says, planning answers (a plan or a
+        /// reason) and never guarantees more than a GPU.
+        #[test]
+        fn planning_never_panics_nor_overcommits(
+            results in proptest::collection::vec((0u32..4, proptest::option::of((0u64..40, 0u64..120)), 0usize..3), 0..6),
+            limit in proptest::option::of(0u32..200),
+        ) {
+            let rs: Vec<serde_json::Value> = results
+                .iter()
+                .map(|(gpu, consumed, req)| {
+                    let c = consumed.map(|(m, c)| (format!("{m}Gi"), c.to_string()));
+                    result(["a", "b", "c"][*req], &format!("gpu-{gpu}"), c.as_ref().map(|(m, c)| (m.as_str(), c.as_str())))
+                })
+                .collect();
+            let cfg = match limit {
+                Some(l) => serde_json::json!([{"source": "FromClaim", "opaque": {"driver": DEFAULT_DRIVER, "parameters": {"computeLimit": format!("{l}%")}}}]),
+                None => serde_json::json!([]),
+            };
+            if let Ok(p) = plan(&allocated(rs, cfg), DEFAULT_DRIVER, "node-a", &gpus()) {
+                prop_assert!(!p.devices.is_empty());
+                for d in &p.devices {
+                    prop_assert!(d.device < 2 && d.compute_share_bps <= 10_000 && d.memory_bytes > 0);
+                    prop_assert!(d.compute_limit_bps > 0 && d.compute_limit_bps <= 10_000);
+                }
+            }
+        }
+    }
+}
