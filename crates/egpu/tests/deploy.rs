@@ -3,7 +3,8 @@
 //! parser would skip, is caught), every flag the manifests pass exists in the
 //! binary they run, every host path a flag names is mounted where the runtime
 //! on the host finds it too, and the scheduler's configuration, the extender,
-//! the plugin and the example pod agree on names, ports and the resource.
+//! the plugin and the example pod agree on names, ports and the resource, and
+//! the DRA driver, its DeviceClass and the example claim on the driver.
 
 mod common;
 
@@ -35,7 +36,7 @@ fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(v: &Value) -> T {
 /// The objects of every manifest, each parsed as its type.
 fn all_objects() -> Vec<Value> {
     let mut out = Vec::new();
-    for f in ["egpu-node.yaml", "egpu-scheduler.yaml", "example-pod.yaml"] {
+    for f in ["egpu-node.yaml", "egpu-scheduler.yaml", "example-pod.yaml", "egpu-dra.yaml", "example-claim.yaml"] {
         for d in docs(f) {
             match d["kind"].as_str().unwrap() {
                 "Namespace" => drop(typed::<k8s_openapi::api::core::v1::Namespace>(&d)),
@@ -48,6 +49,8 @@ fn all_objects() -> Vec<Value> {
                 "DaemonSet" => drop(typed::<DaemonSet>(&d)),
                 "Deployment" => drop(typed::<Deployment>(&d)),
                 "Pod" => drop(typed::<Pod>(&d)),
+                "DeviceClass" => drop(typed::<k8s_openapi::api::resource::v1::DeviceClass>(&d)),
+                "ResourceClaimTemplate" => drop(typed::<k8s_openapi::api::resource::v1::ResourceClaimTemplate>(&d)),
                 k => panic!("{f}: unexpected kind {k}"),
             }
             out.push(d);
@@ -260,4 +263,54 @@ fn the_image_holds_what_the_manifests_run() {
             }
         }
     }
+}
+
+#[test]
+fn the_dra_driver_its_class_and_the_example_claim_agree() {
+    let objs = all_objects();
+    let ds = find(&objs, "DaemonSet", "egpu-dra");
+    let spec = pod_spec(ds);
+    let plugin = spec.containers.iter().find(|c| c.name == "dra-plugin").unwrap();
+    let egpud = spec.containers.iter().find(|c| c.name == "egpud").unwrap();
+    let host_path = |c: &Container, path: &str| -> (String, String) {
+        let m = c.volume_mounts.iter().flatten().filter(|m| path == m.mount_path || path.starts_with(&format!("{}/", m.mount_path))).max_by_key(|m| m.mount_path.len()).unwrap_or_else(|| panic!("{}: {path} is not on any mount", c.name));
+        let v = spec.volumes.iter().flatten().find(|v| v.name == m.name).unwrap();
+        (m.mount_path.clone(), v.host_path.as_ref().unwrap().path.clone())
+    };
+    // The kubelet finds the plugin's sockets where the host has them.
+    let kubelet = flag(plugin, "--kubelet-dir");
+    for sub in ["plugins", "plugins_registry"] {
+        let (mp, hp) = host_path(plugin, &format!("{kubelet}/{sub}"));
+        assert_eq!((mp.as_str(), hp.as_str()), (format!("{kubelet}/{sub}").as_str(), format!("/var/lib/kubelet/{sub}").as_str()));
+    }
+    assert_eq!(host_path(plugin, &flag(plugin, "--socket")).1, host_path(egpud, &flag(egpud, "--run-dir")).1);
+    assert_eq!(host_path(plugin, &flag(plugin, "--cdi-dir")).1, host_path(egpud, &flag(egpud, "--cdi-dir")).1);
+    let env = plugin.env.iter().flatten().find(|e| e.name == "NODE_NAME").unwrap();
+    assert_eq!(env.value_from.as_ref().unwrap().field_ref.as_ref().unwrap().field_path, "spec.nodeName");
+    // Never two egpud on one node: the two DaemonSets select different labels.
+    let selector = |name: &str| pod_spec(find(&objs, "DaemonSet", name)).node_selector.unwrap();
+    assert!(selector("egpu-dra").keys().all(|k| !selector("egpu-node").contains_key(k)));
+    // The class selects the plugin's driver (its default), and the claim names the class and the driver.
+    let driver = egpu_k8s::dra::DEFAULT_DRIVER;
+    assert!(flags(plugin).iter().all(|(f, _)| f != "--driver"), "the manifests use the default driver name");
+    let class = find(&objs, "DeviceClass", driver);
+    assert_eq!(class["spec"]["selectors"][0]["cel"]["expression"], format!("device.driver == \"{driver}\""));
+    let tmpl = find(&objs, "ResourceClaimTemplate", "gpu-10gib");
+    let devices = &tmpl["spec"]["spec"]["devices"];
+    assert_eq!(devices["requests"][0]["exactly"]["deviceClassName"], driver);
+    let caps = devices["requests"][0]["exactly"]["capacity"]["requests"].as_object().unwrap();
+    assert_eq!(caps.keys().map(String::as_str).collect::<Vec<_>>(), [egpu_k8s::dra::COMPUTE, egpu_k8s::dra::MEMORY]);
+    let opaque = &devices["config"][0]["opaque"];
+    assert_eq!(opaque["driver"], driver);
+    let cfg: egpu_k8s::dra::SliceConfig = serde_json::from_value(opaque["parameters"].clone()).unwrap();
+    assert_eq!((cfg.api_version.as_deref(), cfg.kind.as_deref()), (Some(egpu_k8s::dra::CONFIG_API_VERSION), Some(egpu_k8s::dra::CONFIG_KIND)));
+    let pod = find(&objs, "Pod", "cuda-sample-dra");
+    assert_eq!(pod["spec"]["resourceClaims"][0]["resourceClaimTemplateName"], "gpu-10gib");
+    assert_eq!(pod["spec"]["containers"][0]["resources"]["claims"][0]["name"], pod["spec"]["resourceClaims"][0]["name"]);
+    // RBAC: read claims, write the ResourceSlice, for the pod's service account.
+    let role: ClusterRole = typed(find(&objs, "ClusterRole", "egpu-dra"));
+    let allows = |resource: &str, verb: &str| role.rules.iter().flatten().any(|r| r.resources.iter().flatten().any(|x| x == resource) && r.verbs.iter().any(|v| v == verb));
+    assert!(allows("resourceclaims", "get") && ["get", "create", "update"].iter().all(|v| allows("resourceslices", v)));
+    let binding: ClusterRoleBinding = typed(find(&objs, "ClusterRoleBinding", "egpu-dra"));
+    assert_eq!(Some(binding.subjects.as_ref().unwrap()[0].name.clone()), spec.service_account_name);
 }

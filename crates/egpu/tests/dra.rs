@@ -99,9 +99,11 @@ fn serve_api(rt: &tokio::runtime::Runtime, dir: &Path, api: ApiServer) -> PathBu
     kubeconfig
 }
 
-/// A ResourceClaim allocated on this node: (request, device, consumed
-/// memory and compute) per result, and an opaque configuration.
-fn claim(name: &str, uid: &str, results: &[(&str, &str, Option<(&str, &str)>)], params: Option<serde_json::Value>) -> serde_json::Value {
+/// One allocation result: request, device, consumed memory and compute.
+type Allocated<'a> = (&'a str, &'a str, Option<(&'a str, &'a str)>);
+
+/// A ResourceClaim allocated on this node, and an opaque configuration.
+fn claim(name: &str, uid: &str, results: &[Allocated], params: Option<serde_json::Value>) -> serde_json::Value {
     let results: Vec<serde_json::Value> = results
         .iter()
         .map(|(request, device, consumed)| {
