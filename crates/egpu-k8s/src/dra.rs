@@ -100,12 +100,44 @@ fn quantity(v: u64) -> Quantity {
     Quantity(v.to_string())
 }
 
+/// The least memory a claim may consume of a GPU; a GPU with less left
+/// for claims is not published.
+pub const MIN_MEMORY: u64 = 1 << 20;
+
+/// What egpud has promised on a GPU to slices this driver did not make
+/// (`egpu create` on the node, another plugin's): published capacities
+/// leave it out, so the scheduler does not promise it again.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Reserved {
+    pub memory_bytes: u64,
+    pub compute_bps: u32,
+}
+
+/// What slices not made by this driver reserve, per GPU index.
+pub fn reserved_elsewhere(slices: &[node::Slice]) -> BTreeMap<u32, Reserved> {
+    let mut out: BTreeMap<u32, Reserved> = BTreeMap::new();
+    for d in slices.iter().filter(|s| !s.name.starts_with(SLICE_PREFIX)).flat_map(|s| &s.devices) {
+        let r = out.entry(d.device).or_default();
+        r.memory_bytes = r.memory_bytes.saturating_add(d.memory_limit_bytes);
+        r.compute_bps = r.compute_bps.saturating_add(d.compute_share_bps);
+    }
+    out
+}
+
 /// The spec of this node's ResourceSlice: one pool, named after the node,
-/// with one device per GPU.
-pub fn resource_slice_spec(driver: &str, node: &str, gpus: &[Gpu], generation: i64) -> res::ResourceSliceSpec {
+/// with one device per GPU, its capacities less what `reserved` holds (a
+/// GPU with under [`MIN_MEMORY`] left is left out).
+pub fn resource_slice_spec(driver: &str, node: &str, gpus: &[Gpu], reserved: &BTreeMap<u32, Reserved>, generation: i64) -> res::ResourceSliceSpec {
     let devices = gpus
         .iter()
-        .map(|g| {
+        .filter_map(|g| {
+            let r = reserved.get(&g.index).copied().unwrap_or_default();
+            let memory_bytes = g.memory_bytes.saturating_sub(r.memory_bytes);
+            // Whole percents: a guarantee made outside takes its share rounded up.
+            let compute_pct = 100u64.saturating_sub(u64::from(r.compute_bps).div_ceil(100));
+            if memory_bytes < MIN_MEMORY {
+                return None;
+            }
             let attr_s = |s: &str| res::DeviceAttribute { string: Some(s.to_string()), ..Default::default() };
             let attributes = BTreeMap::from([
                 ("index".to_string(), res::DeviceAttribute { int: Some(i64::from(g.index)), ..Default::default() }),
@@ -115,28 +147,28 @@ pub fn resource_slice_spec(driver: &str, node: &str, gpus: &[Gpu], generation: i
             // A claim that names no amount gets the whole GPU's memory and no
             // compute guarantee (it still uses idle compute up to its cap).
             let memory = res::DeviceCapacity {
-                value: quantity(g.memory_bytes),
+                value: quantity(memory_bytes),
                 request_policy: Some(res::CapacityRequestPolicy {
-                    default: Some(quantity(g.memory_bytes)),
-                    valid_range: Some(res::CapacityRequestPolicyRange { min: quantity(1 << 20), max: Some(quantity(g.memory_bytes)), step: None }),
+                    default: Some(quantity(memory_bytes)),
+                    valid_range: Some(res::CapacityRequestPolicyRange { min: quantity(MIN_MEMORY), max: Some(quantity(memory_bytes)), step: None }),
                     valid_values: None,
                 }),
             };
             let compute = res::DeviceCapacity {
-                value: quantity(100),
+                value: quantity(compute_pct),
                 request_policy: Some(res::CapacityRequestPolicy {
                     default: Some(quantity(0)),
-                    valid_range: Some(res::CapacityRequestPolicyRange { min: quantity(0), max: Some(quantity(100)), step: None }),
+                    valid_range: Some(res::CapacityRequestPolicyRange { min: quantity(0), max: Some(quantity(compute_pct)), step: None }),
                     valid_values: None,
                 }),
             };
-            res::Device {
+            Some(res::Device {
                 name: device_name(g.index),
                 attributes: Some(attributes),
                 capacity: Some(BTreeMap::from([(MEMORY.to_string(), memory), (COMPUTE.to_string(), compute)])),
                 allow_multiple_allocations: Some(true),
                 ..Default::default()
-            }
+            })
         })
         .collect();
     res::ResourceSliceSpec {
@@ -303,10 +335,17 @@ pub fn plan(claim: &res::ResourceClaim, driver: &str, pool: &str, gpus: &[Gpu]) 
         if share > 10_000 {
             return Err(format!("it is guaranteed {}% of GPU {index}, more than the whole GPU", share as f64 / 100.0));
         }
+        if a.limit_bps < share as u32 {
+            return Err(format!("computeLimit {}% is below the {}% guaranteed on GPU {index}; a cap must be at least the guarantee", a.limit_bps as f64 / 100.0, share as f64 / 100.0));
+        }
         let burst = if a.burst_bytes == 0 { 0 } else { a.burst_bytes.max(memory) };
         specs.push(node::DeviceShareSpec { device: index, memory_bytes: memory, compute_share_bps: share as u32, compute_limit_bps: a.limit_bps, memory_burst_bytes: burst });
     }
     Ok(Plan { devices: specs, priority: a.priority, results: out })
+}
+
+fn gpus_of(n: &node::GetNodeResponse) -> Vec<Gpu> {
+    n.devices.iter().map(|d| Gpu { index: d.index, uuid: d.uuid.clone(), model: d.name.clone(), memory_bytes: d.memory_bytes }).collect()
 }
 
 /// How the plugin runs.
@@ -417,8 +456,8 @@ impl Cluster for Api {
 pub struct Shared<C: Cluster> {
     cfg: DraConfig,
     cluster: C,
-    /// The GPUs last read from egpud.
-    gpus: Mutex<Option<Vec<Gpu>>>,
+    /// The ResourceSlice spec last published.
+    published: Mutex<Option<res::ResourceSliceSpec>>,
     /// Prepares and unprepares run one at a time (egpud's answers to a
     /// repeated create are compared, not raced).
     lock: tokio::sync::Mutex<()>,
@@ -427,36 +466,38 @@ pub struct Shared<C: Cluster> {
 impl<C: Cluster> Shared<C> {
     pub fn new(cfg: DraConfig, cluster: C) -> Result<Arc<Shared<C>>, String> {
         cfg.check()?;
-        Ok(Arc::new(Shared { cfg, cluster, gpus: Mutex::new(None), lock: tokio::sync::Mutex::new(()) }))
+        Ok(Arc::new(Shared { cfg, cluster, published: Mutex::new(None), lock: tokio::sync::Mutex::new(()) }))
     }
 
     async fn egpud(&self) -> Result<egpu_node::client::Client, String> {
         egpu_node::client::connect(&self.cfg.egpud_socket).await.map_err(|e| format!("egpud is not reachable at {}: {e}", self.cfg.egpud_socket.display()))
     }
 
-    /// Reads egpud's GPUs; publishes the ResourceSlice when they changed or
-    /// the last publish failed.
+    /// Reads egpud's GPUs and slices; publishes the ResourceSlice when what
+    /// it would say changed, or the last publish failed.
     pub async fn refresh(&self) {
         let read = async {
             let mut c = self.egpud().await?;
             let n = c.get_node(node::GetNodeRequest {}).await.map_err(|e| e.message().to_string())?.into_inner();
-            Ok::<_, String>(n.devices.iter().map(|d| Gpu { index: d.index, uuid: d.uuid.clone(), model: d.name.clone(), memory_bytes: d.memory_bytes }).collect::<Vec<_>>())
+            let slices = c.list_slices(node::ListSlicesRequest {}).await.map_err(|e| e.message().to_string())?.into_inner().slices;
+            Ok::<_, String>((gpus_of(&n), reserved_elsewhere(&slices)))
         };
-        let gpus = match read.await {
-            Ok(g) => g,
+        let (gpus, reserved) = match read.await {
+            Ok(r) => r,
             Err(e) => {
-                tracing::warn!("cannot read the GPUs from egpud ({e}); the ResourceSlice stays as last published, and claims cannot be prepared until egpud answers");
+                tracing::warn!("cannot read egpud ({e}); the ResourceSlice stays as last published, and claims cannot be prepared until egpud answers");
                 return;
             }
         };
-        if self.gpus.lock().expect("gpus lock").as_ref() == Some(&gpus) {
+        let spec = resource_slice_spec(&self.cfg.driver, &self.cfg.node, &gpus, &reserved, 0);
+        if self.published.lock().expect("published lock").as_ref() == Some(&spec) {
             return;
         }
         let name = resource_slice_name(&self.cfg.node, &self.cfg.driver);
-        match self.cluster.publish(&name, resource_slice_spec(&self.cfg.driver, &self.cfg.node, &gpus, 0)).await {
+        match self.cluster.publish(&name, spec.clone()).await {
             Ok(()) => {
-                tracing::info!(slice = %name, gpus = gpus.len(), "published the node's GPUs");
-                *self.gpus.lock().expect("gpus lock") = Some(gpus);
+                tracing::info!(slice = %name, devices = spec.devices.as_ref().map_or(0, Vec::len), "published the node's GPUs");
+                *self.published.lock().expect("published lock") = Some(spec);
             }
             Err(e) => tracing::warn!("{e}; retrying at the next refresh"),
         }
@@ -485,8 +526,7 @@ impl<C: Cluster> Shared<C> {
         }
         let mut client = self.egpud().await?;
         let n = client.get_node(node::GetNodeRequest {}).await.map_err(|e| e.message().to_string())?.into_inner();
-        let gpus: Vec<Gpu> = n.devices.iter().map(|d| Gpu { index: d.index, uuid: d.uuid.clone(), model: d.name.clone(), memory_bytes: d.memory_bytes }).collect();
-        let p = plan(&claim, &self.cfg.driver, &self.cfg.node, &gpus).map_err(|e| format!("ResourceClaim {}/{}: {e}", c.namespace, c.name))?;
+        let p = plan(&claim, &self.cfg.driver, &self.cfg.node, &gpus_of(&n)).map_err(|e| format!("ResourceClaim {}/{}: {e}", c.namespace, c.name))?;
         let name = slice_name(&c.uid);
         let where_ = p.devices.iter().map(|d| format!("{} B on GPU {}", d.memory_bytes, d.device)).collect::<Vec<_>>().join(", ");
         let req = node::CreateSliceRequest { name: name.clone(), priority: p.priority as i32, devices: p.devices.clone(), ephemeral: false, owner_pid: 0 };
@@ -755,7 +795,7 @@ mod tests {
 
     #[test]
     fn the_resource_slice_publishes_each_gpu_with_consumable_memory_and_compute() {
-        let spec = resource_slice_spec(DEFAULT_DRIVER, "node-a", &gpus(), 3);
+        let spec = resource_slice_spec(DEFAULT_DRIVER, "node-a", &gpus(), &BTreeMap::new(), 3);
         assert_eq!((spec.driver.as_str(), spec.node_name.as_deref(), spec.pool.name.as_str(), spec.pool.generation), (DEFAULT_DRIVER, Some("node-a"), "node-a", 3));
         let d = spec.devices.as_ref().unwrap();
         assert_eq!(d.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), ["gpu-0", "gpu-1"]);
@@ -774,6 +814,26 @@ mod tests {
         assert_eq!(j["devices"][0]["capacity"]["memory"]["requestPolicy"]["validRange"]["min"], "1048576");
         assert_eq!(j["pool"]["resourceSliceCount"], 1);
         assert_eq!(resource_slice_name("node-a", DEFAULT_DRIVER), "node-a-gpu.egpu.io");
+    }
+
+    #[test]
+    fn what_slices_made_elsewhere_hold_is_not_published() {
+        let slice = |name: &str, device: u32, memory: u64, share: u32| node::Slice {
+            name: name.into(),
+            devices: vec![node::SliceDevice { device, memory_limit_bytes: memory, compute_share_bps: share, ..Default::default() }],
+            ..Default::default()
+        };
+        // An `egpu create` slice on GPU 0 (6 GiB, 12.5%), one of ours on GPU 1, and a second outside one filling GPU 1.
+        let slices = [slice("train", 0, 6 << 30, 1250), slice("dra-u-1", 1, 8 << 30, 5000), slice("big", 1, (16 << 30) - 4096, 0)];
+        let reserved = reserved_elsewhere(&slices);
+        assert_eq!(reserved[&0], Reserved { memory_bytes: 6 << 30, compute_bps: 1250 });
+        let spec = resource_slice_spec(DEFAULT_DRIVER, "node-a", &gpus(), &reserved, 1);
+        let d = spec.devices.unwrap();
+        assert_eq!(d.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), ["gpu-0"], "GPU 1 has 4 KiB left for claims: not published");
+        let cap = d[0].capacity.as_ref().unwrap();
+        assert_eq!(cap[MEMORY].value.0, (10u64 << 30).to_string());
+        assert_eq!(cap[MEMORY].request_policy.as_ref().unwrap().valid_range.as_ref().unwrap().max.as_ref().unwrap().0, (10u64 << 30).to_string());
+        assert_eq!(cap[COMPUTE].value.0, "87", "12.5% taken: 87 whole percents left");
     }
 
     #[test]
@@ -826,6 +886,8 @@ mod tests {
         assert!(err(allocated(vec![result("a", "gpu-0", Some(("lots", "0")))], none.clone())).contains("consumed memory of gpu-0"));
         assert!(err(allocated(vec![result("a", "gpu-0", Some(("0", "0")))], none.clone())).contains("no memory"));
         assert!(err(allocated(vec![result("a", "gpu-0", Some(("1Gi", "60"))), result("b", "gpu-0", Some(("1Gi", "60")))], none.clone())).contains("more than the whole GPU"));
+        let capped = serde_json::json!([{"source": "FromClaim", "opaque": {"driver": DEFAULT_DRIVER, "parameters": {"computeLimit": "20%"}}}]);
+        assert!(err(allocated(vec![result("a", "gpu-1", Some(("1Gi", "30")))], capped)).contains("computeLimit 20% is below the 30% guaranteed on GPU 1"));
         let mut admin = result("a", "gpu-0", None);
         admin["adminAccess"] = true.into();
         assert!(err(allocated(vec![admin], none.clone())).contains("admin access"));
@@ -896,7 +958,7 @@ mod tests {
                 prop_assert!(!p.devices.is_empty());
                 for d in &p.devices {
                     prop_assert!(d.device < 2 && d.compute_share_bps <= 10_000 && d.memory_bytes > 0);
-                    prop_assert!(d.compute_limit_bps > 0 && d.compute_limit_bps <= 10_000);
+                    prop_assert!(d.compute_limit_bps > 0 && d.compute_limit_bps <= 10_000 && d.compute_limit_bps >= d.compute_share_bps);
                 }
             }
         }

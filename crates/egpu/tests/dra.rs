@@ -276,7 +276,17 @@ fn claims_become_slices_through_the_kubelets_dra_calls() {
     assert_eq!(devices[0]["capacity"]["memory"]["value"], (16u64 << 30).to_string());
     assert_eq!(devices[0]["capacity"]["compute"]["value"], "100");
     assert_eq!(devices[0]["allowMultipleAllocations"], true);
+    // A slice made on the node outside Kubernetes: its memory and guarantee
+    // are not published for claims, and come back when it goes.
+    rig.node.ok(&["create", "--name", "train", "--gpu-memory", "6GiB", "--gpu-compute", "25%", "--device", "1"]);
+    let gpu1 = |field: &str| rig.published().and_then(|s| s["spec"]["devices"].as_array().and_then(|d| d.iter().find(|d| d["name"] == "gpu-1").map(|d| d["capacity"][field]["value"].clone())));
+    assert!(wait_until(WAIT, || gpu1("memory") == Some((10u64 << 30).to_string().into())), "{:?}", rig.published());
+    assert_eq!(gpu1("compute"), Some("75".into()));
+    assert_eq!(rig.published().unwrap()["spec"]["pool"]["generation"], 1, "a changed ResourceSlice is a new generation of the pool");
+    rig.node.ok(&["rm", "train"]);
+    assert!(wait_until(WAIT, || gpu1("memory") == Some((16u64 << 30).to_string().into())));
     let writes = *rig.api.writes.lock().unwrap();
+    assert_eq!(writes, 3, "created, then replaced twice");
 
     // A part of GPU 0: 10 GiB, 30% guaranteed, capped at 50%, bursting to 12 GiB, high priority.
     let params = serde_json::json!({"apiVersion": "gpu.egpu.io/v1", "kind": "SliceConfig", "computeLimit": "50%", "memoryBurst": "12GiB", "priority": "high"});
