@@ -192,7 +192,8 @@ pub struct SliceConfig {
     pub kind: Option<String>,
     /// The compute cap, e.g. `50%` (default: the whole GPU).
     pub compute_limit: Option<String>,
-    /// The memory burst cap of each device, e.g. `24GiB`: above its
+    /// The memory burst cap of each device, e.g. `24Gi` (a Kubernetes
+    /// quantity) or `24GiB`: above its
     /// guarantee a slice borrows memory no slice reserved, up to this.
     pub memory_burst: Option<String>,
     /// `high`, `normal` (default) or `best-effort`.
@@ -243,9 +244,14 @@ impl SliceConfig {
         if limit_bps == 0 {
             return Err("computeLimit: 0% would never run; give a cap above 0, e.g. 50%".into());
         }
+        // A Kubernetes quantity (24Gi, 24G = 24·10^9), as in the rest of the
+        // claim; else eGPU's own spelling (24GiB).
         let burst_bytes = match &self.memory_burst {
             None => 0,
-            Some(s) => s.parse::<Bytes>().map_err(|e| format!("memoryBurst: {e}"))?.0,
+            Some(s) => match ceil_times(s, 1) {
+                Ok(b) => b,
+                Err(_) => s.parse::<Bytes>().map_err(|e| format!("memoryBurst: {e} (or a Kubernetes quantity such as 24Gi)"))?.0,
+            },
         };
         let priority = match self.priority.as_deref() {
             None | Some("normal") => node::Priority::Normal,
@@ -263,15 +269,19 @@ pub struct Plan {
     /// The slice's devices, by GPU index.
     pub devices: Vec<node::DeviceShareSpec>,
     pub priority: node::Priority,
-    /// (request, device name, GPU index) of each allocation result, in order.
+    /// (request, device name, GPU index) of each allocation result, in
+    /// order; the request by its own name, without a subrequest's
+    /// (`main/small` is `main`), as containers name it.
     pub results: Vec<(String, String, u32)>,
 }
 
 /// Turns what the scheduler allocated a claim into a slice: the results of
 /// `driver` (all of which must be in `pool`, this node's), on GPUs of
-/// `gpus`; memory and compute from their consumed capacity (absent: the
-/// whole GPU's memory, no compute guarantee), summed per GPU; the cap,
-/// burst and priority from the opaque configuration for this driver.
+/// `gpus` (each with the memory it has for claims); memory and compute from
+/// their consumed capacity (absent: all that memory, no compute
+/// guarantee), summed per GPU over the claim's requests; the cap, burst
+/// and priority from the opaque configuration for this driver. One request
+/// given the same GPU twice is refused: it asked for two GPUs.
 pub fn plan(claim: &res::ResourceClaim, driver: &str, pool: &str, gpus: &[Gpu]) -> Result<Plan, String> {
     let alloc = claim
         .status
@@ -294,6 +304,7 @@ pub fn plan(claim: &res::ResourceClaim, driver: &str, pool: &str, gpus: &[Gpu]) 
     let mut per_gpu: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
     let mut asked: Option<Asked> = None;
     let mut out = Vec::new();
+    let mut placed = std::collections::HashSet::new();
     for r in results {
         if r.pool != pool {
             return Err(format!("device {} was allocated from pool '{}', but this node's pool is '{pool}' (is the plugin's --node-name this node's?)", r.device, r.pool));
@@ -311,8 +322,14 @@ pub fn plan(claim: &res::ResourceClaim, driver: &str, pool: &str, gpus: &[Gpu]) 
         if memory == 0 {
             return Err(format!("request {} consumes no memory of {}; ask for some (capacity.requests.memory)", r.request, r.device));
         }
-        // The request's own configuration, the last that names it (or all).
         let base = r.request.split('/').next().unwrap_or(&r.request);
+        if !placed.insert((base, index)) {
+            return Err(format!(
+                "request {base} was given {} twice (a GPU can hold several shares); to spread its devices over GPUs, add constraints: [{{requests: [{base}], distinctAttribute: {driver}/uuid}}] to the claim",
+                r.device
+            ));
+        }
+        // The request's own configuration, the last that names it (or all).
         let mine = configs
             .iter()
             .filter(|(c, _)| c.requests.as_ref().is_none_or(|q| q.is_empty() || q.iter().any(|n| n == &r.request || n == base)))
@@ -327,11 +344,15 @@ pub fn plan(claim: &res::ResourceClaim, driver: &str, pool: &str, gpus: &[Gpu]) 
         let e = per_gpu.entry(index).or_default();
         e.0 = e.0.saturating_add(memory);
         e.1 = e.1.saturating_add(share);
-        out.push((r.request.clone(), r.device.clone(), index));
+        out.push((base.to_string(), r.device.clone(), index));
     }
     let a = asked.expect("at least one result");
     let mut specs = Vec::new();
     for (index, (memory, share)) in per_gpu {
+        let has = gpus.iter().find(|g| g.index == index).map_or(0, |g| g.memory_bytes);
+        if memory > has {
+            return Err(format!("it is allocated {memory} B of GPU {index}, which has {has} B for claims (memory taken by slices made outside Kubernetes since the scheduler read the ResourceSlice?)"));
+        }
         if share > 10_000 {
             return Err(format!("it is guaranteed {}% of GPU {index}, more than the whole GPU", share as f64 / 100.0));
         }
@@ -342,10 +363,6 @@ pub fn plan(claim: &res::ResourceClaim, driver: &str, pool: &str, gpus: &[Gpu]) 
         specs.push(node::DeviceShareSpec { device: index, memory_bytes: memory, compute_share_bps: share as u32, compute_limit_bps: a.limit_bps, memory_burst_bytes: burst });
     }
     Ok(Plan { devices: specs, priority: a.priority, results: out })
-}
-
-fn gpus_of(n: &node::GetNodeResponse) -> Vec<Gpu> {
-    n.devices.iter().map(|d| Gpu { index: d.index, uuid: d.uuid.clone(), model: d.name.clone(), memory_bytes: d.memory_bytes }).collect()
 }
 
 /// How the plugin runs.
@@ -397,9 +414,33 @@ impl DraConfig {
 /// Where the plugin reads claims and publishes its ResourceSlice.
 pub trait Cluster: Send + Sync + 'static {
     fn claim(&self, namespace: &str, name: &str) -> impl std::future::Future<Output = Result<res::ResourceClaim, String>> + Send;
-    /// Creates or updates the node's ResourceSlice to `spec` (its pool
-    /// generation is bumped past the stored one when the spec changes).
-    fn publish(&self, name: &str, spec: res::ResourceSliceSpec) -> impl std::future::Future<Output = Result<(), String>> + Send;
+    /// Makes the ResourceSlice `name` say `spec`: creates it, or replaces it
+    /// (its pool generation bumped past the stored one) unless it already
+    /// carries `digest` ([`DIGEST_ANNOTATION`]). Owned by the Node `node`,
+    /// so that it goes with the Node.
+    fn publish(&self, name: &str, node: &str, spec: res::ResourceSliceSpec, digest: &str) -> impl std::future::Future<Output = Result<Written, String>> + Send;
+}
+
+/// What a publish did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    Created,
+    Replaced,
+    Unchanged,
+}
+
+/// The annotation on the ResourceSlice that names what it was written
+/// from: a digest of the spec as the plugin built it. The API server may
+/// drop fields (of features that are off) and rewrites quantities in its
+/// own canonical form, so the stored spec is not compared itself.
+pub const DIGEST_ANNOTATION: &str = "egpu.io/spec-digest";
+
+/// A digest of a spec (FNV-1a over its JSON, in hex): the same spec gives
+/// the same digest in every build.
+pub fn digest(spec: &res::ResourceSliceSpec) -> String {
+    let json = serde_json::to_vec(spec).unwrap_or_default();
+    let h = json.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3));
+    format!("{h:016x}")
 }
 
 /// The API server, through the kube client.
@@ -417,6 +458,11 @@ impl Api {
 /// How long one API call may take.
 const API_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The ResourceSlice is read back this often even when nothing changed on
+/// the node: the kubelet deletes its node's slices when it starts, and
+/// anyone may delete one.
+pub const REPUBLISH_EVERY: Duration = Duration::from_secs(60);
+
 impl Cluster for Api {
     async fn claim(&self, namespace: &str, name: &str) -> Result<res::ResourceClaim, String> {
         let api: kube::Api<res::ResourceClaim> = kube::Api::namespaced(self.client.clone(), namespace);
@@ -428,25 +474,43 @@ impl Cluster for Api {
         }
     }
 
-    async fn publish(&self, name: &str, mut spec: res::ResourceSliceSpec) -> Result<(), String> {
+    async fn publish(&self, name: &str, node: &str, mut spec: res::ResourceSliceSpec, digest: &str) -> Result<Written, String> {
         let api: kube::Api<res::ResourceSlice> = kube::Api::all(self.client.clone());
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(self.client.clone());
         let call = async {
+            let annotations = Some(BTreeMap::from([(DIGEST_ANNOTATION.to_string(), digest.to_string())]));
             match api.get_opt(name).await.map_err(|e| format!("cannot read ResourceSlice {name}: {e}"))? {
                 None => {
-                    let s = res::ResourceSlice { metadata: kube::api::ObjectMeta { name: Some(name.to_string()), ..Default::default() }, spec };
-                    api.create(&kube::api::PostParams::default(), &s).await.map_err(|e| format!("cannot create ResourceSlice {name}: {e}"))?;
+                    // Owned by the Node: deleted with it. Without the Node's
+                    // UID (no access, or no such Node) it is written unowned.
+                    let owner = match nodes.get_opt(node).await {
+                        Ok(Some(n)) => n.metadata.uid.map(|uid| k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                            api_version: "v1".into(),
+                            kind: "Node".into(),
+                            name: node.to_string(),
+                            uid,
+                            controller: Some(true),
+                            block_owner_deletion: None,
+                        }),
+                        Ok(None) => None,
+                        Err(e) => {
+                            tracing::warn!("cannot read Node {node} ({e}); the ResourceSlice is written without an owner, so it outlives the Node");
+                            None
+                        }
+                    };
+                    let metadata = kube::api::ObjectMeta { name: Some(name.to_string()), annotations, owner_references: owner.map(|o| vec![o]), ..Default::default() };
+                    api.create(&kube::api::PostParams::default(), &res::ResourceSlice { metadata, spec }).await.map_err(|e| format!("cannot create ResourceSlice {name}: {e}"))?;
+                    Ok(Written::Created)
                 }
+                Some(have) if have.metadata.annotations.as_ref().and_then(|a| a.get(DIGEST_ANNOTATION)).is_some_and(|d| d == digest) => Ok(Written::Unchanged),
                 Some(mut have) => {
-                    spec.pool.generation = have.spec.pool.generation;
-                    if have.spec == spec {
-                        return Ok(());
-                    }
-                    spec.pool.generation += 1;
+                    spec.pool.generation = have.spec.pool.generation.saturating_add(1);
                     have.spec = spec;
+                    have.metadata.annotations.get_or_insert_default().insert(DIGEST_ANNOTATION.to_string(), digest.to_string());
                     api.replace(name, &kube::api::PostParams::default(), &have).await.map_err(|e| format!("cannot update ResourceSlice {name}: {e}"))?;
+                    Ok(Written::Replaced)
                 }
             }
-            Ok(())
         };
         tokio::time::timeout(API_TIMEOUT, call).await.unwrap_or_else(|_| Err(format!("publishing ResourceSlice {name} took over {API_TIMEOUT:?}")))
     }
@@ -456,8 +520,11 @@ impl Cluster for Api {
 pub struct Shared<C: Cluster> {
     cfg: DraConfig,
     cluster: C,
-    /// The ResourceSlice spec last published.
-    published: Mutex<Option<res::ResourceSliceSpec>>,
+    /// The digest last published, and when it was last read back.
+    published: Mutex<Option<(String, std::time::Instant)>>,
+    /// Set when the kubelet (re)registers the plugin: publish again now (a
+    /// starting kubelet has deleted its node's ResourceSlices).
+    republish: Arc<tokio::sync::Notify>,
     /// Prepares and unprepares run one at a time (egpud's answers to a
     /// repeated create are compared, not raced).
     lock: tokio::sync::Mutex<()>,
@@ -466,22 +533,28 @@ pub struct Shared<C: Cluster> {
 impl<C: Cluster> Shared<C> {
     pub fn new(cfg: DraConfig, cluster: C) -> Result<Arc<Shared<C>>, String> {
         cfg.check()?;
-        Ok(Arc::new(Shared { cfg, cluster, published: Mutex::new(None), lock: tokio::sync::Mutex::new(()) }))
+        Ok(Arc::new(Shared { cfg, cluster, published: Mutex::new(None), republish: Arc::new(tokio::sync::Notify::new()), lock: tokio::sync::Mutex::new(()) }))
     }
 
     async fn egpud(&self) -> Result<egpu_node::client::Client, String> {
         egpu_node::client::connect(&self.cfg.egpud_socket).await.map_err(|e| format!("egpud is not reachable at {}: {e}", self.cfg.egpud_socket.display()))
     }
 
-    /// Reads egpud's GPUs and slices; publishes the ResourceSlice when what
-    /// it would say changed, or the last publish failed.
-    pub async fn refresh(&self) {
-        let read = async {
-            let mut c = self.egpud().await?;
-            let n = c.get_node(node::GetNodeRequest {}).await.map_err(|e| e.message().to_string())?.into_inner();
-            let slices = c.list_slices(node::ListSlicesRequest {}).await.map_err(|e| e.message().to_string())?.into_inner().slices;
-            Ok::<_, String>((gpus_of(&n), reserved_elsewhere(&slices)))
-        };
+    /// egpud's GPUs, each with the memory it has for claims (less what
+    /// slices made outside the driver hold), and what those slices hold.
+    async fn read_node(client: &mut egpu_node::client::Client) -> Result<(Vec<Gpu>, BTreeMap<u32, Reserved>), String> {
+        let n = client.get_node(node::GetNodeRequest {}).await.map_err(|e| e.message().to_string())?.into_inner();
+        let slices = client.list_slices(node::ListSlicesRequest {}).await.map_err(|e| e.message().to_string())?.into_inner().slices;
+        let gpus = n.devices.iter().map(|d| Gpu { index: d.index, uuid: d.uuid.clone(), model: d.name.clone(), memory_bytes: d.memory_bytes }).collect();
+        Ok((gpus, reserved_elsewhere(&slices)))
+    }
+
+    /// Reads egpud; publishes the ResourceSlice when what it would say
+    /// changed, when the last publish failed, when `force` (the kubelet
+    /// registered the plugin), or every [`REPUBLISH_EVERY`] to find it
+    /// deleted.
+    pub async fn refresh(&self, force: bool) {
+        let read = async { Self::read_node(&mut self.egpud().await?).await };
         let (gpus, reserved) = match read.await {
             Ok(r) => r,
             Err(e) => {
@@ -490,30 +563,22 @@ impl<C: Cluster> Shared<C> {
             }
         };
         let spec = resource_slice_spec(&self.cfg.driver, &self.cfg.node, &gpus, &reserved, 0);
-        if self.published.lock().expect("published lock").as_ref() == Some(&spec) {
+        let d = digest(&spec);
+        let fresh = self.published.lock().expect("published lock").as_ref().is_some_and(|(p, at)| *p == d && at.elapsed() < REPUBLISH_EVERY);
+        if fresh && !force {
             return;
         }
         let name = resource_slice_name(&self.cfg.node, &self.cfg.driver);
-        match self.cluster.publish(&name, spec.clone()).await {
-            Ok(()) => {
-                tracing::info!(slice = %name, devices = spec.devices.as_ref().map_or(0, Vec::len), "published the node's GPUs");
-                *self.published.lock().expect("published lock") = Some(spec);
+        let devices = spec.devices.as_ref().map_or(0, Vec::len);
+        match self.cluster.publish(&name, &self.cfg.node, spec, &d).await {
+            Ok(w) => {
+                if w != Written::Unchanged {
+                    tracing::info!(slice = %name, devices, "{} the node's ResourceSlice", if w == Written::Created { "created" } else { "updated" });
+                }
+                *self.published.lock().expect("published lock") = Some((d, std::time::Instant::now()));
             }
             Err(e) => tracing::warn!("{e}; retrying at the next refresh"),
         }
-    }
-
-    /// The CDI devices of a slice on `gpu`: the slice's, and the GPU's from
-    /// the vendor's spec when `--gpu-cdi-kind` names one.
-    fn cdi_ids(&self, slice: &str, gpu: u32, with_slice: bool) -> Vec<String> {
-        let mut out = Vec::new();
-        if with_slice {
-            out.push(egpu_node::cdi::device_name(slice));
-        }
-        if let Some(kind) = &self.cfg.gpu_cdi_kind {
-            out.push(format!("{kind}={gpu}"));
-        }
-        out
     }
 
     /// Prepares one claim: its devices, or why not.
@@ -525,21 +590,30 @@ impl<C: Cluster> Shared<C> {
             return Err(format!("ResourceClaim {}/{} has UID {uid}, not {} (deleted and created again?)", c.namespace, c.name, c.uid));
         }
         let mut client = self.egpud().await?;
-        let n = client.get_node(node::GetNodeRequest {}).await.map_err(|e| e.message().to_string())?.into_inner();
-        let p = plan(&claim, &self.cfg.driver, &self.cfg.node, &gpus_of(&n)).map_err(|e| format!("ResourceClaim {}/{}: {e}", c.namespace, c.name))?;
         let name = slice_name(&c.uid);
+        // Each GPU with the memory it has for claims (the scheduler counts
+        // the claims' own).
+        let (mut gpus, reserved) = Self::read_node(&mut client).await?;
+        for g in &mut gpus {
+            g.memory_bytes = g.memory_bytes.saturating_sub(reserved.get(&g.index).map_or(0, |r| r.memory_bytes));
+        }
+        let p = plan(&claim, &self.cfg.driver, &self.cfg.node, &gpus).map_err(|e| format!("ResourceClaim {}/{}: {e}", c.namespace, c.name))?;
         let where_ = p.devices.iter().map(|d| format!("{} B on GPU {}", d.memory_bytes, d.device)).collect::<Vec<_>>().join(", ");
         let req = node::CreateSliceRequest { name: name.clone(), priority: p.priority as i32, devices: p.devices.clone(), ephemeral: false, owner_pid: 0 };
         match client.create_slice(req).await {
             Ok(_) => tracing::info!(slice = %name, claim = %format!("{}/{}", c.namespace, c.name), devices = %where_, "prepared"),
             Err(e) if e.code() == tonic::Code::AlreadyExists => {
                 // Prepared before (a repeated call, or a restarted plugin).
+                // The guarantees must be the claim's; a cap, burst or
+                // priority may have been changed since (`egpu resize`).
                 let s = client.get_slice(node::GetSliceRequest { name: name.clone() }).await.map_err(|e| e.message().to_string())?.into_inner();
-                let mut have: Vec<(u32, u64)> = s.devices.iter().map(|d| (d.device, d.memory_limit_bytes)).collect();
+                let mut have: Vec<(u32, u64, u32)> = s.devices.iter().map(|d| (d.device, d.memory_limit_bytes, d.compute_share_bps)).collect();
                 have.sort_unstable();
-                let want: Vec<(u32, u64)> = p.devices.iter().map(|d| (d.device, d.memory_bytes)).collect();
+                let want: Vec<(u32, u64, u32)> = p.devices.iter().map(|d| (d.device, d.memory_bytes, d.compute_share_bps)).collect();
                 if have != want {
-                    return Err(format!("slice {name} exists with other devices or memory ({have:?}, want {want:?}); delete it (egpu rm {name}) and the kubelet will prepare the claim again"));
+                    return Err(format!(
+                        "slice {name} exists with other GPUs or guarantees ((GPU, memory, share in basis points): {have:?}, the claim's: {want:?}); delete it (egpu rm {name}) and the kubelet will prepare the claim again"
+                    ));
                 }
             }
             Err(e) => return Err(format!("egpud refused slice {name} ({where_}): {}", e.message())),
@@ -548,18 +622,7 @@ impl<C: Cluster> Shared<C> {
             let _ = client.delete_slice(node::DeleteSliceRequest { name: name.clone(), force: false }).await;
             return Err(format!("egpud wrote no CDI spec for {name} in {}: start egpud with --cdi-dir {}", self.cfg.cdi_dir.display(), self.cfg.cdi_dir.display()));
         }
-        // The slice's CDI device goes with the first device of each request,
-        // so a container gets it once whichever requests it names.
-        let mut seen = std::collections::HashSet::new();
-        Ok(p.results
-            .iter()
-            .map(|(request, device, gpu)| v1::Device {
-                request_names: vec![request.clone()],
-                pool_name: self.cfg.node.clone(),
-                device_name: device.clone(),
-                cdi_device_ids: self.cdi_ids(&name, *gpu, seen.insert(request.clone())),
-            })
-            .collect())
+        Ok(kubelet_devices(&self.cfg, &name, &p.results))
     }
 
     /// Unprepares one claim: deletes its slice (gone already is fine).
@@ -576,6 +639,41 @@ impl<C: Cluster> Shared<C> {
             Err(e) => Err(format!("cannot delete slice {name}: {}", e.message())),
         }
     }
+}
+
+/// The kubelet's device list for a prepared claim: one entry per GPU,
+/// naming the requests allocated on it and carrying that GPU's own CDI
+/// device (with `--gpu-cdi-kind`); the slice's CDI device is on the first
+/// entry only, which names every request. The kubelet gives a container
+/// the entries of the requests it names (all of them when it names the
+/// claim) and does not remove repeats, so each CDI device is given once
+/// whichever requests a container names.
+pub fn kubelet_devices(cfg: &DraConfig, slice: &str, results: &[(String, String, u32)]) -> Vec<v1::Device> {
+    let mut out: Vec<(v1::Device, u32)> = Vec::new();
+    let mut all: Vec<String> = Vec::new();
+    for (request, device, gpu) in results {
+        if !all.contains(request) {
+            all.push(request.clone());
+        }
+        match out.iter_mut().find(|(d, _)| d.device_name == *device) {
+            Some((d, _)) if !d.request_names.contains(request) => d.request_names.push(request.clone()),
+            Some(_) => {}
+            None => out.push((v1::Device { request_names: vec![request.clone()], pool_name: cfg.node.clone(), device_name: device.clone(), cdi_device_ids: vec![] }, *gpu)),
+        }
+    }
+    out.into_iter()
+        .enumerate()
+        .map(|(i, (mut d, gpu))| {
+            if i == 0 {
+                d.request_names = all.clone();
+                d.cdi_device_ids.push(egpu_node::cdi::device_name(slice));
+            }
+            if let Some(kind) = &cfg.gpu_cdi_kind {
+                d.cdi_device_ids.push(format!("{kind}={gpu}"));
+            }
+            d
+        })
+        .collect()
 }
 
 /// The `DRAPlugin` service, both versions.
@@ -645,6 +743,8 @@ impl<C: Cluster> v1beta1::dra_plugin_server::DraPlugin for Service<C> {
 #[derive(Clone)]
 pub struct Registrar {
     info: registration::PluginInfo,
+    /// Woken when the kubelet says the plugin is registered.
+    registered: Arc<tokio::sync::Notify>,
 }
 
 #[tonic::async_trait]
@@ -656,6 +756,7 @@ impl registration::registration_server::Registration for Registrar {
         let r = r.into_inner();
         if r.plugin_registered {
             tracing::info!(driver = %self.info.name, "registered with the kubelet");
+            self.registered.notify_one();
         } else {
             tracing::error!(driver = %self.info.name, "the kubelet refused the registration: {}", r.error);
         }
@@ -692,15 +793,18 @@ pub async fn run<C: Cluster>(shared: Arc<Shared<C>>, shutdown: impl std::future:
         shutdown.await;
         let _ = stop_all.send(true);
     });
-    shared.refresh().await;
+    shared.refresh(false).await;
     let refresher = {
         let shared = shared.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + shared.cfg.poll, shared.cfg.poll);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
-                tick.tick().await;
-                shared.refresh().await;
+                let force = tokio::select! {
+                    _ = tick.tick() => false,
+                    _ = shared.republish.notified() => true,
+                };
+                shared.refresh(force).await;
             }
         })
     };
@@ -730,7 +834,7 @@ pub async fn run<C: Cluster>(shared: Arc<Shared<C>>, shutdown: impl std::future:
         );
         let reg = tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(registration::registration_server::RegistrationServer::new(Registrar { info: info.clone() }))
+                .add_service(registration::registration_server::RegistrationServer::new(Registrar { info: info.clone(), registered: shared.republish.clone() }))
                 .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(reg_l), until(stopped)),
         );
         tracing::info!(driver = %cfg.driver, "serving {} and {}", plugin_sock.display(), reg_sock.display());
@@ -911,6 +1015,65 @@ mod tests {
     }
 
     #[test]
+    fn subrequests_are_named_by_their_request_and_a_request_is_not_given_one_gpu_twice() {
+        let mut r = result("main/small", "gpu-1", Some(("2Gi", "5")));
+        r["shareID"] = "s1".into();
+        let p = plan(&allocated(vec![r], serde_json::json!([])), DEFAULT_DRIVER, "node-a", &gpus()).unwrap();
+        assert_eq!(p.results, [("main".to_string(), "gpu-1".to_string(), 1)]);
+        // `count: 2` without a constraint: the allocator may put both shares on one GPU.
+        let twice = allocated(vec![result("gpu", "gpu-0", Some(("4Gi", "0"))), result("gpu", "gpu-0", Some(("4Gi", "0")))], serde_json::json!([]));
+        let e = plan(&twice, DEFAULT_DRIVER, "node-a", &gpus()).unwrap_err();
+        assert!(e.contains("gpu-0 twice") && e.contains("distinctAttribute: gpu.egpu.io/uuid"), "{e}");
+        // More memory than the GPU has for claims.
+        let mut small = gpus();
+        small[0].memory_bytes = 6 << 30;
+        let e = plan(&allocated(vec![result("gpu", "gpu-0", Some(("8Gi", "0")))], serde_json::json!([])), DEFAULT_DRIVER, "node-a", &small).unwrap_err();
+        assert!(e.contains("which has 6442450944 B for claims"), "{e}");
+        // memoryBurst: a Kubernetes quantity (G is 10^9), or eGPU's GiB.
+        for (burst, bytes) in [("24Gi", 24u64 << 30), ("24G", 24_000_000_000), ("24GiB", 24 << 30)] {
+            let cfg = serde_json::json!([{"source": "FromClaim", "opaque": {"driver": DEFAULT_DRIVER, "parameters": {"memoryBurst": burst}}}]);
+            let p = plan(&allocated(vec![result("gpu", "gpu-0", Some(("1Gi", "0")))], cfg), DEFAULT_DRIVER, "node-a", &gpus()).unwrap();
+            assert_eq!(p.devices[0].memory_burst_bytes, bytes, "{burst}");
+        }
+    }
+
+    #[test]
+    fn each_cdi_device_reaches_a_container_once() {
+        let cfg = DraConfig {
+            driver: DEFAULT_DRIVER.into(),
+            node: "node-a".into(),
+            egpud_socket: "/x".into(),
+            kubelet_dir: "/k".into(),
+            cdi_dir: "/c".into(),
+            gpu_cdi_kind: Some("nvidia.com/gpu".into()),
+            poll: Duration::from_secs(1),
+        };
+        let r = |req: &str, dev: &str, gpu: u32| (req.to_string(), dev.to_string(), gpu);
+        // Requests a and b share GPU 0; b also has GPU 1.
+        let d = kubelet_devices(&cfg, "dra-u", &[r("a", "gpu-0", 0), r("b", "gpu-0", 0), r("b", "gpu-1", 1)]);
+        let got: Vec<(Vec<&str>, &str, Vec<&str>)> = d.iter().map(|d| (d.request_names.iter().map(String::as_str).collect(), d.device_name.as_str(), d.cdi_device_ids.iter().map(String::as_str).collect())).collect();
+        assert_eq!(got, [(vec!["a", "b"], "gpu-0", vec!["egpu.io/slice=dra-u", "nvidia.com/gpu=0"]), (vec!["b"], "gpu-1", vec!["nvidia.com/gpu=1"])]);
+        // What the kubelet gives a container: the entries naming its request (or all, for the whole claim).
+        let given = |req: Option<&str>| -> Vec<String> { d.iter().filter(|d| req.is_none_or(|q| d.request_names.iter().any(|n| n == q))).flat_map(|d| d.cdi_device_ids.clone()).collect() };
+        for req in [None, Some("a"), Some("b")] {
+            let ids = given(req);
+            let unique: std::collections::HashSet<&String> = ids.iter().collect();
+            assert_eq!(unique.len(), ids.len(), "{req:?}: {ids:?}");
+            assert!(ids.contains(&"egpu.io/slice=dra-u".to_string()), "{req:?}");
+        }
+        assert_eq!(given(Some("a")), ["egpu.io/slice=dra-u", "nvidia.com/gpu=0"]);
+    }
+
+    #[test]
+    fn the_digest_follows_the_spec() {
+        let a = resource_slice_spec(DEFAULT_DRIVER, "node-a", &gpus(), &BTreeMap::new(), 0);
+        assert_eq!(digest(&a), digest(&a.clone()));
+        assert_eq!(digest(&a).len(), 16);
+        let reserved = BTreeMap::from([(0, Reserved { memory_bytes: 1 << 30, compute_bps: 0 })]);
+        assert_ne!(digest(&a), digest(&resource_slice_spec(DEFAULT_DRIVER, "node-a", &gpus(), &reserved, 0)));
+    }
+
+    #[test]
     fn config_and_names() {
         let cfg = DraConfig {
             driver: DEFAULT_DRIVER.into(),
@@ -957,7 +1120,7 @@ mod tests {
             if let Ok(p) = plan(&allocated(rs, cfg), DEFAULT_DRIVER, "node-a", &gpus()) {
                 prop_assert!(!p.devices.is_empty());
                 for d in &p.devices {
-                    prop_assert!(d.device < 2 && d.compute_share_bps <= 10_000 && d.memory_bytes > 0);
+                    prop_assert!(d.device < 2 && d.compute_share_bps <= 10_000 && d.memory_bytes > 0 && d.memory_bytes <= 16 << 30);
                     prop_assert!(d.compute_limit_bps > 0 && d.compute_limit_bps <= 10_000 && d.compute_limit_bps >= d.compute_share_bps);
                 }
             }

@@ -53,14 +53,15 @@ pub fn ceil_times(s: &str, factor: u64) -> Result<u64, QuantityError> {
         "E" => (0, 18),
         e if e.starts_with(['e', 'E']) => {
             let exp: i32 = e[1..].parse().map_err(|_| syntax())?;
-            if !(-40..=40).contains(&exp) {
-                return Err(QuantityError::TooLarge(s.to_string()));
-            }
-            (0, exp)
+            // Beyond these a value is too large for u64, or (if not zero)
+            // under one, which rounds up to one below.
+            (0, exp.clamp(-100, 100))
         }
         _ => return Err(syntax()),
     };
     let (int, frac) = num.split_once('.').unwrap_or((num, ""));
+    // Zeros ending the fraction change nothing.
+    let frac = frac.trim_end_matches('0');
     let digits = format!("{int}{frac}");
     let digits = digits.trim_start_matches('0');
     let zero = digits.is_empty();
@@ -108,7 +109,10 @@ mod tests {
         assert_eq!(ceil_times("1m", 1), Ok(1), "rounded up");
         assert_eq!(ceil_times("0", 1), Ok(0));
         assert_eq!(ceil_times("-0", 1), Ok(0));
-        assert_eq!(ceil_times("1E-50", 1), Err(QuantityError::TooLarge("1E-50".into())));
+        assert_eq!(ceil_times("1E-50", 1), Ok(1), "a tiny amount rounds up to one");
+        assert_eq!(ceil_times("1e-100000", 1), Ok(1));
+        assert_eq!(ceil_times(&format!("1.{}", "0".repeat(40)), 1), Ok(1), "zeros ending the fraction");
+        assert!(matches!(ceil_times("1e100000", 1), Err(QuantityError::TooLarge(_))));
         assert!(matches!(ceil_times("-1Gi", 1), Err(QuantityError::Negative(_))));
         assert!(matches!(ceil_times("10GiB", 1), Err(QuantityError::Syntax(_))));
         assert!(matches!(ceil_times("ten", 1), Err(QuantityError::Syntax(_))));

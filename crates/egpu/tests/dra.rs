@@ -51,9 +51,24 @@ async fn get_slice(axum::extract::State(api): axum::extract::State<ApiServer>, a
     }
 }
 
-/// Stores a ResourceSlice as the API server would: a new resourceVersion;
-/// a replace must carry the stored one.
+/// Rewrites a quantity as the API server stores it: in its canonical form
+/// (a whole number of GiB as `<n>Gi`), which is not what the plugin wrote.
+fn canonical(q: &mut serde_json::Value) {
+    if let Some(n) = q.as_str().and_then(|v| v.parse::<u64>().ok()).filter(|n| *n > 0 && n % (1 << 30) == 0) {
+        *q = format!("{}Gi", n >> 30).into();
+    }
+}
+
+/// Stores a ResourceSlice as the API server would: quantities in canonical
+/// form, a new resourceVersion; a replace must carry the stored one.
 fn store(api: &ApiServer, mut s: serde_json::Value, replace: bool) -> axum::response::Response {
+    for d in s["spec"]["devices"].as_array_mut().into_iter().flatten() {
+        for c in d["capacity"].as_object_mut().into_iter().flat_map(|c| c.values_mut()) {
+            canonical(&mut c["value"]);
+            canonical(&mut c["requestPolicy"]["default"]);
+            canonical(&mut c["requestPolicy"]["validRange"]["max"]);
+        }
+    }
     use axum::response::IntoResponse;
     let name = s["metadata"]["name"].as_str().unwrap_or("").to_string();
     let mut slices = api.slices.lock().unwrap();
@@ -72,6 +87,14 @@ fn store(api: &ApiServer, mut s: serde_json::Value, replace: bool) -> axum::resp
     (if replace { axum::http::StatusCode::OK } else { axum::http::StatusCode::CREATED }, axum::Json(s)).into_response()
 }
 
+async fn get_node(axum::extract::Path(name): axum::extract::Path<String>) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    if name != NODE {
+        return not_found(&format!("nodes {name}"));
+    }
+    axum::Json(serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "node-uid-1"}})).into_response()
+}
+
 async fn create_slice(axum::extract::State(api): axum::extract::State<ApiServer>, axum::Json(s): axum::Json<serde_json::Value>) -> axum::response::Response {
     store(&api, s, false)
 }
@@ -88,6 +111,7 @@ fn serve_api(rt: &tokio::runtime::Runtime, dir: &Path, api: ApiServer) -> PathBu
         .route("/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}", axum::routing::get(get_claim))
         .route("/apis/resource.k8s.io/v1/resourceslices", axum::routing::post(create_slice))
         .route("/apis/resource.k8s.io/v1/resourceslices/{name}", axum::routing::get(get_slice).put(replace_slice))
+        .route("/api/v1/nodes/{name}", axum::routing::get(get_node))
         .with_state(api);
     rt.spawn(async move { axum::serve(listener, app).await });
     let kubeconfig = dir.join("kubeconfig");
@@ -172,7 +196,7 @@ impl Rig {
                 .arg(&self.kdir)
                 .arg("--cdi-dir")
                 .arg(&self.cdi)
-                .args(["--node-name", NODE, "--poll", "100ms", "--log", "info"])
+                .args(["--node-name", NODE, "--poll", "100ms", "--log", "info", "--gpu-cdi-kind", "nvidia.com/gpu"])
                 .stdout(Stdio::null())
                 .stderr(log)
                 .spawn()
@@ -273,20 +297,26 @@ fn claims_become_slices_through_the_kubelets_dra_calls() {
     assert_eq!(s["spec"]["pool"]["name"], NODE);
     let devices = s["spec"]["devices"].as_array().unwrap();
     assert_eq!(devices.iter().map(|d| d["name"].as_str().unwrap()).collect::<Vec<_>>(), ["gpu-0", "gpu-1"]);
-    assert_eq!(devices[0]["capacity"]["memory"]["value"], (16u64 << 30).to_string());
+    assert_eq!(devices[0]["capacity"]["memory"]["value"], "16Gi");
+    assert_eq!(s["metadata"]["ownerReferences"][0]["uid"], "node-uid-1", "owned by its Node");
     assert_eq!(devices[0]["capacity"]["compute"]["value"], "100");
     assert_eq!(devices[0]["allowMultipleAllocations"], true);
     // A slice made on the node outside Kubernetes: its memory and guarantee
     // are not published for claims, and come back when it goes.
     rig.node.ok(&["create", "--name", "train", "--gpu-memory", "6GiB", "--gpu-compute", "25%", "--device", "1"]);
     let gpu1 = |field: &str| rig.published().and_then(|s| s["spec"]["devices"].as_array().and_then(|d| d.iter().find(|d| d["name"] == "gpu-1").map(|d| d["capacity"][field]["value"].clone())));
-    assert!(wait_until(WAIT, || gpu1("memory") == Some((10u64 << 30).to_string().into())), "{:?}", rig.published());
+    assert!(wait_until(WAIT, || gpu1("memory") == Some("10Gi".into())), "{:?}", rig.published());
     assert_eq!(gpu1("compute"), Some("75".into()));
     assert_eq!(rig.published().unwrap()["spec"]["pool"]["generation"], 1, "a changed ResourceSlice is a new generation of the pool");
     rig.node.ok(&["rm", "train"]);
-    assert!(wait_until(WAIT, || gpu1("memory") == Some((16u64 << 30).to_string().into())));
+    assert!(wait_until(WAIT, || gpu1("memory") == Some("16Gi".into())));
+    assert_eq!(*rig.api.writes.lock().unwrap(), 3, "created, then replaced twice");
+    // A starting kubelet deletes its node's ResourceSlices, then registers the plugin again: it is written again.
+    rig.api.slices.lock().unwrap().clear();
+    rig.register();
+    assert!(wait_until(WAIT, || rig.published().is_some()), "not published again; log:\n{}", rig.log());
     let writes = *rig.api.writes.lock().unwrap();
-    assert_eq!(writes, 3, "created, then replaced twice");
+    assert_eq!(writes, 4);
 
     // A part of GPU 0: 10 GiB, 30% guaranteed, capped at 50%, bursting to 12 GiB, high priority.
     let params = serde_json::json!({"apiVersion": "gpu.egpu.io/v1", "kind": "SliceConfig", "computeLimit": "50%", "memoryBurst": "12GiB", "priority": "high"});
@@ -297,7 +327,7 @@ fn claims_become_slices_through_the_kubelets_dra_calls() {
     assert_eq!(a.devices.len(), 1);
     assert_eq!((a.devices[0].pool_name.as_str(), a.devices[0].device_name.as_str()), (NODE, "gpu-0"));
     assert_eq!(a.devices[0].request_names, ["gpu"]);
-    assert_eq!(a.devices[0].cdi_device_ids, ["egpu.io/slice=dra-uid-a"]);
+    assert_eq!(a.devices[0].cdi_device_ids, ["egpu.io/slice=dra-uid-a", "nvidia.com/gpu=0"]);
     let sa = rig.node.slice("dra-uid-a");
     assert_eq!(limits(&sa), [(0, 10 << 30, 30.0, 50.0, 12 << 30)], "{sa}");
     assert_eq!(sa["priority"], "high");
@@ -310,7 +340,7 @@ fn claims_become_slices_through_the_kubelets_dra_calls() {
         v1beta1::dra_plugin_client::DraPluginClient::new(ch).node_prepare_resources(v1beta1::NodePrepareResourcesRequest { claims }).await.unwrap().into_inner().claims
     });
     assert_eq!(again["uid-a"].error, "");
-    assert_eq!(again["uid-a"].devices[0].cdi_device_ids, ["egpu.io/slice=dra-uid-a"]);
+    assert_eq!(again["uid-a"].devices[0].cdi_device_ids, ["egpu.io/slice=dra-uid-a", "nvidia.com/gpu=0"]);
     assert_eq!(rig.slice_names(), ["dra-uid-a"]);
 
     // A whole GPU (no consumable capacity: the feature off), and in the same call
@@ -340,17 +370,31 @@ fn claims_become_slices_through_the_kubelets_dra_calls() {
     assert_eq!(rig.slice_names(), ["dra-uid-b"]);
     assert!(wait_until(WAIT, || !spec_path(&rig.cdi, "dra-uid-a").exists()));
     assert_eq!(rig.unprepare(&ep, "a", "uid-a"), "", "already gone");
-    assert_eq!(rig.unprepare(&ep, "b", "uid-b"), "");
+    // Through v1beta1 too.
+    let gone = rig.rt.block_on(async {
+        let ch = egpu_k8s::unix_channel(Path::new(&ep), WAIT).await.unwrap();
+        let claims = vec![v1beta1::Claim { namespace: "default".into(), uid: "uid-b".into(), name: "b".into() }];
+        v1beta1::dra_plugin_client::DraPluginClient::new(ch).node_unprepare_resources(v1beta1::NodeUnprepareResourcesRequest { claims }).await.unwrap().into_inner().claims
+    });
+    assert_eq!(gone["uid-b"].error, "");
+    assert!(rig.slice_names().is_empty());
 
     // Two whole GPUs for one claim: one slice over both (NCCL, IPC and peer access within it).
     rig.add(claim("g", "uid-g", &[("gpus", "gpu-0", None), ("gpus", "gpu-1", None)], None));
     let r = rig.prepare(&ep, &[("g", "uid-g")]);
     assert_eq!(r["uid-g"].error, "");
     assert_eq!(r["uid-g"].devices.iter().map(|d| d.device_name.as_str()).collect::<Vec<_>>(), ["gpu-0", "gpu-1"]);
-    assert_eq!(r["uid-g"].devices.iter().map(|d| d.cdi_device_ids.len()).collect::<Vec<_>>(), [1, 0], "the slice's CDI device once per request");
+    let ids: Vec<Vec<String>> = r["uid-g"].devices.iter().map(|d| d.cdi_device_ids.clone()).collect();
+    assert_eq!(ids, [vec!["egpu.io/slice=dra-uid-g", "nvidia.com/gpu=0"], vec!["nvidia.com/gpu=1"]], "the slice's CDI device once, each GPU's with it");
     assert_eq!(limits(&rig.node.slice("dra-uid-g")), [(0, 16 << 30, 0.0, 100.0, 0), (1, 16 << 30, 0.0, 100.0, 0)]);
 
-    // kill -9 and restart: the prepared claim is found in egpud, the ResourceSlice is not rewritten.
+    // The plugin's socket removed under it: served again.
+    std::fs::remove_file(&ep).unwrap();
+    assert!(wait_until(WAIT, || Path::new(&ep).exists()), "not served again; log:\n{}", rig.log());
+    assert_eq!(rig.prepare(&ep, &[("g", "uid-g")])["uid-g"].error, "");
+
+    // kill -9 and restart: the prepared claim is found in egpud, the ResourceSlice
+    // (stored by the API server in its own form) is not rewritten.
     drop(plugin);
     plugin = rig.plugin();
     let info = rig.register();
