@@ -269,6 +269,10 @@ pub struct Plan {
     /// The slice's devices, by GPU index.
     pub devices: Vec<node::DeviceShareSpec>,
     pub priority: node::Priority,
+    /// The cap and the burst cap the configuration asks (before a GPU's
+    /// burst is raised to its guarantee): what pod annotations override.
+    pub limit_bps: u32,
+    pub burst_bytes: u64,
     /// (request, device name, GPU index) of each allocation result, in
     /// order; the request by its own name, without a subrequest's
     /// (`main/small` is `main`), as containers name it.
@@ -362,7 +366,24 @@ pub fn plan(claim: &res::ResourceClaim, driver: &str, pool: &str, gpus: &[Gpu]) 
         let burst = if a.burst_bytes == 0 { 0 } else { a.burst_bytes.max(memory) };
         specs.push(node::DeviceShareSpec { device: index, memory_bytes: memory, compute_share_bps: share as u32, compute_limit_bps: a.limit_bps, memory_burst_bytes: burst });
     }
-    Ok(Plan { devices: specs, priority: a.priority, results: out })
+    Ok(Plan { devices: specs, priority: a.priority, limit_bps: a.limit_bps, burst_bytes: a.burst_bytes, results: out })
+}
+
+/// Reads `claims.json`; a missing file is no claims, and a file that does
+/// not parse is set aside (renamed `.bad`) with a warning.
+fn load_prepared(path: &Path) -> BTreeMap<String, Prepared> {
+    match std::fs::read(path) {
+        Ok(bytes) => match serde_json::from_slice(&bytes) {
+            Ok(m) => m,
+            Err(e) => {
+                let bad = path.with_extension("json.bad");
+                let _ = std::fs::rename(path, &bad);
+                tracing::warn!("{} does not parse ({e}); moved to {}: the slices of the claims prepared before are not resized from their pods' annotations", path.display(), bad.display());
+                BTreeMap::new()
+            }
+        },
+        Err(_) => BTreeMap::new(),
+    }
 }
 
 /// How the plugin runs.
@@ -378,8 +399,12 @@ pub struct DraConfig {
     pub cdi_dir: PathBuf,
     /// The CDI kind of the GPU vendor's spec (`nvidia.com/gpu`), or none.
     pub gpu_cdi_kind: Option<String>,
-    /// How often egpud's GPUs and the sockets are checked.
+    /// How often egpud's GPUs and the sockets are checked, and the
+    /// annotations of the node's pods applied.
     pub poll: Duration,
+    /// After a failed list or watch of the node's pods, how long before
+    /// they are listed again.
+    pub pod_poll: Duration,
 }
 
 impl DraConfig {
@@ -388,6 +413,10 @@ impl DraConfig {
     }
     pub fn plugin_socket(&self) -> PathBuf {
         self.kubelet_dir.join("plugins").join(&self.driver).join("dra.sock")
+    }
+    /// The claims prepared, kept beside the plugin's socket.
+    pub fn state_file(&self) -> PathBuf {
+        self.kubelet_dir.join("plugins").join(&self.driver).join("claims.json")
     }
 
     /// Checks the names the API and the kubelet will see.
@@ -404,8 +433,8 @@ impl DraConfig {
         {
             return Err(format!("--gpu-cdi-kind '{kind}' is not a CDI kind (vendor/class, e.g. nvidia.com/gpu)"));
         }
-        if self.poll.is_zero() {
-            return Err("--poll must be greater than 0, e.g. 1s".into());
+        if self.poll.is_zero() || self.pod_poll.is_zero() {
+            return Err("--poll and --pod-poll must be greater than 0, e.g. 1s".into());
         }
         Ok(())
     }
@@ -419,7 +448,14 @@ pub trait Cluster: Send + Sync + 'static {
     /// carries `digest` ([`DIGEST_ANNOTATION`]). Owned by the Node `node`,
     /// so that it goes with the Node.
     fn publish(&self, name: &str, node: &str, spec: res::ResourceSliceSpec, digest: &str) -> impl std::future::Future<Output = Result<Written, String>> + Send;
+    /// Follows the node's pods (a list, then a watch) into `pods`: their
+    /// `egpu.io/` annotations by (namespace, name). Runs until dropped.
+    fn follow_pods(&self, node: &str, retry: Duration, pods: Arc<Mutex<Option<PodAnnotations>>>) -> impl std::future::Future<Output = ()> + Send;
 }
+
+/// The `egpu.io/` annotations of the node's pods, by (namespace, name);
+/// `None` before the first list.
+pub type PodAnnotations = std::collections::HashMap<(String, String), BTreeMap<String, String>>;
 
 /// What a publish did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -514,6 +550,62 @@ impl Cluster for Api {
         };
         tokio::time::timeout(API_TIMEOUT, call).await.unwrap_or_else(|_| Err(format!("publishing ResourceSlice {name} took over {API_TIMEOUT:?}")))
     }
+
+    async fn follow_pods(&self, node: &str, retry: Duration, pods: Arc<Mutex<Option<PodAnnotations>>>) {
+        let api: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(self.client.clone());
+        let follow = crate::follow::Follow { what: "this node's pods".into(), fields: Some(format!("spec.nodeName={node}")), labels: None, retry, list_timeout: API_TIMEOUT };
+        let entry = |pod: kube::api::ObjectMeta| -> Option<((String, String), BTreeMap<String, String>)> {
+            let annotations = pod.annotations.unwrap_or_default().into_iter().filter(|(k, _)| k.starts_with("egpu.io/")).collect();
+            Some(((pod.namespace.unwrap_or_default(), pod.name?), annotations))
+        };
+        let listed = |list: Vec<kube::api::ObjectMeta>| *pods.lock().expect("pods lock") = Some(list.into_iter().filter_map(entry).collect());
+        let changed = |pod: kube::api::ObjectMeta, present: bool| {
+            let Some((key, ann)) = entry(pod) else { return };
+            if let Some(map) = pods.lock().expect("pods lock").as_mut() {
+                if present {
+                    map.insert(key, ann);
+                } else {
+                    map.remove(&key);
+                }
+            }
+        };
+        follow.run(&api, None, listed, changed).await;
+    }
+}
+
+/// A claim this plugin prepared, as `claims.json` in the plugin's
+/// directory keeps it (so that a restarted plugin still resizes it).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Prepared {
+    pub namespace: String,
+    pub claim: String,
+    /// The pod the claim was made for (from its template), whose
+    /// annotations resize the slice; `None` for a claim of its own.
+    pub pod: Option<String>,
+    /// The cap and burst cap the claim's configuration asks.
+    pub limit_bps: u32,
+    pub burst_bytes: u64,
+}
+
+/// What the annotations of a claim's pod make of its slice's devices:
+/// (device, cap, burst) for each device whose cap or burst is not that yet;
+/// or why the annotations cannot be applied.
+pub fn resizes(p: &Prepared, annotations: &BTreeMap<String, String>, slice: &node::Slice) -> Result<Vec<(u32, u32, u64)>, String> {
+    use crate::plugin::{COMPUTE_ANNOTATION, wanted_over};
+    if annotations.contains_key(COMPUTE_ANNOTATION) {
+        return Err(format!("{COMPUTE_ANNOTATION}: a DRA claim's guarantee is what the scheduler counted; ask for it in the claim (capacity.requests.compute)"));
+    }
+    let (_, limit, burst) = wanted_over(annotations, (0, p.limit_bps, p.burst_bytes))?;
+    if limit == 0 {
+        return Err("egpu.io/gpu-compute-limit: 0% would never run".into());
+    }
+    Ok(slice
+        .devices
+        .iter()
+        .map(|d| (d.device, limit, if burst == 0 { 0 } else { burst.max(d.memory_limit_bytes) }, d))
+        .filter(|(_, l, b, d)| (*l, *b) != (d.compute_limit_bps, d.memory_burst_bytes))
+        .map(|(dev, l, b, _)| (dev, l, b))
+        .collect())
 }
 
 /// State shared by the services and the loops.
@@ -528,12 +620,74 @@ pub struct Shared<C: Cluster> {
     /// Prepares and unprepares run one at a time (egpud's answers to a
     /// repeated create are compared, not raced).
     lock: tokio::sync::Mutex<()>,
+    /// The claims prepared, by UID (saved in `claims.json`).
+    prepared: Mutex<BTreeMap<String, Prepared>>,
+    /// The node's pods' annotations, as followed.
+    pods: Arc<Mutex<Option<PodAnnotations>>>,
+    /// (slice, reason) pairs already warned about.
+    warned: Mutex<std::collections::HashSet<(String, String)>>,
 }
 
 impl<C: Cluster> Shared<C> {
     pub fn new(cfg: DraConfig, cluster: C) -> Result<Arc<Shared<C>>, String> {
         cfg.check()?;
-        Ok(Arc::new(Shared { cfg, cluster, published: Mutex::new(None), republish: Arc::new(tokio::sync::Notify::new()), lock: tokio::sync::Mutex::new(()) }))
+        let prepared = load_prepared(&cfg.state_file());
+        Ok(Arc::new(Shared {
+            cfg,
+            cluster,
+            published: Mutex::new(None),
+            republish: Arc::new(tokio::sync::Notify::new()),
+            lock: tokio::sync::Mutex::new(()),
+            prepared: Mutex::new(prepared),
+            pods: Arc::new(Mutex::new(None)),
+            warned: Mutex::new(std::collections::HashSet::new()),
+        }))
+    }
+
+    /// Saves the prepared claims (a new file renamed over the old one).
+    fn save(&self) {
+        let path = self.cfg.state_file();
+        let json = serde_json::to_vec_pretty(&*self.prepared.lock().expect("prepared lock")).unwrap_or_default();
+        let tmp = path.with_extension("json.new");
+        let done = std::fs::create_dir_all(path.parent().unwrap_or(Path::new("."))).and_then(|()| std::fs::write(&tmp, &json)).and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = done {
+            tracing::warn!("cannot save {} ({e}); after a restart the plugin will not resize the slices of the claims prepared since", path.display());
+        }
+    }
+
+    fn warn_once(&self, slice: &str, why: String) {
+        if self.warned.lock().expect("warned lock").insert((slice.to_string(), why.clone())) {
+            tracing::warn!(slice = %slice, "{why}");
+        }
+    }
+
+    /// Resizes the slices of claims made for a pod to what the pod's
+    /// annotations ask (the cap and the burst cap; absent, the claim's), and
+    /// forgets claims whose slice is gone.
+    async fn apply_pod_annotations(&self, client: &mut egpu_node::client::Client, slices: &[node::Slice]) {
+        let prepared = self.prepared.lock().expect("prepared lock").clone();
+        let gone: Vec<String> = prepared.keys().filter(|uid| !slices.iter().any(|s| s.name == slice_name(uid))).cloned().collect();
+        if !gone.is_empty() {
+            self.prepared.lock().expect("prepared lock").retain(|uid, _| !gone.contains(uid));
+            self.save();
+        }
+        let Some(pods) = self.pods.lock().expect("pods lock").clone() else { return };
+        for (uid, p) in &prepared {
+            let (Some(pod), Some(slice)) = (&p.pod, slices.iter().find(|s| s.name == slice_name(uid))) else { continue };
+            let Some(annotations) = pods.get(&(p.namespace.clone(), pod.clone())) else { continue };
+            match resizes(p, annotations, slice) {
+                Ok(changes) => {
+                    for (device, limit, burst) in changes {
+                        let req = node::ResizeSliceRequest { name: slice.name.clone(), devices: vec![device], compute_limit_bps: Some(limit), memory_burst_bytes: Some(burst), ..Default::default() };
+                        match client.resize_slice(req).await {
+                            Ok(_) => tracing::info!(slice = %slice.name, pod = %format!("{}/{pod}", p.namespace), device, limit_bps = limit, burst_bytes = burst, "resized from the pod's annotations"),
+                            Err(e) => self.warn_once(&slice.name, format!("pod {}/{pod}: egpud refused the resize of GPU {device}: {}", p.namespace, e.message())),
+                        }
+                    }
+                }
+                Err(why) => self.warn_once(&slice.name, format!("pod {}/{pod}: {why}; the slice keeps its limits", p.namespace)),
+            }
+        }
     }
 
     async fn egpud(&self) -> Result<egpu_node::client::Client, String> {
@@ -542,11 +696,11 @@ impl<C: Cluster> Shared<C> {
 
     /// egpud's GPUs, each with the memory it has for claims (less what
     /// slices made outside the driver hold), and what those slices hold.
-    async fn read_node(client: &mut egpu_node::client::Client) -> Result<(Vec<Gpu>, BTreeMap<u32, Reserved>), String> {
+    async fn read_node(client: &mut egpu_node::client::Client) -> Result<(Vec<Gpu>, Vec<node::Slice>), String> {
         let n = client.get_node(node::GetNodeRequest {}).await.map_err(|e| e.message().to_string())?.into_inner();
         let slices = client.list_slices(node::ListSlicesRequest {}).await.map_err(|e| e.message().to_string())?.into_inner().slices;
         let gpus = n.devices.iter().map(|d| Gpu { index: d.index, uuid: d.uuid.clone(), model: d.name.clone(), memory_bytes: d.memory_bytes }).collect();
-        Ok((gpus, reserved_elsewhere(&slices)))
+        Ok((gpus, slices))
     }
 
     /// Reads egpud; publishes the ResourceSlice when what it would say
@@ -554,15 +708,23 @@ impl<C: Cluster> Shared<C> {
     /// registered the plugin), or every [`REPUBLISH_EVERY`] to find it
     /// deleted.
     pub async fn refresh(&self, force: bool) {
-        let read = async { Self::read_node(&mut self.egpud().await?).await };
-        let (gpus, reserved) = match read.await {
+        let read = async {
+            let mut client = self.egpud().await?;
+            let (gpus, slices) = Self::read_node(&mut client).await?;
+            Ok::<_, String>((client, gpus, slices))
+        };
+        let (mut client, gpus, slices) = match read.await {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!("cannot read egpud ({e}); the ResourceSlice stays as last published, and claims cannot be prepared until egpud answers");
                 return;
             }
         };
-        let spec = resource_slice_spec(&self.cfg.driver, &self.cfg.node, &gpus, &reserved, 0);
+        {
+            let _one = self.lock.lock().await;
+            self.apply_pod_annotations(&mut client, &slices).await;
+        }
+        let spec = resource_slice_spec(&self.cfg.driver, &self.cfg.node, &gpus, &reserved_elsewhere(&slices), 0);
         let d = digest(&spec);
         let fresh = self.published.lock().expect("published lock").as_ref().is_some_and(|(p, at)| *p == d && at.elapsed() < REPUBLISH_EVERY);
         if fresh && !force {
@@ -593,7 +755,8 @@ impl<C: Cluster> Shared<C> {
         let name = slice_name(&c.uid);
         // Each GPU with the memory it has for claims (the scheduler counts
         // the claims' own).
-        let (mut gpus, reserved) = Self::read_node(&mut client).await?;
+        let (mut gpus, slices) = Self::read_node(&mut client).await?;
+        let reserved = reserved_elsewhere(&slices);
         for g in &mut gpus {
             g.memory_bytes = g.memory_bytes.saturating_sub(reserved.get(&g.index).map_or(0, |r| r.memory_bytes));
         }
@@ -622,6 +785,12 @@ impl<C: Cluster> Shared<C> {
             let _ = client.delete_slice(node::DeleteSliceRequest { name: name.clone(), force: false }).await;
             return Err(format!("egpud wrote no CDI spec for {name} in {}: start egpud with --cdi-dir {}", self.cfg.cdi_dir.display(), self.cfg.cdi_dir.display()));
         }
+        let pod = claim.metadata.owner_references.iter().flatten().find(|o| o.kind == "Pod" && o.api_version == "v1").map(|o| o.name.clone());
+        let entry = Prepared { namespace: c.namespace.clone(), claim: c.name.clone(), pod, limit_bps: p.limit_bps, burst_bytes: p.burst_bytes };
+        let old = self.prepared.lock().expect("prepared lock").insert(c.uid.clone(), entry.clone());
+        if old.as_ref() != Some(&entry) {
+            self.save();
+        }
         Ok(kubelet_devices(&self.cfg, &name, &p.results))
     }
 
@@ -631,13 +800,14 @@ impl<C: Cluster> Shared<C> {
         let name = slice_name(&c.uid);
         let mut client = self.egpud().await?;
         match client.delete_slice(node::DeleteSliceRequest { name: name.clone(), force: false }).await {
-            Ok(_) => {
-                tracing::info!(slice = %name, claim = %format!("{}/{}", c.namespace, c.name), "unprepared");
-                Ok(())
-            }
-            Err(e) if e.code() == tonic::Code::NotFound => Ok(()),
-            Err(e) => Err(format!("cannot delete slice {name}: {}", e.message())),
+            Ok(_) => tracing::info!(slice = %name, claim = %format!("{}/{}", c.namespace, c.name), "unprepared"),
+            Err(e) if e.code() == tonic::Code::NotFound => {}
+            Err(e) => return Err(format!("cannot delete slice {name}: {}", e.message())),
         }
+        if self.prepared.lock().expect("prepared lock").remove(&c.uid).is_some() {
+            self.save();
+        }
+        Ok(())
     }
 }
 
@@ -793,6 +963,10 @@ pub async fn run<C: Cluster>(shared: Arc<Shared<C>>, shutdown: impl std::future:
         shutdown.await;
         let _ = stop_all.send(true);
     });
+    let follower = {
+        let shared = shared.clone();
+        tokio::spawn(async move { shared.cluster.follow_pods(&shared.cfg.node, shared.cfg.pod_poll, shared.pods.clone()).await })
+    };
     shared.refresh(false).await;
     let refresher = {
         let shared = shared.clone();
@@ -864,6 +1038,7 @@ pub async fn run<C: Cluster>(shared: Arc<Shared<C>>, shutdown: impl std::future:
         }
     };
     refresher.abort();
+    follower.abort();
     result
 }
 
@@ -1047,6 +1222,7 @@ mod tests {
             cdi_dir: "/c".into(),
             gpu_cdi_kind: Some("nvidia.com/gpu".into()),
             poll: Duration::from_secs(1),
+            pod_poll: Duration::from_secs(5),
         };
         let r = |req: &str, dev: &str, gpu: u32| (req.to_string(), dev.to_string(), gpu);
         // Requests a and b share GPU 0; b also has GPU 1.
@@ -1062,6 +1238,39 @@ mod tests {
             assert!(ids.contains(&"egpu.io/slice=dra-u".to_string()), "{req:?}");
         }
         assert_eq!(given(Some("a")), ["egpu.io/slice=dra-u", "nvidia.com/gpu=0"]);
+    }
+
+    #[test]
+    fn a_pods_annotations_resize_its_claims_slice() {
+        let p = Prepared { namespace: "ns".into(), claim: "c".into(), pod: Some("p".into()), limit_bps: 5000, burst_bytes: 0 };
+        let dev = |device: u32, memory: u64, limit: u32, burst: u64| node::SliceDevice { device, memory_limit_bytes: memory, compute_limit_bps: limit, memory_burst_bytes: burst, ..Default::default() };
+        let slice = node::Slice { name: "dra-u".into(), devices: vec![dev(0, 4 << 30, 5000, 0), dev(1, 8 << 30, 5000, 0)], ..Default::default() };
+        let ann = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>();
+        assert_eq!(resizes(&p, &ann(&[]), &slice), Ok(vec![]), "no annotation: the claim's values, already there");
+        let r = resizes(&p, &ann(&[("egpu.io/gpu-compute-limit", "80%"), ("egpu.io/gpu-memory-burst", "6GiB")]), &slice).unwrap();
+        assert_eq!(r, [(0, 8000, 6 << 30), (1, 8000, 8 << 30)], "a burst cap under a GPU's guarantee is raised to it");
+        // Already so: nothing to do; the annotation removed: back to the claim's.
+        let done = node::Slice { devices: vec![dev(0, 4 << 30, 8000, 6 << 30), dev(1, 8 << 30, 8000, 8 << 30)], ..slice.clone() };
+        assert_eq!(resizes(&p, &ann(&[("egpu.io/gpu-compute-limit", "80%"), ("egpu.io/gpu-memory-burst", "6GiB")]), &done), Ok(vec![]));
+        assert_eq!(resizes(&p, &ann(&[]), &done), Ok(vec![(0, 5000, 0), (1, 5000, 0)]));
+        assert!(resizes(&p, &ann(&[("egpu.io/gpu-compute", "40%")]), &slice).unwrap_err().contains("capacity.requests.compute"));
+        assert!(resizes(&p, &ann(&[("egpu.io/gpu-compute-limit", "lots")]), &slice).unwrap_err().starts_with("egpu.io/gpu-compute-limit:"));
+        assert!(resizes(&p, &ann(&[("egpu.io/gpu-compute-limit", "0%")]), &slice).unwrap_err().contains("never run"));
+    }
+
+    #[test]
+    fn prepared_claims_survive_a_restart_and_a_bad_file_is_set_aside() {
+        let dir = std::env::temp_dir().join(format!("egpu-dra-state-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("claims.json");
+        assert!(load_prepared(&path).is_empty(), "no file: no claims");
+        let m = BTreeMap::from([("u".to_string(), Prepared { namespace: "ns".into(), claim: "c".into(), pod: None, limit_bps: 10_000, burst_bytes: 1 })]);
+        std::fs::write(&path, serde_json::to_vec(&m).unwrap()).unwrap();
+        assert_eq!(load_prepared(&path), m);
+        std::fs::write(&path, b"{\"u\": {\"namespace\": 3").unwrap();
+        assert!(load_prepared(&path).is_empty());
+        assert!(!path.exists() && dir.join("claims.json.bad").exists(), "set aside, not lost");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
@@ -1083,6 +1292,7 @@ mod tests {
             cdi_dir: "/var/run/cdi".into(),
             gpu_cdi_kind: None,
             poll: Duration::from_secs(1),
+            pod_poll: Duration::from_secs(5),
         };
         assert_eq!(cfg.check(), Ok(()));
         assert_eq!(cfg.registration_socket(), Path::new("/var/lib/kubelet/plugins_registry/gpu.egpu.io-reg.sock"));
@@ -1091,7 +1301,8 @@ mod tests {
         assert!(DraConfig { driver: "GPU.egpu.io".into(), ..cfg.clone() }.check().unwrap_err().contains("--driver"));
         assert!(DraConfig { node: "Node_A".into(), ..cfg.clone() }.check().unwrap_err().contains("--node-name"));
         assert!(DraConfig { gpu_cdi_kind: Some("nvidia.com/gpu=0".into()), ..cfg.clone() }.check().unwrap_err().contains("not a CDI kind"));
-        assert!(DraConfig { poll: Duration::ZERO, ..cfg }.check().unwrap_err().contains("--poll"));
+        assert!(DraConfig { poll: Duration::ZERO, ..cfg.clone() }.check().unwrap_err().contains("--poll"));
+        assert!(DraConfig { pod_poll: Duration::ZERO, ..cfg }.check().unwrap_err().contains("--pod-poll"));
         assert_eq!(slice_name("u-1"), "dra-u-1");
         assert_eq!((device_index("gpu-12"), device_index("gpu-"), device_index("gpu-1a")), (Some(12), None, None));
         // The longest claim UID (36 characters) makes a valid slice name.

@@ -186,16 +186,22 @@ pub const COMPUTE_LIMIT_ANNOTATION: &str = "egpu.io/gpu-compute-limit";
 pub const MEMORY_BURST_ANNOTATION: &str = "egpu.io/gpu-memory-burst";
 
 /// What a pod's annotations ask of its slices: (share, cap) in basis
-/// points and the burst cap in bytes, over the defaults; or the reason an
-/// annotation cannot be read.
+/// points and the burst cap in bytes, over the defaults (share, cap 100%,
+/// no burst); or the reason an annotation cannot be read.
 fn wanted(annotations: &std::collections::BTreeMap<String, String>, default_share: u32) -> Result<(u32, u32, u64), String> {
+    wanted_over(annotations, (default_share, 10_000, 0))
+}
+
+/// [`wanted`] over other defaults (share, cap, burst).
+pub(crate) fn wanted_over(annotations: &std::collections::BTreeMap<String, String>, defaults: (u32, u32, u64)) -> Result<(u32, u32, u64), String> {
+    let (default_share, default_limit, default_burst) = defaults;
     use egpu_core::quantity::{Bytes, Percent};
     let pct = |key: &str, default: u32| -> Result<u32, String> {
         annotations.get(key).map_or(Ok(default), |v| v.parse::<Percent>().map(|p| p.0).map_err(|e| format!("{key}: {e}")))
     };
     let share = pct(COMPUTE_ANNOTATION, default_share)?;
-    let limit = pct(COMPUTE_LIMIT_ANNOTATION, 10_000)?;
-    let burst = annotations.get(MEMORY_BURST_ANNOTATION).map_or(Ok(0), |v| v.parse::<Bytes>().map(|b| b.0).map_err(|e| format!("{MEMORY_BURST_ANNOTATION}: {e}")))?;
+    let limit = pct(COMPUTE_LIMIT_ANNOTATION, default_limit)?;
+    let burst = annotations.get(MEMORY_BURST_ANNOTATION).map_or(Ok(default_burst), |v| v.parse::<Bytes>().map(|b| b.0).map_err(|e| format!("{MEMORY_BURST_ANNOTATION}: {e}")))?;
     Ok((share, limit, burst))
 }
 

@@ -310,7 +310,7 @@ fn the_dra_driver_its_class_and_the_example_claim_agree() {
     // RBAC: read claims, write the ResourceSlice, for the pod's service account.
     let role: ClusterRole = typed(find(&objs, "ClusterRole", "egpu-dra"));
     let allows = |resource: &str, verb: &str| role.rules.iter().flatten().any(|r| r.resources.iter().flatten().any(|x| x == resource) && r.verbs.iter().any(|v| v == verb));
-    assert!(allows("nodes", "get") && allows("resourceclaims", "get") && ["get", "create", "update"].iter().all(|v| allows("resourceslices", v)));
+    assert!(allows("nodes", "get") && allows("pods", "list") && allows("pods", "watch") && allows("resourceclaims", "get") && ["get", "create", "update"].iter().all(|v| allows("resourceslices", v)));
     let binding: ClusterRoleBinding = typed(find(&objs, "ClusterRoleBinding", "egpu-dra"));
     assert_eq!(Some(binding.subjects.as_ref().unwrap()[0].name.clone()), spec.service_account_name);
 }

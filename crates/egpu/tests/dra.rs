@@ -22,11 +22,82 @@ const NODE: &str = "node-a";
 
 /// The API server's side: ResourceClaims by (namespace, name), the
 /// ResourceSlices written, and how many writes.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 struct ApiServer {
     claims: Arc<Mutex<HashMap<(String, String), serde_json::Value>>>,
     slices: Arc<Mutex<HashMap<String, serde_json::Value>>>,
     writes: Arc<Mutex<u32>>,
+    /// The node's pods' annotations, by name (namespace `default`), and
+    /// their version, which every change bumps.
+    pods: Arc<Mutex<HashMap<String, serde_json::Value>>>,
+    pod_version: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Default for ApiServer {
+    fn default() -> ApiServer {
+        ApiServer {
+            claims: Arc::default(),
+            slices: Arc::default(),
+            writes: Arc::default(),
+            pods: Arc::default(),
+            pod_version: Arc::new(tokio::sync::watch::channel(1).0),
+        }
+    }
+}
+
+impl ApiServer {
+    /// Sets a pod's annotations (creating the pod).
+    fn annotate(&self, pod: &str, annotations: serde_json::Value) {
+        self.pods.lock().unwrap().insert(pod.to_string(), annotations);
+        self.pod_version.send_modify(|v| *v += 1);
+    }
+
+    fn pod_items(&self) -> Vec<serde_json::Value> {
+        let v = self.pod_version.borrow().to_string();
+        self.pods
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(name, ann)| serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default", "uid": format!("pod-{name}"), "resourceVersion": v, "annotations": ann}}))
+            .collect()
+    }
+}
+
+/// The node's pods: a list, or a watch that sends every pod as MODIFIED
+/// whenever one changes after the version it starts from.
+async fn pods(axum::extract::State(api): axum::extract::State<ApiServer>, axum::extract::RawQuery(q): axum::extract::RawQuery) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let q = q.unwrap_or_default();
+    if !q.contains(&format!("fieldSelector=spec.nodeName%3D{NODE}")) {
+        return (axum::http::StatusCode::BAD_REQUEST, format!("want this node's pods only, got ?{q}")).into_response();
+    }
+    let mut kv = q.split('&');
+    let watch = kv.clone().any(|kv| kv == "watch=true" || kv == "watch=1");
+    if !watch {
+        let v = api.pod_version.borrow().to_string();
+        return axum::Json(serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": v}, "items": api.pod_items()})).into_response();
+    }
+    let from: u64 = kv.find_map(|kv| kv.strip_prefix("resourceVersion=")).and_then(|v| v.parse().ok()).unwrap_or(0);
+    let (tx, body) = tokio::sync::mpsc::channel::<Result<String, std::convert::Infallible>>(16);
+    let mut changes = api.pod_version.subscribe();
+    tokio::spawn(async move {
+        let mut seen = from;
+        loop {
+            let now = *changes.borrow_and_update();
+            if now > seen {
+                seen = now;
+                for pod in api.pod_items() {
+                    if tx.send(Ok(format!("{}\n", serde_json::json!({"type": "MODIFIED", "object": pod})))).await.is_err() {
+                        return;
+                    }
+                }
+            }
+            if changes.changed().await.is_err() {
+                return;
+            }
+        }
+    });
+    axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(body)).into_response()
 }
 
 fn not_found(what: &str) -> axum::response::Response {
@@ -112,6 +183,7 @@ fn serve_api(rt: &tokio::runtime::Runtime, dir: &Path, api: ApiServer) -> PathBu
         .route("/apis/resource.k8s.io/v1/resourceslices", axum::routing::post(create_slice))
         .route("/apis/resource.k8s.io/v1/resourceslices/{name}", axum::routing::get(get_slice).put(replace_slice))
         .route("/api/v1/nodes/{name}", axum::routing::get(get_node))
+        .route("/api/v1/pods", axum::routing::get(pods))
         .with_state(api);
     rt.spawn(async move { axum::serve(listener, app).await });
     let kubeconfig = dir.join("kubeconfig");
@@ -141,7 +213,8 @@ fn claim(name: &str, uid: &str, results: &[Allocated], params: Option<serde_json
     let config: Vec<serde_json::Value> = params.into_iter().map(|p| serde_json::json!({"source": "FromClaim", "opaque": {"driver": DRIVER, "parameters": p}})).collect();
     serde_json::json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "default", "uid": uid},
+        "metadata": {"name": name, "namespace": "default", "uid": uid,
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": format!("pod-{name}"), "uid": format!("pod-uid-{name}"), "controller": true}]},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
         "status": {"allocation": {"devices": {"results": results, "config": config}}}
     })
@@ -196,7 +269,7 @@ impl Rig {
                 .arg(&self.kdir)
                 .arg("--cdi-dir")
                 .arg(&self.cdi)
-                .args(["--node-name", NODE, "--poll", "100ms", "--log", "info", "--gpu-cdi-kind", "nvidia.com/gpu"])
+                .args(["--node-name", NODE, "--poll", "100ms", "--pod-poll", "100ms", "--log", "info", "--gpu-cdi-kind", "nvidia.com/gpu"])
                 .stdout(Stdio::null())
                 .stderr(log)
                 .spawn()
@@ -403,6 +476,20 @@ fn claims_become_slices_through_the_kubelets_dra_calls() {
     assert_eq!(rig.slice_names(), ["dra-uid-g"]);
     assert_eq!(*rig.api.writes.lock().unwrap(), writes, "the same GPUs: no new write of the ResourceSlice");
 
+    // The claim was made for pod-g (its owner): the pod's annotations resize
+    // the slice live, also after the restart (the plugin kept the claim in claims.json).
+    assert!(rig.kdir.join(format!("plugins/{DRIVER}/claims.json")).exists());
+    rig.api.annotate("pod-g", serde_json::json!({"egpu.io/gpu-compute-limit": "60%", "egpu.io/gpu-memory-burst": "16GiB"}));
+    let devices = || limits(&rig.node.slice("dra-uid-g"));
+    assert!(wait_until(WAIT, || devices() == [(0, 16 << 30, 0.0, 60.0, 16 << 30), (1, 16 << 30, 0.0, 60.0, 16 << 30)]), "{:?}; log:\n{}", devices(), rig.log());
+    // The guarantee is the claim's: asking for it on the pod changes nothing, with the reason logged.
+    rig.api.annotate("pod-g", serde_json::json!({"egpu.io/gpu-compute": "40%", "egpu.io/gpu-compute-limit": "30%"}));
+    assert!(wait_until(WAIT, || rig.log().contains("a DRA claim's guarantee is what the scheduler counted")));
+    assert_eq!(devices()[0].3, 60.0);
+    // The annotations removed: the claim's own values (cap 100%, no burst) again.
+    rig.api.annotate("pod-g", serde_json::json!({}));
+    assert!(wait_until(WAIT, || devices() == [(0, 16 << 30, 0.0, 100.0, 0), (1, 16 << 30, 0.0, 100.0, 0)]), "{:?}", devices());
+
     // egpud down: a clear error, and the kubelet will call again.
     rig.add(claim("h", "uid-h", &[("gpu", "gpu-0", None)], None));
     rig.node.kill9();
@@ -428,7 +515,7 @@ fn bad_flags_are_refused_before_anything_starts() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("--driver 'egpu' must be a DNS subdomain"), "{}", String::from_utf8_lossy(&o.stderr));
     let o = run(&["--node-name", "node-a", "--poll", "0s"]);
-    assert!(String::from_utf8_lossy(&o.stderr).contains("--poll must be greater than 0"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--poll and --pod-poll must be greater than 0"));
     let o = run(&["--node-name", "node-a"]);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("needs the Kubernetes API"), "{}", String::from_utf8_lossy(&o.stderr));

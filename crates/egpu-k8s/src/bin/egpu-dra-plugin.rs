@@ -31,9 +31,14 @@ struct Args {
     /// containers then also get `<kind>=<GPU index>`, the GPU itself. Empty: only the slice.
     #[arg(long, default_value = "")]
     gpu_cdi_kind: String,
-    /// How often egpud's GPUs (for the ResourceSlice) and the sockets are checked.
+    /// How often egpud's GPUs (for the ResourceSlice) and the sockets are checked, and pods' annotations applied.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     poll: Duration,
+    /// The node's pods are followed (a list, then a watch) for the annotations that resize the slices of the
+    /// claims made for them (egpu.io/gpu-compute-limit, egpu.io/gpu-memory-burst); after a failed list or watch
+    /// they are listed again this much later.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pod_poll: Duration,
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, env = "EGPU_LOG", default_value = "info", value_parser = egpu_node::logging::log_filter)]
     log: String,
@@ -50,6 +55,7 @@ fn main() -> ExitCode {
         cdi_dir: a.cdi_dir,
         gpu_cdi_kind: Some(a.gpu_cdi_kind).filter(|k| !k.is_empty()),
         poll: a.poll,
+        pod_poll: a.pod_poll,
     };
     if let Err(e) = cfg.check() {
         eprintln!("egpu-dra-plugin: {e}");
