@@ -200,6 +200,26 @@ pub struct SliceConfig {
     pub priority: Option<String>,
 }
 
+/// A burst cap as the DRA driver reads it, in a claim's configuration and
+/// on a pod: a Kubernetes quantity (`24Gi`; `24G` is 24·10^9), as in the
+/// rest of the claim, or eGPU's own spelling (`24GiB`). Fractions of a byte
+/// (`m`, `u`, `n`: `512m` is half a byte, not 512 MiB) and amounts under
+/// 1 MiB are refused; `0` is no burst.
+pub fn burst_bytes(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    if t.ends_with(['m', 'u', 'n']) {
+        return Err(format!("'{s}' is a fraction of a byte in Kubernetes' units (m is milli); write Mi or MiB for MiB"));
+    }
+    let b = match ceil_times(t, 1) {
+        Ok(b) => b,
+        Err(_) => t.parse::<egpu_core::quantity::Bytes>().map_err(|e| format!("{e} (or a Kubernetes quantity such as 24Gi)"))?.0,
+    };
+    if b != 0 && b < MIN_MEMORY {
+        return Err(format!("'{s}' is under 1 MiB; give a burst cap such as 24Gi, or 0 for none"));
+    }
+    Ok(b)
+}
+
 /// What a SliceConfig asks, parsed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Asked {
@@ -236,7 +256,7 @@ impl SliceConfig {
     }
 
     fn asked(&self) -> Result<Asked, String> {
-        use egpu_core::quantity::{Bytes, Percent};
+        use egpu_core::quantity::Percent;
         let limit_bps = match &self.compute_limit {
             None => 10_000,
             Some(s) => s.parse::<Percent>().map_err(|e| format!("computeLimit: {e}"))?.0,
@@ -244,14 +264,9 @@ impl SliceConfig {
         if limit_bps == 0 {
             return Err("computeLimit: 0% would never run; give a cap above 0, e.g. 50%".into());
         }
-        // A Kubernetes quantity (24Gi, 24G = 24·10^9), as in the rest of the
-        // claim; else eGPU's own spelling (24GiB).
         let burst_bytes = match &self.memory_burst {
             None => 0,
-            Some(s) => match ceil_times(s, 1) {
-                Ok(b) => b,
-                Err(_) => s.parse::<Bytes>().map_err(|e| format!("memoryBurst: {e} (or a Kubernetes quantity such as 24Gi)"))?.0,
-            },
+            Some(s) => burst_bytes(s).map_err(|e| format!("memoryBurst: {e}"))?,
         };
         let priority = match self.priority.as_deref() {
             None | Some("normal") => node::Priority::Normal,
@@ -382,7 +397,11 @@ fn load_prepared(path: &Path) -> BTreeMap<String, Prepared> {
                 BTreeMap::new()
             }
         },
-        Err(_) => BTreeMap::new(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+        Err(e) => {
+            tracing::warn!("cannot read {} ({e}): the slices of the claims prepared before are not resized from their pods' annotations", path.display());
+            BTreeMap::new()
+        }
     }
 }
 
@@ -453,9 +472,11 @@ pub trait Cluster: Send + Sync + 'static {
     fn follow_pods(&self, node: &str, retry: Duration, pods: Arc<Mutex<Option<PodAnnotations>>>) -> impl std::future::Future<Output = ()> + Send;
 }
 
-/// The `egpu.io/` annotations of the node's pods, by (namespace, name);
-/// `None` before the first list.
-pub type PodAnnotations = std::collections::HashMap<(String, String), BTreeMap<String, String>>;
+/// A pod's UID and its `egpu.io/` annotations.
+pub type PodEntry = (String, BTreeMap<String, String>);
+
+/// The node's pods, by (namespace, name); `None` before the first list.
+pub type PodAnnotations = std::collections::HashMap<(String, String), PodEntry>;
 
 /// What a publish did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -513,38 +534,54 @@ impl Cluster for Api {
     async fn publish(&self, name: &str, node: &str, mut spec: res::ResourceSliceSpec, digest: &str) -> Result<Written, String> {
         let api: kube::Api<res::ResourceSlice> = kube::Api::all(self.client.clone());
         let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(self.client.clone());
+        // Owned by the Node: deleted with it. Without the Node's UID (no
+        // access, no such Node) it is written unowned, and owned later.
+        let owner = || async {
+            match nodes.get_opt(node).await {
+                Ok(Some(n)) => n.metadata.uid.map(|uid| k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Node".into(),
+                    name: node.to_string(),
+                    uid,
+                    controller: Some(true),
+                    block_owner_deletion: None,
+                }),
+                Ok(None) => None,
+                Err(e) => {
+                    tracing::warn!("cannot read Node {node} ({e}); the ResourceSlice is written without an owner for now, so it would outlive the Node");
+                    None
+                }
+            }
+        };
         let call = async {
-            let annotations = Some(BTreeMap::from([(DIGEST_ANNOTATION.to_string(), digest.to_string())]));
             match api.get_opt(name).await.map_err(|e| format!("cannot read ResourceSlice {name}: {e}"))? {
                 None => {
-                    // Owned by the Node: deleted with it. Without the Node's
-                    // UID (no access, or no such Node) it is written unowned.
-                    let owner = match nodes.get_opt(node).await {
-                        Ok(Some(n)) => n.metadata.uid.map(|uid| k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
-                            api_version: "v1".into(),
-                            kind: "Node".into(),
-                            name: node.to_string(),
-                            uid,
-                            controller: Some(true),
-                            block_owner_deletion: None,
-                        }),
-                        Ok(None) => None,
-                        Err(e) => {
-                            tracing::warn!("cannot read Node {node} ({e}); the ResourceSlice is written without an owner, so it outlives the Node");
-                            None
-                        }
+                    let metadata = kube::api::ObjectMeta {
+                        name: Some(name.to_string()),
+                        annotations: Some(BTreeMap::from([(DIGEST_ANNOTATION.to_string(), digest.to_string())])),
+                        owner_references: owner().await.map(|o| vec![o]),
+                        ..Default::default()
                     };
-                    let metadata = kube::api::ObjectMeta { name: Some(name.to_string()), annotations, owner_references: owner.map(|o| vec![o]), ..Default::default() };
                     api.create(&kube::api::PostParams::default(), &res::ResourceSlice { metadata, spec }).await.map_err(|e| format!("cannot create ResourceSlice {name}: {e}"))?;
                     Ok(Written::Created)
                 }
-                Some(have) if have.metadata.annotations.as_ref().and_then(|a| a.get(DIGEST_ANNOTATION)).is_some_and(|d| d == digest) => Ok(Written::Unchanged),
                 Some(mut have) => {
-                    spec.pool.generation = have.spec.pool.generation.saturating_add(1);
-                    have.spec = spec;
-                    have.metadata.annotations.get_or_insert_default().insert(DIGEST_ANNOTATION.to_string(), digest.to_string());
+                    let same = have.metadata.annotations.as_ref().and_then(|a| a.get(DIGEST_ANNOTATION)).is_some_and(|d| d == digest);
+                    let owned = have.metadata.owner_references.as_ref().is_some_and(|o| o.iter().any(|o| o.kind == "Node"));
+                    let new_owner = if owned { None } else { owner().await };
+                    if same && new_owner.is_none() {
+                        return Ok(Written::Unchanged);
+                    }
+                    if let Some(o) = new_owner {
+                        have.metadata.owner_references.get_or_insert_default().push(o);
+                    }
+                    if !same {
+                        spec.pool.generation = have.spec.pool.generation.saturating_add(1);
+                        have.spec = spec;
+                        have.metadata.annotations.get_or_insert_default().insert(DIGEST_ANNOTATION.to_string(), digest.to_string());
+                    }
                     api.replace(name, &kube::api::PostParams::default(), &have).await.map_err(|e| format!("cannot update ResourceSlice {name}: {e}"))?;
-                    Ok(Written::Replaced)
+                    Ok(if same { Written::Unchanged } else { Written::Replaced })
                 }
             }
         };
@@ -554,9 +591,9 @@ impl Cluster for Api {
     async fn follow_pods(&self, node: &str, retry: Duration, pods: Arc<Mutex<Option<PodAnnotations>>>) {
         let api: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(self.client.clone());
         let follow = crate::follow::Follow { what: "this node's pods".into(), fields: Some(format!("spec.nodeName={node}")), labels: None, retry, list_timeout: API_TIMEOUT };
-        let entry = |pod: kube::api::ObjectMeta| -> Option<((String, String), BTreeMap<String, String>)> {
+        let entry = |pod: kube::api::ObjectMeta| -> Option<((String, String), PodEntry)> {
             let annotations = pod.annotations.unwrap_or_default().into_iter().filter(|(k, _)| k.starts_with("egpu.io/")).collect();
-            Some(((pod.namespace.unwrap_or_default(), pod.name?), annotations))
+            Some(((pod.namespace.unwrap_or_default(), pod.name?), (pod.uid.unwrap_or_default(), annotations)))
         };
         let listed = |list: Vec<kube::api::ObjectMeta>| *pods.lock().expect("pods lock") = Some(list.into_iter().filter_map(entry).collect());
         let changed = |pod: kube::api::ObjectMeta, present: bool| {
@@ -582,6 +619,9 @@ pub struct Prepared {
     /// The pod the claim was made for (from its template), whose
     /// annotations resize the slice; `None` for a claim of its own.
     pub pod: Option<String>,
+    /// That pod's UID: a later pod of the same name is not it.
+    #[serde(default)]
+    pub pod_uid: Option<String>,
     /// The cap and burst cap the claim's configuration asks.
     pub limit_bps: u32,
     pub burst_bytes: u64,
@@ -591,13 +631,23 @@ pub struct Prepared {
 /// (device, cap, burst) for each device whose cap or burst is not that yet;
 /// or why the annotations cannot be applied.
 pub fn resizes(p: &Prepared, annotations: &BTreeMap<String, String>, slice: &node::Slice) -> Result<Vec<(u32, u32, u64)>, String> {
-    use crate::plugin::{COMPUTE_ANNOTATION, wanted_over};
+    use crate::plugin::{COMPUTE_ANNOTATION, MEMORY_BURST_ANNOTATION, wanted_over};
     if annotations.contains_key(COMPUTE_ANNOTATION) {
-        return Err(format!("{COMPUTE_ANNOTATION}: a DRA claim's guarantee is what the scheduler counted; ask for it in the claim (capacity.requests.compute)"));
+        return Err(format!("{COMPUTE_ANNOTATION}: a DRA claim's guarantee is what the scheduler counted; ask for it in the claim (capacity.requests.compute), and remove the annotation"));
     }
-    let (_, limit, burst) = wanted_over(annotations, (0, p.limit_bps, p.burst_bytes))?;
+    // The burst cap in the claim's units (as in its SliceConfig).
+    let mut rest = annotations.clone();
+    let burst = match rest.remove(MEMORY_BURST_ANNOTATION) {
+        Some(v) => burst_bytes(&v).map_err(|e| format!("{MEMORY_BURST_ANNOTATION}: {e}"))?,
+        None => p.burst_bytes,
+    };
+    let (_, limit, _) = wanted_over(&rest, (0, p.limit_bps, 0))?;
     if limit == 0 {
         return Err("egpu.io/gpu-compute-limit: 0% would never run".into());
+    }
+    // All of the slice's GPUs or none: one cap for the slice.
+    if let Some(d) = slice.devices.iter().find(|d| d.compute_share_bps > limit) {
+        return Err(format!("egpu.io/gpu-compute-limit: {}% is below the {}% guaranteed on GPU {}", f64::from(limit) / 100.0, f64::from(d.compute_share_bps) / 100.0, d.device));
     }
     Ok(slice
         .devices
@@ -624,8 +674,12 @@ pub struct Shared<C: Cluster> {
     prepared: Mutex<BTreeMap<String, Prepared>>,
     /// The node's pods' annotations, as followed.
     pods: Arc<Mutex<Option<PodAnnotations>>>,
-    /// (slice, reason) pairs already warned about.
-    warned: Mutex<std::collections::HashSet<(String, String)>>,
+    /// The last warning about each slice.
+    warned: Mutex<std::collections::HashMap<String, String>>,
+    /// `claims.json` is behind `prepared` (a save failed, or is due).
+    dirty: std::sync::atomic::AtomicBool,
+    /// A publish the kubelet's registration asked for is still to be done.
+    force_publish: std::sync::atomic::AtomicBool,
 }
 
 impl<C: Cluster> Shared<C> {
@@ -640,54 +694,101 @@ impl<C: Cluster> Shared<C> {
             lock: tokio::sync::Mutex::new(()),
             prepared: Mutex::new(prepared),
             pods: Arc::new(Mutex::new(None)),
-            warned: Mutex::new(std::collections::HashSet::new()),
+            warned: Mutex::new(std::collections::HashMap::new()),
+            dirty: std::sync::atomic::AtomicBool::new(false),
+            force_publish: std::sync::atomic::AtomicBool::new(false),
         }))
     }
 
-    /// Saves the prepared claims (a new file renamed over the old one).
-    fn save(&self) {
-        let path = self.cfg.state_file();
-        let json = serde_json::to_vec_pretty(&*self.prepared.lock().expect("prepared lock")).unwrap_or_default();
-        let tmp = path.with_extension("json.new");
-        let done = std::fs::create_dir_all(path.parent().unwrap_or(Path::new("."))).and_then(|()| std::fs::write(&tmp, &json)).and_then(|()| std::fs::rename(&tmp, &path));
-        if let Err(e) = done {
-            tracing::warn!("cannot save {} ({e}); after a restart the plugin will not resize the slices of the claims prepared since", path.display());
+    fn mark_dirty(&self) {
+        self.dirty.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Saves `claims.json` if it is behind; a failure is tried again at the
+    /// next refresh.
+    fn save_if_dirty(&self) {
+        if self.dirty.swap(false, std::sync::atomic::Ordering::SeqCst) && !self.save() {
+            self.mark_dirty();
         }
     }
 
+    /// Saves the prepared claims: a new file, synced, renamed over the old
+    /// one, and the directory synced. Whether it did.
+    fn save(&self) -> bool {
+        use std::io::Write;
+        let path = self.cfg.state_file();
+        let json = serde_json::to_vec_pretty(&*self.prepared.lock().expect("prepared lock")).unwrap_or_default();
+        let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        let tmp = dir.join(format!(".claims.json.{}", std::process::id()));
+        let done = (|| {
+            std::fs::create_dir_all(&dir)?;
+            let mut f = std::fs::File::create(&tmp)?;
+            f.write_all(&json)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)?;
+            std::fs::File::open(&dir)?.sync_all()
+        })();
+        if let Err(e) = done {
+            let _ = std::fs::remove_file(&tmp);
+            tracing::warn!("cannot save {} ({e}); trying again at the next refresh (until then a restarted plugin would not resize the slices of the claims prepared since)", path.display());
+            return false;
+        }
+        true
+    }
+
+    /// Warns about a slice, unless the last warning about it said the same
+    /// (cleared when a resize of it succeeds, or it goes).
     fn warn_once(&self, slice: &str, why: String) {
-        if self.warned.lock().expect("warned lock").insert((slice.to_string(), why.clone())) {
+        if self.warned.lock().expect("warned lock").insert(slice.to_string(), why.clone()).as_ref() != Some(&why) {
             tracing::warn!(slice = %slice, "{why}");
         }
     }
 
     /// Resizes the slices of claims made for a pod to what the pod's
     /// annotations ask (the cap and the burst cap; absent, the claim's), and
-    /// forgets claims whose slice is gone.
-    async fn apply_pod_annotations(&self, client: &mut egpu_node::client::Client, slices: &[node::Slice]) {
+    /// forgets claims whose slice is gone. Runs under `lock`, and lists the
+    /// slices itself, so that a claim being prepared is not taken for gone.
+    async fn apply_pod_annotations(&self, client: &mut egpu_node::client::Client) -> Result<(), String> {
+        let slices = client.list_slices(node::ListSlicesRequest {}).await.map_err(|e| e.message().to_string())?.into_inner().slices;
         let prepared = self.prepared.lock().expect("prepared lock").clone();
         let gone: Vec<String> = prepared.keys().filter(|uid| !slices.iter().any(|s| s.name == slice_name(uid))).cloned().collect();
         if !gone.is_empty() {
+            for uid in &gone {
+                tracing::info!(slice = %slice_name(uid), "the slice of a prepared claim is gone (deleted on the node?); its claim is forgotten");
+                self.warned.lock().expect("warned lock").remove(&slice_name(uid));
+            }
             self.prepared.lock().expect("prepared lock").retain(|uid, _| !gone.contains(uid));
-            self.save();
+            self.mark_dirty();
         }
-        let Some(pods) = self.pods.lock().expect("pods lock").clone() else { return };
+        self.save_if_dirty();
+        let Some(pods) = self.pods.lock().expect("pods lock").clone() else { return Ok(()) };
         for (uid, p) in &prepared {
             let (Some(pod), Some(slice)) = (&p.pod, slices.iter().find(|s| s.name == slice_name(uid))) else { continue };
-            let Some(annotations) = pods.get(&(p.namespace.clone(), pod.clone())) else { continue };
+            // The pod the claim was made for, not a later one of the same name.
+            let Some((_, annotations)) = pods.get(&(p.namespace.clone(), pod.clone())).filter(|(pod_uid, _)| p.pod_uid.as_ref().is_none_or(|u| u == pod_uid)) else { continue };
+            let who = format!("pod {}/{pod}", p.namespace);
             match resizes(p, annotations, slice) {
                 Ok(changes) => {
+                    let mut failed = false;
                     for (device, limit, burst) in changes {
                         let req = node::ResizeSliceRequest { name: slice.name.clone(), devices: vec![device], compute_limit_bps: Some(limit), memory_burst_bytes: Some(burst), ..Default::default() };
                         match client.resize_slice(req).await {
                             Ok(_) => tracing::info!(slice = %slice.name, pod = %format!("{}/{pod}", p.namespace), device, limit_bps = limit, burst_bytes = burst, "resized from the pod's annotations"),
-                            Err(e) => self.warn_once(&slice.name, format!("pod {}/{pod}: egpud refused the resize of GPU {device}: {}", p.namespace, e.message())),
+                            Err(e) if matches!(e.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown) => return Err(e.message().to_string()),
+                            Err(e) => {
+                                failed = true;
+                                self.warn_once(&slice.name, format!("{who}: egpud refused the resize of GPU {device} ({}); tried again every --poll", e.message()));
+                            }
                         }
                     }
+                    if !failed {
+                        self.warned.lock().expect("warned lock").remove(&slice.name);
+                    }
                 }
-                Err(why) => self.warn_once(&slice.name, format!("pod {}/{pod}: {why}; the slice keeps its limits", p.namespace)),
+                Err(why) => self.warn_once(&slice.name, format!("{who}: {why}; the slice keeps its limits")),
             }
         }
+        Ok(())
     }
 
     async fn egpud(&self) -> Result<egpu_node::client::Client, String> {
@@ -716,16 +817,23 @@ impl<C: Cluster> Shared<C> {
         let (mut client, gpus, slices) = match read.await {
             Ok(r) => r,
             Err(e) => {
+                if force {
+                    self.force_publish.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
                 tracing::warn!("cannot read egpud ({e}); the ResourceSlice stays as last published, and claims cannot be prepared until egpud answers");
                 return;
             }
         };
         {
             let _one = self.lock.lock().await;
-            self.apply_pod_annotations(&mut client, &slices).await;
+            if let Err(e) = self.apply_pod_annotations(&mut client).await {
+                tracing::warn!("egpud did not answer while the pods' annotations were applied ({e}); trying again at the next refresh");
+            }
         }
         let spec = resource_slice_spec(&self.cfg.driver, &self.cfg.node, &gpus, &reserved_elsewhere(&slices), 0);
         let d = digest(&spec);
+        // A registration's publish waits here until one succeeds.
+        let force = force || self.force_publish.swap(false, std::sync::atomic::Ordering::SeqCst);
         let fresh = self.published.lock().expect("published lock").as_ref().is_some_and(|(p, at)| *p == d && at.elapsed() < REPUBLISH_EVERY);
         if fresh && !force {
             return;
@@ -739,7 +847,12 @@ impl<C: Cluster> Shared<C> {
                 }
                 *self.published.lock().expect("published lock") = Some((d, std::time::Instant::now()));
             }
-            Err(e) => tracing::warn!("{e}; retrying at the next refresh"),
+            Err(e) => {
+                if force {
+                    self.force_publish.store(true, std::sync::atomic::Ordering::SeqCst);
+                }
+                tracing::warn!("{e}; retrying at the next refresh");
+            }
         }
     }
 
@@ -785,11 +898,19 @@ impl<C: Cluster> Shared<C> {
             let _ = client.delete_slice(node::DeleteSliceRequest { name: name.clone(), force: false }).await;
             return Err(format!("egpud wrote no CDI spec for {name} in {}: start egpud with --cdi-dir {}", self.cfg.cdi_dir.display(), self.cfg.cdi_dir.display()));
         }
-        let pod = claim.metadata.owner_references.iter().flatten().find(|o| o.kind == "Pod" && o.api_version == "v1").map(|o| o.name.clone());
-        let entry = Prepared { namespace: c.namespace.clone(), claim: c.name.clone(), pod, limit_bps: p.limit_bps, burst_bytes: p.burst_bytes };
+        let owner = claim.metadata.owner_references.iter().flatten().find(|o| o.kind == "Pod" && o.api_version == "v1" && o.controller == Some(true));
+        let entry = Prepared {
+            namespace: c.namespace.clone(),
+            claim: c.name.clone(),
+            pod: owner.map(|o| o.name.clone()),
+            pod_uid: owner.map(|o| o.uid.clone()),
+            limit_bps: p.limit_bps,
+            burst_bytes: p.burst_bytes,
+        };
         let old = self.prepared.lock().expect("prepared lock").insert(c.uid.clone(), entry.clone());
         if old.as_ref() != Some(&entry) {
-            self.save();
+            self.mark_dirty();
+            self.save_if_dirty();
         }
         Ok(kubelet_devices(&self.cfg, &name, &p.results))
     }
@@ -804,8 +925,10 @@ impl<C: Cluster> Shared<C> {
             Err(e) if e.code() == tonic::Code::NotFound => {}
             Err(e) => return Err(format!("cannot delete slice {name}: {}", e.message())),
         }
+        self.warned.lock().expect("warned lock").remove(&name);
         if self.prepared.lock().expect("prepared lock").remove(&c.uid).is_some() {
-            self.save();
+            self.mark_dirty();
+            self.save_if_dirty();
         }
         Ok(())
     }
@@ -1242,7 +1365,7 @@ mod tests {
 
     #[test]
     fn a_pods_annotations_resize_its_claims_slice() {
-        let p = Prepared { namespace: "ns".into(), claim: "c".into(), pod: Some("p".into()), limit_bps: 5000, burst_bytes: 0 };
+        let p = Prepared { namespace: "ns".into(), claim: "c".into(), pod: Some("p".into()), pod_uid: Some("pu".into()), limit_bps: 5000, burst_bytes: 0 };
         let dev = |device: u32, memory: u64, limit: u32, burst: u64| node::SliceDevice { device, memory_limit_bytes: memory, compute_limit_bps: limit, memory_burst_bytes: burst, ..Default::default() };
         let slice = node::Slice { name: "dra-u".into(), devices: vec![dev(0, 4 << 30, 5000, 0), dev(1, 8 << 30, 5000, 0)], ..Default::default() };
         let ann = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<BTreeMap<_, _>>();
@@ -1256,6 +1379,14 @@ mod tests {
         assert!(resizes(&p, &ann(&[("egpu.io/gpu-compute", "40%")]), &slice).unwrap_err().contains("capacity.requests.compute"));
         assert!(resizes(&p, &ann(&[("egpu.io/gpu-compute-limit", "lots")]), &slice).unwrap_err().starts_with("egpu.io/gpu-compute-limit:"));
         assert!(resizes(&p, &ann(&[("egpu.io/gpu-compute-limit", "0%")]), &slice).unwrap_err().contains("never run"));
+        assert!(resizes(&p, &ann(&[("egpu.io/gpu-memory-burst", "512m")]), &slice).unwrap_err().contains("fraction of a byte"));
+        assert_eq!(resizes(&p, &ann(&[("egpu.io/gpu-memory-burst", "10G")]), &slice).unwrap()[0].2, 10_000_000_000, "Kubernetes' G");
+        let guaranteed = node::Slice { devices: vec![node::SliceDevice { compute_share_bps: 3000, ..dev(0, 4 << 30, 5000, 0) }, dev(1, 8 << 30, 5000, 0)], ..slice.clone() };
+        let e = resizes(&p, &ann(&[("egpu.io/gpu-compute-limit", "20%")]), &guaranteed).unwrap_err();
+        assert!(e.contains("20% is below the 30% guaranteed on GPU 0"), "{e}");
+        assert_eq!(burst_bytes("0"), Ok(0));
+        assert!(burst_bytes("1Ki").unwrap_err().contains("under 1 MiB"));
+        assert_eq!(burst_bytes("1.5GiB"), Ok(3 << 29));
     }
 
     #[test]
@@ -1264,7 +1395,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("claims.json");
         assert!(load_prepared(&path).is_empty(), "no file: no claims");
-        let m = BTreeMap::from([("u".to_string(), Prepared { namespace: "ns".into(), claim: "c".into(), pod: None, limit_bps: 10_000, burst_bytes: 1 })]);
+        let m = BTreeMap::from([("u".to_string(), Prepared { namespace: "ns".into(), claim: "c".into(), pod: None, pod_uid: None, limit_bps: 10_000, burst_bytes: 1 })]);
         std::fs::write(&path, serde_json::to_vec(&m).unwrap()).unwrap();
         assert_eq!(load_prepared(&path), m);
         std::fs::write(&path, b"{\"u\": {\"namespace\": 3").unwrap();

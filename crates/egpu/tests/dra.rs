@@ -58,7 +58,7 @@ impl ApiServer {
             .lock()
             .unwrap()
             .iter()
-            .map(|(name, ann)| serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default", "uid": format!("pod-{name}"), "resourceVersion": v, "annotations": ann}}))
+            .map(|(name, ann)| serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default", "uid": format!("{name}-uid"), "resourceVersion": v, "annotations": ann}}))
             .collect()
     }
 }
@@ -214,7 +214,7 @@ fn claim(name: &str, uid: &str, results: &[Allocated], params: Option<serde_json
     serde_json::json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": "default", "uid": uid,
-            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": format!("pod-{name}"), "uid": format!("pod-uid-{name}"), "controller": true}]},
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": format!("pod-{name}"), "uid": format!("pod-{name}-uid"), "controller": true}]},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
         "status": {"allocation": {"devices": {"results": results, "config": config}}}
     })
@@ -466,29 +466,31 @@ fn claims_become_slices_through_the_kubelets_dra_calls() {
     assert!(wait_until(WAIT, || Path::new(&ep).exists()), "not served again; log:\n{}", rig.log());
     assert_eq!(rig.prepare(&ep, &[("g", "uid-g")])["uid-g"].error, "");
 
-    // kill -9 and restart: the prepared claim is found in egpud, the ResourceSlice
-    // (stored by the API server in its own form) is not rewritten.
+    // kill -9 and restart. The claim was made for pod-g (its owner): the
+    // pod's annotations resize its slice live, also after the restart, with
+    // no new prepare (a kubelet does not prepare a running pod's claim
+    // again): the plugin kept the claim in claims.json.
     drop(plugin);
+    assert!(rig.kdir.join(format!("plugins/{DRIVER}/claims.json")).exists());
     plugin = rig.plugin();
     let info = rig.register();
-    let r = rig.prepare(&info.endpoint, &[("g", "uid-g")]);
-    assert_eq!(r["uid-g"].error, "", "log:\n{}", rig.log());
-    assert_eq!(rig.slice_names(), ["dra-uid-g"]);
-    assert_eq!(*rig.api.writes.lock().unwrap(), writes, "the same GPUs: no new write of the ResourceSlice");
-
-    // The claim was made for pod-g (its owner): the pod's annotations resize
-    // the slice live, also after the restart (the plugin kept the claim in claims.json).
-    assert!(rig.kdir.join(format!("plugins/{DRIVER}/claims.json")).exists());
-    rig.api.annotate("pod-g", serde_json::json!({"egpu.io/gpu-compute-limit": "60%", "egpu.io/gpu-memory-burst": "16GiB"}));
+    rig.api.annotate("pod-g", serde_json::json!({"egpu.io/gpu-compute-limit": "60%", "egpu.io/gpu-memory-burst": "16Gi"}));
     let devices = || limits(&rig.node.slice("dra-uid-g"));
     assert!(wait_until(WAIT, || devices() == [(0, 16 << 30, 0.0, 60.0, 16 << 30), (1, 16 << 30, 0.0, 60.0, 16 << 30)]), "{:?}; log:\n{}", devices(), rig.log());
-    // The guarantee is the claim's: asking for it on the pod changes nothing, with the reason logged.
+    // The guarantee is the claim's: asking for it on the pod changes nothing (the
+    // pod's other annotations neither), with the reason logged.
     rig.api.annotate("pod-g", serde_json::json!({"egpu.io/gpu-compute": "40%", "egpu.io/gpu-compute-limit": "30%"}));
     assert!(wait_until(WAIT, || rig.log().contains("a DRA claim's guarantee is what the scheduler counted")));
     assert_eq!(devices()[0].3, 60.0);
     // The annotations removed: the claim's own values (cap 100%, no burst) again.
     rig.api.annotate("pod-g", serde_json::json!({}));
     assert!(wait_until(WAIT, || devices() == [(0, 16 << 30, 0.0, 100.0, 0), (1, 16 << 30, 0.0, 100.0, 0)]), "{:?}", devices());
+    // A repeated prepare after the restart answers the same; the ResourceSlice
+    // (stored by the API server in its own form) was not rewritten.
+    let r = rig.prepare(&info.endpoint, &[("g", "uid-g")]);
+    assert_eq!(r["uid-g"].error, "", "log:\n{}", rig.log());
+    assert_eq!(rig.slice_names(), ["dra-uid-g"]);
+    assert_eq!(*rig.api.writes.lock().unwrap(), writes, "the same GPUs: no new write of the ResourceSlice");
 
     // egpud down: a clear error, and the kubelet will call again.
     rig.add(claim("h", "uid-h", &[("gpu", "gpu-0", None)], None));
