@@ -19,12 +19,17 @@
 //!   calls answer the same; a restarted plugin finds the slice in egpud.
 //! - **Unprepare** deletes that slice (not forced: egpud refuses while a
 //!   process still runs in it, and the kubelet calls again).
+//! - **Resize** live: the annotations of the pod a claim was made for
+//!   (`egpu.io/gpu-compute-limit`, `egpu.io/gpu-memory-burst`) set the
+//!   slice's cap and burst cap, every `--poll`; the claims prepared are kept
+//!   in `claims.json` beside the plugin's socket, for a restarted plugin.
 //! - **Register** through the kubelet's plugin watcher: this plugin serves
 //!   `Registration` on `<kubelet dir>/plugins_registry/<driver>-reg.sock`
 //!   and `DRAPlugin` (v1 and v1beta1) on
 //!   `<kubelet dir>/plugins/<driver>/dra.sock`.
 //!
-//! [`resource_slice`], [`plan`] and [`SliceConfig`] are pure; the rest is IO.
+//! [`resource_slice_spec`], [`plan`], [`resizes`], [`kubelet_devices`] and
+//! [`SliceConfig`] are pure; the rest is IO.
 
 use crate::quantity::ceil_times;
 use crate::tokens::Gpu;
