@@ -324,15 +324,7 @@ fn serve_api(rt: &tokio::runtime::Runtime, dir: &Path, api: ApiServer) -> PathBu
         .route("/api/v1/namespaces/{ns}/pods/{name}/binding", axum::routing::post(bind_pod))
         .with_state(api);
     rt.spawn(async move { axum::serve(listener, app).await });
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://{addr}\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"
-        ),
-    )
-    .unwrap();
-    kubeconfig
+    common::kubeconfig(dir, addr)
 }
 
 /// One HTTP/1.1 POST over a fresh connection: (status, body).

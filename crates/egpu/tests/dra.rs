@@ -186,13 +186,7 @@ fn serve_api(rt: &tokio::runtime::Runtime, dir: &Path, api: ApiServer) -> PathBu
         .route("/api/v1/pods", axum::routing::get(pods))
         .with_state(api);
     rt.spawn(async move { axum::serve(listener, app).await });
-    let kubeconfig = dir.join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://{addr}\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"),
-    )
-    .unwrap();
-    kubeconfig
+    common::kubeconfig(dir, addr)
 }
 
 /// One allocation result: request, device, consumed memory and compute.

@@ -279,3 +279,15 @@ pub fn live_pids(slices: &[serde_json::Value]) -> Vec<u32> {
         .flat_map(|s| s["processes"].as_array().unwrap().iter().filter(|p| p["alive"] == true).map(|p| p["pid"].as_u64().unwrap() as u32))
         .collect()
 }
+
+/// Writes a kubeconfig naming an API-server stand-in at `addr` (plain
+/// HTTP, a dummy token) into `dir`; returns its path.
+pub fn kubeconfig(dir: &Path, addr: std::net::SocketAddr) -> PathBuf {
+    let path = dir.join("kubeconfig");
+    std::fs::write(
+        &path,
+        format!("apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://{addr}\nusers:\n- name: u\n  user:\n    token: t\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n"),
+    )
+    .unwrap();
+    path
+}
