@@ -314,8 +314,6 @@ async fn patch_node(
 
 /// Serves the API-server stand-in; returns a kubeconfig file naming it.
 fn serve_api(rt: &tokio::runtime::Runtime, dir: &Path, api: ApiServer) -> PathBuf {
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let addr = listener.local_addr().unwrap();
     let app = axum::Router::new()
         .route("/api/v1/nodes/{name}", axum::routing::patch(patch_node))
         .route("/api/v1/nodes", axum::routing::get(list_nodes))
@@ -323,8 +321,7 @@ fn serve_api(rt: &tokio::runtime::Runtime, dir: &Path, api: ApiServer) -> PathBu
         .route("/api/v1/namespaces/{ns}/pods/{name}", axum::routing::get(get_pod))
         .route("/api/v1/namespaces/{ns}/pods/{name}/binding", axum::routing::post(bind_pod))
         .with_state(api);
-    rt.spawn(async move { axum::serve(listener, app).await });
-    common::kubeconfig(dir, addr)
+    common::serve_api(rt, dir, app)
 }
 
 /// One HTTP/1.1 POST over a fresh connection: (status, body).

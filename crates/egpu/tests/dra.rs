@@ -176,8 +176,6 @@ async fn replace_slice(axum::extract::State(api): axum::extract::State<ApiServer
 
 /// Serves the API-server stand-in; returns a kubeconfig file naming it.
 fn serve_api(rt: &tokio::runtime::Runtime, dir: &Path, api: ApiServer) -> PathBuf {
-    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
-    let addr = listener.local_addr().unwrap();
     let app = axum::Router::new()
         .route("/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}", axum::routing::get(get_claim))
         .route("/apis/resource.k8s.io/v1/resourceslices", axum::routing::post(create_slice))
@@ -185,8 +183,7 @@ fn serve_api(rt: &tokio::runtime::Runtime, dir: &Path, api: ApiServer) -> PathBu
         .route("/api/v1/nodes/{name}", axum::routing::get(get_node))
         .route("/api/v1/pods", axum::routing::get(pods))
         .with_state(api);
-    rt.spawn(async move { axum::serve(listener, app).await });
-    common::kubeconfig(dir, addr)
+    common::serve_api(rt, dir, app)
 }
 
 /// One allocation result: request, device, consumed memory and compute.

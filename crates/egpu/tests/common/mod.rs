@@ -280,6 +280,15 @@ pub fn live_pids(slices: &[serde_json::Value]) -> Vec<u32> {
         .collect()
 }
 
+/// Serves an API-server stand-in on a free loopback port, on `rt`; returns
+/// a kubeconfig (in `dir`) that names it.
+pub fn serve_api(rt: &tokio::runtime::Runtime, dir: &Path, app: axum::Router) -> PathBuf {
+    let listener = rt.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+    let addr = listener.local_addr().unwrap();
+    rt.spawn(async move { axum::serve(listener, app).await });
+    kubeconfig(dir, addr)
+}
+
 /// Writes a kubeconfig naming an API-server stand-in at `addr` (plain
 /// HTTP, a dummy token) into `dir`; returns its path.
 pub fn kubeconfig(dir: &Path, addr: std::net::SocketAddr) -> PathBuf {
