@@ -3,6 +3,8 @@
 //! a bounded deadline.
 #![allow(dead_code)]
 
+pub mod dra;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
