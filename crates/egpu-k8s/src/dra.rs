@@ -31,6 +31,7 @@
 //! [`resource_slice_spec`], [`plan`], [`resizes`], [`kubelet_devices`] and
 //! [`SliceConfig`] are pure; the rest is IO.
 
+use crate::plugin::file_id;
 use crate::quantity::ceil_times;
 use crate::tokens::Gpu;
 use egpu_node::proto as node;
@@ -452,10 +453,8 @@ impl DraConfig {
         if !dns(&self.node) {
             return Err(format!("--node-name '{}' is not a node name (a DNS subdomain)", self.node));
         }
-        if let Some(kind) = &self.gpu_cdi_kind
-            && (kind.split('/').count() != 2 || kind.contains('=') || kind.starts_with('/') || kind.ends_with('/'))
-        {
-            return Err(format!("--gpu-cdi-kind '{kind}' is not a CDI kind (vendor/class, e.g. nvidia.com/gpu)"));
+        if let Some(kind) = &self.gpu_cdi_kind {
+            crate::plugin::check_cdi_kind(kind)?;
         }
         if self.poll.is_zero() || self.pod_poll.is_zero() {
             return Err("--poll and --pod-poll must be greater than 0, e.g. 1s".into());
@@ -805,7 +804,7 @@ impl<C: Cluster> Shared<C> {
     async fn read_node(client: &mut egpu_node::client::Client) -> Result<(Vec<Gpu>, Vec<node::Slice>), String> {
         let n = client.get_node(node::GetNodeRequest {}).await.map_err(|e| e.message().to_string())?.into_inner();
         let slices = client.list_slices(node::ListSlicesRequest {}).await.map_err(|e| e.message().to_string())?.into_inner().slices;
-        let gpus = n.devices.iter().map(|d| Gpu { index: d.index, uuid: d.uuid.clone(), model: d.name.clone(), memory_bytes: d.memory_bytes }).collect();
+        let gpus = n.devices.iter().map(Gpu::from).collect();
         Ok((gpus, slices))
     }
 
@@ -1060,12 +1059,6 @@ impl registration::registration_server::Registration for Registrar {
         }
         Ok(Response::new(registration::RegistrationStatusResponse {}))
     }
-}
-
-/// The identity of a file, to notice it was removed or replaced.
-fn file_id(path: &Path) -> Option<(u64, u64)> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 fn bind(path: &Path) -> std::io::Result<tokio::net::UnixListener> {

@@ -245,10 +245,8 @@ impl Shared {
         if cfg.unit_bytes < (1 << 20) {
             return Err(PluginError::Config(format!("--memory-unit {} B is below 1 MiB; use e.g. 1GiB or 512MiB", cfg.unit_bytes)));
         }
-        if let Some(kind) = &cfg.gpu_cdi_kind
-            && (kind.split('/').count() != 2 || kind.contains('=') || kind.starts_with('/') || kind.ends_with('/'))
-        {
-            return Err(PluginError::Config(format!("--gpu-cdi-kind '{kind}' is not a CDI kind (vendor/class, e.g. nvidia.com/gpu)")));
+        if let Some(kind) = &cfg.gpu_cdi_kind {
+            check_cdi_kind(kind).map_err(PluginError::Config)?;
         }
         if !cfg.resource_name.contains('/') {
             return Err(PluginError::Config(format!("resource '{}' needs a domain, e.g. egpu.io/gpu-memory", cfg.resource_name)));
@@ -318,7 +316,7 @@ impl Shared {
             Ok((mut client, n, slices)) => {
                 let inv = Inventory {
                     unit_bytes: self.cfg.unit_bytes,
-                    gpus: n.devices.iter().map(|d| tokens::Gpu { index: d.index, uuid: d.uuid.clone(), model: d.name.clone(), memory_bytes: d.memory_bytes }).collect(),
+                    gpus: n.devices.iter().map(tokens::Gpu::from).collect(),
                 };
                 let devices = advertise(&inv, &slices, last_held.as_ref());
                 if let (Some(held), Some(holders)) = (&held, &holders) {
@@ -740,8 +738,17 @@ fn options() -> dp::DevicePluginOptions {
     dp::DevicePluginOptions { pre_start_required: false, get_preferred_allocation_available: true }
 }
 
+/// `--gpu-cdi-kind`, as both kubelet plugins take it: a CDI kind
+/// (`vendor/class`), not a device name.
+pub(crate) fn check_cdi_kind(kind: &str) -> Result<(), String> {
+    if kind.split('/').count() != 2 || kind.contains('=') || kind.starts_with('/') || kind.ends_with('/') {
+        return Err(format!("--gpu-cdi-kind '{kind}' is not a CDI kind (vendor/class, e.g. nvidia.com/gpu)"));
+    }
+    Ok(())
+}
+
 /// The identity of a file, to notice it was removed or replaced.
-fn file_id(path: &Path) -> Option<(u64, u64)> {
+pub(crate) fn file_id(path: &Path) -> Option<(u64, u64)> {
     std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 

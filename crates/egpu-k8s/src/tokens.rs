@@ -21,6 +21,13 @@ pub struct Gpu {
     pub memory_bytes: u64,
 }
 
+impl From<&egpu_node::proto::Device> for Gpu {
+    /// A GPU as egpud's `GetNode` lists it.
+    fn from(d: &egpu_node::proto::Device) -> Gpu {
+        Gpu { index: d.index, uuid: d.uuid.clone(), model: d.name.clone(), memory_bytes: d.memory_bytes }
+    }
+}
+
 /// The node's GPUs and the size of one token.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Inventory {
