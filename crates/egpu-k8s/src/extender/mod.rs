@@ -1,0 +1,372 @@
+//! The scheduler extender: kube-scheduler's HTTP extender protocol
+//! (`filter`, `prioritize`, `bind`, `preempt`), with eGPU's placement policy.
+//!
+//! - **Filter** keeps the nodes where every container's `egpu.io/gpu-memory`
+//!   request fits on one GPU, from the node's `egpu.io/gpus` annotation
+//!   ([`crate::annotation`]) less the units of pods this extender bound
+//!   there that the annotation does not count yet ([`crate::assume`]). The
+//!   scheduler itself only compares the node's total; a node whose free
+//!   memory is split over GPUs would take the pod and the device plugin
+//!   would then refuse it. Each refused node gets the reason.
+//! - **Prioritize** scores the nodes left with [`egpu_place::policy::EgpuPolicy`]'s
+//!   cost, the policy `egpu simulate` measures: the node it would pick gets
+//!   10, the others 9 less the rank of their cost among the distinct costs
+//!   (a node as good as the pick but later by name gets 9). The fragmentation it measures
+//!   is against the shapes of the last [`WINDOW`] pods the extender saw.
+//! - **Bind** binds the pod through the API server, as kube-scheduler's own
+//!   binder does, and assumes its units on the node until the node's
+//!   annotation says the pod holds them all (or `assume_ttl` passes). What race remains is
+//!   in `docs/kubernetes.md`, "Limits".
+//! - **Preempt** keeps the candidate nodes where the scheduler's victims,
+//!   their units given back to the GPUs they hold (the annotation's
+//!   `holds`), make room as `filter` judges it ([`Extender::preempt`]).
+//! - **Nodes**: with API access the extender keeps a node cache (the eGPU
+//!   nodes' annotations, listed and watched), so the scheduler may send
+//!   node names (`nodeCacheCapable: true`); Node objects are read as sent
+//!   either way. Without API access (`--no-bind`) the scheduler must send
+//!   Node objects (`nodeCacheCapable: false`).
+//!
+//! The wire types are written from the published `k8s.io/kube-scheduler/
+//! extender/v1` types; field names are Go's (capitalised), and the older
+//! lower-case spellings are accepted too.
+//!
+//! The parts: `wire` (the protocol's JSON types), `demand` (what a pod
+//! asks), `cache` (the node cache), `bind` (bind and resync), `preempt`,
+//! and `http` (the routes); filter and prioritize are here.
+
+use crate::annotation::{AnnotationError, NodeGpus};
+use crate::assume::Assumed;
+use egpu_place::policy::EgpuPolicy;
+use egpu_place::{Cluster, NodeSpec, Placement, Pod, Qos, TargetWorkload, TypeSet};
+use serde_json::Value;
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+mod bind;
+mod cache;
+mod demand;
+mod http;
+mod preempt;
+#[cfg(test)]
+mod tests;
+mod wire;
+
+pub use cache::NodeCache;
+pub use demand::{Demand, whole_quantity};
+pub use http::{metrics_router, router};
+pub use wire::{BindingArgs, BindingResult, ExtenderArgs, FilterResult, HostPriority, MetaPod, MetaVictims, NodeList, PreemptionArgs, PreemptionResult, RequestError, Victims};
+
+/// How many recent pods' shapes the fragmentation target is taken from.
+pub const WINDOW: usize = 1000;
+/// The most a node may score (the protocol's MaxExtenderPriority).
+pub const MAX_SCORE: i64 = 10;
+
+fn node_name(node: &Value) -> &str {
+    node["metadata"]["name"].as_str().unwrap_or("")
+}
+
+/// The extender: its resource name, the recent pods' demands, and, when it
+/// binds, the units it has bound pods to ([`crate::assume`]).
+pub struct Extender {
+    resource: String,
+    recent: Mutex<Recent>,
+    assumed: Mutex<Assumed>,
+    assume_ttl: Duration,
+    api: Option<kube::Client>,
+    nodes: Option<Arc<NodeCache>>,
+    metrics: crate::metrics::ExtenderMetrics,
+}
+
+/// The candidate nodes of a request: Node objects as sent, or names looked
+/// up in the node cache.
+enum Candidates {
+    Objects(Vec<Value>),
+    Names(Vec<String>),
+}
+
+impl Candidates {
+    /// The nodes' names, in the request's order.
+    fn names(&self) -> Vec<String> {
+        match self {
+            Candidates::Objects(items) => items.iter().map(|n| node_name(n).to_string()).collect(),
+            Candidates::Names(names) => names.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for Extender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Extender").field("resource", &self.resource).field("assume_ttl", &self.assume_ttl).field("api", &self.api.is_some()).finish_non_exhaustive()
+    }
+}
+
+/// How often the extender looks for bound, pending pods it has not assumed
+/// ([`Extender::resync`]).
+pub const RESYNC_EVERY: Duration = Duration::from_secs(30);
+/// The longest one resync's list may take.
+const RESYNC_DEADLINE: Duration = Duration::from_secs(20);
+/// How long an assumption lasts when the node's annotation does not name
+/// the pod (see [`crate::assume`]).
+pub const DEFAULT_ASSUME_TTL: Duration = Duration::from_secs(120);
+/// The longest a bind may take, its API calls together: under the
+/// scheduler's `httpTimeout` for the extender (5 s by default;
+/// `deploy/egpu-scheduler.yaml` sets 10 s), so that the answer, not the
+/// scheduler's timeout, ends the call.
+pub const BIND_DEADLINE: Duration = Duration::from_secs(4);
+
+/// The last [`WINDOW`] containers' units, each pod counted once (a pod the
+/// scheduler retries must not fill the window with its own shape).
+#[derive(Debug, Default)]
+struct Recent {
+    units: VecDeque<(String, u32)>,
+    pods: std::collections::HashSet<String>,
+}
+
+impl Extender {
+    pub fn new(resource: &str) -> Extender {
+        Extender { resource: resource.into(), recent: Mutex::new(Recent::default()), assumed: Mutex::new(Assumed::default()), assume_ttl: DEFAULT_ASSUME_TTL, api: None, nodes: None, metrics: Default::default() }
+    }
+
+    /// With API access, `bind` binds pods (else it answers why it cannot).
+    pub fn with_api(mut self, client: kube::Client) -> Extender {
+        self.api = Some(client);
+        self
+    }
+
+    /// With a node cache, requests may name nodes instead of sending them
+    /// (`nodeCacheCapable: true`).
+    pub fn with_node_cache(mut self, cache: Arc<NodeCache>) -> Extender {
+        self.nodes = Some(cache);
+        self
+    }
+
+    /// How long an assumption lasts without the node's annotation naming
+    /// the pod.
+    pub fn with_assume_ttl(mut self, ttl: Duration) -> Extender {
+        self.assume_ttl = ttl;
+        self
+    }
+
+    /// The node's annotation less what this extender bound there that the
+    /// annotation does not count yet; `full`: with the pod lists (`pods`,
+    /// `holds`) however it stands.
+    fn free_from(&self, name: &str, value: Option<&str>, full: bool) -> Result<NodeGpus, AnnotationError> {
+        self.viewed(name, full, |with_pods| NodeGpus::parse_with(value, with_pods))
+    }
+
+    /// [`Extender::free_from`] for an annotation the node cache parsed: its
+    /// GPUs copied, and its pod lists only where needed.
+    fn free_from_parsed(&self, name: &str, parsed: &Result<Arc<NodeGpus>, AnnotationError>, full: bool) -> Result<NodeGpus, AnnotationError> {
+        let parsed = parsed.as_ref().map_err(Clone::clone)?;
+        self.viewed(name, full, |with_pods| Ok(if with_pods { NodeGpus::clone(parsed) } else { parsed.gpus_only() }))
+    }
+
+    /// The annotation `read` gives (with its pod lists when asked for) less
+    /// the node's assumptions. The pod lists only where `full` or something
+    /// is assumed: an assumption made between these two locks and read
+    /// without the list is kept (and counted) until the next request, which
+    /// errs on the safe side.
+    fn viewed(&self, name: &str, full: bool, read: impl FnOnce(bool) -> Result<NodeGpus, AnnotationError>) -> Result<NodeGpus, AnnotationError> {
+        let with_pods = full || self.assumed.lock().expect("assume lock").has(name);
+        let g = read(with_pods)?;
+        Ok(self.assumed.lock().expect("assume lock").view(name, g, Instant::now(), self.assume_ttl))
+    }
+
+    /// The request's candidates: Node objects, else names with a node cache.
+    fn candidates(&self, nodes: Option<NodeList>, names: Option<Vec<String>>) -> Result<Candidates, RequestError> {
+        match (nodes, names, &self.nodes) {
+            (Some(n), _, _) => Ok(Candidates::Objects(n.items)),
+            (None, Some(_), Some(cache)) if !cache.synced() => Err(RequestError::NotSynced),
+            (None, Some(names), Some(_)) => Ok(Candidates::Names(names)),
+            (None, Some(_), None) => Err(RequestError::NoNodes),
+            (None, None, _) => Err(RequestError::NoCandidates),
+        }
+    }
+
+    /// Each candidate's name and what it has free, or why that is unknown;
+    /// `full` as in [`Extender::free_from`].
+    fn frees(&self, c: &Candidates, full: bool) -> Vec<(String, Result<NodeGpus, String>)> {
+        match c {
+            Candidates::Objects(items) => items
+                .iter()
+                .map(|n| {
+                    let name = node_name(n);
+                    (name.to_string(), self.free_from(name, n["metadata"]["annotations"][crate::annotation::ANNOTATION].as_str(), full).map_err(|e| e.to_string()))
+                })
+                .collect(),
+            Candidates::Names(names) => {
+                let cache = self.nodes.as_ref().expect("names only with a cache");
+                let (selector, cache) = (&cache.selector, cache.annotations.read().expect("node cache lock"));
+                names
+                    .iter()
+                    .map(|name| {
+                        let free = match cache.get(name) {
+                            None => Err(format!("node is not in this extender's node cache: not selected by '{selector}', or not seen yet")),
+                            Some(parsed) => self.free_from_parsed(name, parsed, full).map_err(|e| e.to_string()),
+                        };
+                        (name.clone(), free)
+                    })
+                    .collect()
+            }
+        }
+    }
+
+    /// A scrape of the extender's metrics.
+    pub fn metrics_text(&self) -> String {
+        self.metrics.render(self.assumed(), self.nodes.as_ref().map(|c| (c.len(), c.synced())))
+    }
+
+    /// Live assumptions (bound pods the nodes' annotations do not count yet).
+    pub fn assumed(&self) -> usize {
+        self.assumed.lock().expect("assume lock").live(Instant::now(), self.assume_ttl)
+    }
+
+    /// `filter`.
+    pub fn filter(&self, args: ExtenderArgs) -> FilterResult {
+        let mut out = FilterResult::default();
+        let fail = |e: RequestError| FilterResult { error: e.to_string(), ..Default::default() };
+        let Some(pod) = args.pod else { return fail(RequestError::NoPod) };
+        let candidates = match self.candidates(args.nodes, args.node_names) {
+            Ok(c) => c,
+            Err(e) => return fail(e),
+        };
+        let demand = match Demand::of_pod(&pod, &self.resource) {
+            Ok(d) => d,
+            Err(e) => return fail(e),
+        };
+        let mut keep = vec![true; match &candidates {
+            Candidates::Objects(o) => o.len(),
+            Candidates::Names(n) => n.len(),
+        }];
+        if !demand.units.is_empty() {
+            let uid = pod["metadata"]["uid"].as_str().unwrap_or("");
+            self.observe(uid, &demand);
+            self.assumed.lock().expect("assume lock").remember(uid, &demand.in_order);
+            for (k, (name, free)) in self.frees(&candidates, false).into_iter().enumerate() {
+                match free {
+                    Err(e) => {
+                        out.failed_and_unresolvable_nodes.insert(name, format!("egpu: {e}"));
+                        keep[k] = false;
+                    }
+                    Ok(g) => match demand.misfit(&g) {
+                        None => {}
+                        // Preemption cannot help: the scheduler need not try it here.
+                        Some(why) if demand.never_fits(&g) => {
+                            out.failed_and_unresolvable_nodes.insert(name, format!("egpu: {why}, even with every GPU of the node free"));
+                            keep[k] = false;
+                        }
+                        Some(why) => {
+                            out.failed_nodes.insert(name, format!("egpu: {why}"));
+                            keep[k] = false;
+                        }
+                    },
+                }
+            }
+            let (failed, unresolvable) = (out.failed_nodes.len(), out.failed_and_unresolvable_nodes.len());
+            self.metrics.filtered(keep.iter().filter(|k| **k).count(), failed, unresolvable);
+        }
+        let mut keep = keep.into_iter();
+        match candidates {
+            Candidates::Objects(mut items) => {
+                items.retain(|_| keep.next().unwrap_or(false));
+                out.nodes = Some(NodeList { items });
+            }
+            Candidates::Names(mut names) => {
+                names.retain(|_| keep.next().unwrap_or(false));
+                out.node_names = Some(names);
+            }
+        }
+        out
+    }
+
+    fn observe(&self, uid: &str, d: &Demand) {
+        let mut r = self.recent.lock().expect("recent lock");
+        if !uid.is_empty() && !r.pods.insert(uid.to_string()) {
+            return;
+        }
+        for &u in &d.units {
+            if r.units.len() == WINDOW
+                && let Some((old, _)) = r.units.pop_front()
+                && !r.units.iter().any(|(p, _)| *p == old)
+            {
+                r.pods.remove(&old);
+            }
+            r.units.push_back((uid.to_string(), u));
+        }
+    }
+
+    /// `prioritize`: every candidate node with a score from 0 to 10.
+    pub fn prioritize(&self, args: ExtenderArgs) -> Result<Vec<HostPriority>, RequestError> {
+        let pod = args.pod.ok_or(RequestError::NoPod)?;
+        let candidates = self.candidates(args.nodes, args.node_names)?;
+        let demand = Demand::of_pod(&pod, &self.resource)?;
+        let mut scores: Vec<HostPriority> = candidates.names().into_iter().map(|host| HostPriority { host, score: 0 }).collect();
+        let Some(&largest) = demand.units.first() else {
+            return Ok(scores);
+        };
+        let frees = self.frees(&candidates, false);
+        let recent: Vec<u32> = self.recent.lock().expect("recent lock").units.iter().map(|(_, u)| *u).collect();
+        // Nodes grouped by units per GPU: a pod's share of a GPU depends on its size.
+        let mut groups: BTreeMap<u32, Vec<(usize, NodeGpus)>> = BTreeMap::new();
+        for (i, (_, free)) in frees.into_iter().enumerate() {
+            if let Ok(g) = free
+                && let Some(units) = g.gpus.first().map(|x| x.units).filter(|&u| u > 0)
+            {
+                groups.entry(units).or_default().push((i, g));
+            }
+        }
+        let mut keys: Vec<(usize, (i64, bool))> = Vec::new();
+        for (units, members) in groups {
+            let milli = |u: u32| ((u64::from(u) * 1000).div_ceil(u64::from(units))).clamp(1, 1000) as u32;
+            let mut cluster = Cluster::new();
+            let Ok(ty) = cluster.gpu_type_or_insert(&format!("{units}u"), u64::from(units)) else { continue };
+            // A container larger than one GPU is a pod of whole GPUs.
+            let shape = |u: u32| if u > units { Pod::new(0, 0, u.div_ceil(units), 1000, TypeSet::only(ty), Qos::Be).ok() } else { sharing_pod(milli(u), ty) };
+            let Some(pod) = shape(largest) else { continue };
+            let mut ids = Vec::new();
+            for (i, g) in &members {
+                let spec = NodeSpec {
+                    name: scores[*i].host.clone(),
+                    cpu_milli: u64::MAX / 4,
+                    memory_mib: u64::MAX / 4,
+                    gpu_type: Some(ty),
+                    nvlink_groups: vec![0; g.gpus.len().min(egpu_place::model::MAX_GPUS_PER_NODE)],
+                    max_pods: u32::MAX,
+                };
+                let Ok(id) = cluster.add_node(spec) else { continue };
+                for (gi, gpu) in g.gpus.iter().enumerate().take(egpu_place::model::MAX_GPUS_PER_NODE) {
+                    let used = 1000 - (u64::from(gpu.free.min(gpu.units)) * 1000 / u64::from(gpu.units.max(1))) as u32;
+                    if let Some(p) = (used > 0).then(|| sharing_pod(used, ty)).flatten() {
+                        let _ = cluster.apply(&Placement::new(id, &p, &[gi as u8]));
+                    }
+                }
+                ids.push((id, *i));
+            }
+            let shapes: Vec<Pod> = recent.iter().filter_map(|&u| shape(u)).collect();
+            let target = if shapes.is_empty() { TargetWorkload::from_pods([&pod], 1.0) } else { TargetWorkload::from_pods(&shapes, 0.95) };
+            let node_keys = EgpuPolicy::new(target).node_keys(&cluster, &pod);
+            for (id, i) in ids {
+                if let Some(k) = node_keys[id] {
+                    keys.push((i, k));
+                }
+            }
+        }
+        // The policy's pick (smallest key, then name) gets 10; every other
+        // node 9 less the rank of its key among the distinct keys.
+        let mut distinct: Vec<(i64, bool)> = keys.iter().map(|(_, k)| *k).collect();
+        distinct.sort_unstable();
+        distinct.dedup();
+        let pick = keys.iter().min_by(|a, b| a.1.cmp(&b.1).then_with(|| scores[a.0].host.cmp(&scores[b.0].host))).map(|(i, _)| *i);
+        for (i, k) in keys {
+            let rank = distinct.binary_search(&k).expect("key listed") as i64;
+            scores[i].score = if Some(i) == pick { MAX_SCORE } else { (MAX_SCORE - 1 - rank).max(0) };
+        }
+        Ok(scores)
+    }
+}
+
+/// A one-GPU pod of `milli` on GPUs of type `ty` (None when out of range).
+fn sharing_pod(milli: u32, ty: egpu_place::GpuTypeId) -> Option<Pod> {
+    Pod::new(0, 0, 1, milli.clamp(1, 1000), TypeSet::only(ty), Qos::Be).ok()
+}
