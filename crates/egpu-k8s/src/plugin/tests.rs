@@ -1,0 +1,111 @@
+//! Unit tests of the device plugin's pure parts.
+
+use super::*;
+
+fn slice(name: &str, device: u32, gib: u64) -> node::Slice {
+    node::Slice {
+        name: name.into(),
+        devices: vec![node::SliceDevice { device, memory_limit_bytes: gib << 30, ..Default::default() }],
+        ..Default::default()
+    }
+}
+
+#[test]
+fn the_annotation_says_which_gpus_each_known_pod_holds() {
+    let gpu = |index: u32, uuid: &str| tokens::Gpu { index, uuid: uuid.into(), model: "m".into(), memory_bytes: 4 << 30 };
+    let inv = Inventory { unit_bytes: 1 << 30, gpus: vec![gpu(0, "GPU-a"), gpu(1, "GPU-b")] };
+    let devices = advertise(&inv, &[], None);
+    let holder = |pod: &str, ids: &[&str]| Holder { namespace: "ns".into(), pod: pod.into(), ids: ids.iter().map(|s| s.to_string()).collect() };
+    // Pod p: two containers, on both GPUs; pod q is not in the followed list.
+    let holders = [holder("p", &["GPU-a_0", "GPU-a_1"]), holder("p", &["GPU-b_0"]), holder("q", &["GPU-b_1", "GPU-b_2"])];
+    let known: PodAnnotations = [(("ns".to_string(), "p".to_string()), PodInfo { uid: "uid-p".into(), ..Default::default() })].into();
+    let g = node_gpus(&inv, &devices, &holders, Some(&known));
+    assert_eq!(g.gpus.iter().map(|x| x.free).collect::<Vec<_>>(), [2, 1]);
+    assert_eq!(g.pods, Some([("ns/p".to_string(), 3), ("ns/q".to_string(), 2)].into()));
+    assert_eq!(g.holds, Some([("uid-p".to_string(), [(0, 2), (1, 1)].into())].into()), "q's UID is unknown: left out");
+    assert_eq!(node_gpus(&inv, &devices, &holders, None).holds, Some(Default::default()));
+}
+
+#[test]
+fn foreign_slices_make_free_tokens_unhealthy_from_the_top() {
+    let inv = Inventory {
+        unit_bytes: 1 << 30,
+        gpus: vec![
+            tokens::Gpu { index: 0, uuid: "GPU-a".into(), model: "m".into(), memory_bytes: 4 << 30 },
+            tokens::Gpu { index: 1, uuid: "GPU-b".into(), model: "m".into(), memory_bytes: 4 << 30 },
+        ],
+    };
+    let mut half = slice("train", 1, 1);
+    half.devices[0].memory_limit_bytes += 1; // 1 GiB + 1 B: two tokens
+    let slices = [half, slice(&tokens::slice_name(&["GPU-a_0".into()]), 0, 1)];
+    // GPU-b_3 is held by a container: the reserve skips it.
+    let held = vec![vec!["GPU-b_3".to_string()]];
+    let d = advertise(&inv, &slices, Some(&held));
+    let unhealthy: Vec<&str> = d.iter().filter(|d| d.health == UNHEALTHY).map(|d| d.id.as_str()).collect();
+    // GPU-a: the plugin slice no container holds still has its 1 GiB.
+    assert_eq!(unhealthy, ["GPU-a_3", "GPU-b_1", "GPU-b_2"]);
+    assert_eq!(d.len(), 8);
+    // Held again: its units count for it, nothing more is reserved.
+    let held2 = vec![held[0].clone(), vec!["GPU-a_0".to_string()]];
+    let d = advertise(&inv, &slices, Some(&held2));
+    assert_eq!(d.iter().filter(|d| d.health == UNHEALTHY).count(), 2);
+    // Borrowed burst memory is reserved too.
+    let mut lent = slices.clone();
+    lent[0].devices[0].memory_granted_bytes = 1 << 30;
+    let d = advertise(&inv, &lent, Some(&held2));
+    assert_eq!(d.iter().filter(|d| d.health == UNHEALTHY).count(), 3);
+    // Without the held set only outside slices count, from the top.
+    let d = advertise(&inv, &slices, None);
+    let unhealthy: Vec<&str> = d.iter().filter(|d| d.health == UNHEALTHY).map(|d| d.id.as_str()).collect();
+    assert_eq!(unhealthy, ["GPU-b_2", "GPU-b_3"]);
+}
+
+#[test]
+fn pod_annotations_ask_for_share_cap_and_burst() {
+    let ann = |kv: &[(&str, &str)]| kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<std::collections::BTreeMap<_, _>>();
+    assert_eq!(wanted(&ann(&[]), 1250), Ok((1250, 10_000, 0)), "defaults");
+    let w = wanted(&ann(&[(COMPUTE_ANNOTATION, "30%"), (COMPUTE_LIMIT_ANNOTATION, "50"), (MEMORY_BURST_ANNOTATION, "12GiB")]), 1250);
+    assert_eq!(w, Ok((3000, 5000, 12 << 30)));
+    let e = wanted(&ann(&[(COMPUTE_ANNOTATION, "lots")]), 1250).unwrap_err();
+    assert!(e.starts_with("egpu.io/gpu-compute:") && e.contains("'lots'"), "{e}");
+    let e = wanted(&ann(&[(MEMORY_BURST_ANNOTATION, "12 apples")]), 1250).unwrap_err();
+    assert!(e.starts_with("egpu.io/gpu-memory-burst:"), "{e}");
+}
+
+#[test]
+fn endpoint_and_config_checks() {
+    let cfg = PluginConfig {
+        egpud_socket: "/x".into(),
+        kubelet_dir: "/var/lib/kubelet".into(),
+        resource_name: DEFAULT_RESOURCE.into(),
+        unit_bytes: 1 << 30,
+        cdi_dir: "/var/run/cdi".into(),
+        poll: Duration::from_secs(1),
+        sweep_grace: Duration::from_secs(30),
+        gpu_cdi_kind: None,
+        pod_poll: Duration::from_secs(5),
+    };
+    assert_eq!(cfg.endpoint(), "egpu-gpu-memory.sock");
+    let gpu = tokens::Gpu { index: 3, uuid: "GPU-x".into(), model: "m".into(), memory_bytes: 1 << 30 };
+    let names = |cfg: &PluginConfig| cdi_devices(cfg, "k8s-1", std::iter::once(&gpu)).into_iter().map(|d| d.name).collect::<Vec<_>>();
+    assert_eq!(names(&cfg), ["egpu.io/slice=k8s-1"]);
+    let nvidia = PluginConfig { gpu_cdi_kind: Some("nvidia.com/gpu".into()), ..cfg.clone() };
+    assert_eq!(names(&nvidia), ["egpu.io/slice=k8s-1", "nvidia.com/gpu=3"]);
+    // A multi-GPU slice names each of its GPUs.
+    let gpu5 = tokens::Gpu { index: 5, ..gpu.clone() };
+    let both: Vec<String> = cdi_devices(&nvidia, "k8s-2", [&gpu, &gpu5].into_iter()).into_iter().map(|d| d.name).collect();
+    assert_eq!(both, ["egpu.io/slice=k8s-2", "nvidia.com/gpu=3", "nvidia.com/gpu=5"]);
+    // The default share: the memory's fraction, or all of it for every
+    // unit of the GPU (an H100 80 GB: 81,559 MiB, 79 units of 1 GiB).
+    let h100 = tokens::Gpu { index: 0, uuid: "GPU-h".into(), model: "m".into(), memory_bytes: 81_559 << 20 };
+    let inv = Inventory { unit_bytes: 1 << 30, gpus: vec![h100.clone()] };
+    assert_eq!(default_share(&inv, &h100, 79 << 30), 10_000);
+    assert_eq!(default_share(&inv, &h100, 10 << 30), 1255, "10 GiB of 79.6");
+    let e = Shared::new(PluginConfig { gpu_cdi_kind: Some("nvidia.com/gpu=0".into()), ..cfg.clone() }, None).unwrap_err();
+    assert!(e.to_string().contains("not a CDI kind"), "{e}");
+    assert!(Shared::new(cfg.clone(), None).is_ok());
+    let e = Shared::new(PluginConfig { unit_bytes: 4096, ..cfg.clone() }, None).unwrap_err();
+    assert!(e.to_string().contains("below 1 MiB"), "{e}");
+    let e = Shared::new(PluginConfig { resource_name: "gpu-memory".into(), ..cfg }, None).unwrap_err();
+    assert!(e.to_string().contains("needs a domain"), "{e}");
+}
