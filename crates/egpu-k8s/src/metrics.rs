@@ -1,8 +1,12 @@
-//! The scheduler extender's Prometheus metrics (`GET /metrics`, OpenMetrics
-//! text, `prometheus-client`): requests by verb and outcome with their
-//! latency, what filters decided per node, binds by outcome, and, read at
-//! each scrape, the live assumptions and the node cache. Names and labels
-//! are listed in `docs/metrics.md`.
+//! Prometheus metrics (`GET /metrics`, OpenMetrics text,
+//! `prometheus-client`) of the scheduler extender and of the DRA plugin.
+//! The extender's: requests by verb and outcome with their latency, what
+//! filters decided per node, binds by outcome, and, read at each scrape,
+//! the live assumptions and the node cache. The DRA plugin's: claims
+//! prepared and unprepared by outcome with their latency, ResourceSlice
+//! writes, live resizes, and, read at each scrape, the claims prepared,
+//! egpud's reachability and the resizes that cannot be applied. Names and
+//! labels are listed in `docs/metrics.md`.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -17,6 +21,22 @@ type Labels = Vec<(&'static str, &'static str)>;
 /// Upper bounds of the request-latency buckets: 0.5 ms to ~4 s.
 fn latency() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 14))
+}
+
+/// `GET /metrics` (what `render` returns at each scrape) and `GET /healthz`.
+pub fn router(render: impl Fn() -> String + Clone + Send + Sync + 'static) -> axum::Router {
+    use axum::response::IntoResponse;
+    let metrics = move || {
+        let text = render();
+        async move { ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response() }
+    };
+    axum::Router::new().route("/metrics", axum::routing::get(metrics)).route("/healthz", axum::routing::get(|| async { "ok" }))
+}
+
+fn encode(registry: &Mutex<Registry>) -> String {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &registry.lock().expect("registry lock")).expect("writing to a String");
+    out
 }
 
 /// The extender's metrics.
@@ -109,8 +129,88 @@ impl ExtenderMetrics {
         let (nodes, synced) = cache.unwrap_or((0, false));
         self.cache_nodes.set(i64::try_from(nodes).unwrap_or(i64::MAX));
         self.cache_synced.set(i64::from(synced));
-        let mut out = String::new();
-        prometheus_client::encoding::text::encode(&mut out, &self.registry.lock().expect("registry lock")).expect("writing to a String");
-        out
+        encode(&self.registry)
+    }
+}
+
+/// The DRA plugin's metrics.
+pub struct DraMetrics {
+    registry: Mutex<Registry>,
+    claims: Family<Labels, Counter>,
+    seconds: Family<Labels, Histogram, fn() -> Histogram>,
+    slice_writes: Family<Labels, Counter>,
+    resizes: Counter,
+    prepared: Gauge,
+    egpud_up: Gauge,
+    pods_synced: Gauge,
+    resize_problems: Gauge,
+}
+
+impl std::fmt::Debug for DraMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DraMetrics")
+    }
+}
+
+impl Default for DraMetrics {
+    fn default() -> Self {
+        let m = DraMetrics {
+            registry: Mutex::new(Registry::default()),
+            claims: Family::default(),
+            seconds: Family::new_with_constructor(latency as fn() -> Histogram),
+            slice_writes: Family::default(),
+            resizes: Counter::default(),
+            prepared: Gauge::default(),
+            egpud_up: Gauge::default(),
+            pods_synced: Gauge::default(),
+            resize_problems: Gauge::default(),
+        };
+        {
+            let mut r = m.registry.lock().expect("registry lock");
+            r.register("egpu_dra_claims", "Claims the kubelet asked to prepare or unprepare, by verb (prepare, unprepare) and outcome (ok, error: the answer for that claim carried an error)", m.claims.clone());
+            r.register("egpu_dra_claim_seconds", "Time to prepare or unprepare one claim, by verb", m.seconds.clone());
+            r.register("egpu_dra_resourceslice_writes", "Writes of the node's ResourceSlice, by outcome: created, updated, failed", m.slice_writes.clone());
+            r.register("egpu_dra_resizes", "Live resizes of a claim's slice (one GPU each) that its pod's annotations asked and egpud made", m.resizes.clone());
+            r.register("egpu_dra_prepared_claims", "Claims prepared on this node (slices the plugin made and still resizes)", m.prepared.clone());
+            r.register("egpu_dra_egpud_up", "1 when the last refresh read egpud, else 0: claims cannot be prepared and the ResourceSlice stays as last published", m.egpud_up.clone());
+            r.register("egpu_dra_pods_synced", "1 once the node's pods have been listed (pod annotations resize slices only then)", m.pods_synced.clone());
+            r.register(
+                "egpu_dra_resize_problems",
+                "Slices whose pod's annotations cannot be applied now (an annotation that does not parse, a cap below the guarantee, egpud's refusal); the plugin's log says why",
+                m.resize_problems.clone(),
+            );
+        }
+        m
+    }
+}
+
+impl DraMetrics {
+    /// One claim of a `verb` call, answered in `took`.
+    pub fn claim(&self, verb: &'static str, ok: bool, took: Duration) {
+        self.claims.get_or_create(&vec![("verb", verb), ("outcome", if ok { "ok" } else { "error" })]).inc();
+        self.seconds.get_or_create(&vec![("verb", verb)]).observe(took.as_secs_f64());
+    }
+
+    /// A write of the ResourceSlice: `created`, `updated` or `failed`.
+    pub fn slice_write(&self, outcome: &'static str) {
+        self.slice_writes.get_or_create(&vec![("outcome", outcome)]).inc();
+    }
+
+    /// A resize egpud made.
+    pub fn resized(&self) {
+        self.resizes.inc();
+    }
+
+    /// Whether the last refresh read egpud.
+    pub fn egpud_up(&self, up: bool) {
+        self.egpud_up.set(i64::from(up));
+    }
+
+    /// The text of a scrape, with the gauges read now.
+    pub fn render(&self, prepared: usize, pods_synced: bool, resize_problems: usize) -> String {
+        self.prepared.set(i64::try_from(prepared).unwrap_or(i64::MAX));
+        self.pods_synced.set(i64::from(pods_synced));
+        self.resize_problems.set(i64::try_from(resize_problems).unwrap_or(i64::MAX));
+        encode(&self.registry)
     }
 }

@@ -285,6 +285,12 @@ fn the_dra_driver_its_class_and_the_example_claim_agree() {
     }
     assert_eq!(host_path(plugin, &flag(plugin, "--socket")).1, host_path(egpud, &flag(egpud, "--run-dir")).1);
     assert_eq!(host_path(plugin, &flag(plugin, "--cdi-dir")).1, host_path(egpud, &flag(egpud, "--cdi-dir")).1);
+    // Its metrics port is the one it serves them on, and no other container's.
+    let metrics: std::net::SocketAddr = flag(plugin, "--metrics-listen").parse().unwrap();
+    let port = plugin.ports.iter().flatten().find(|p| p.name.as_deref() == Some("dra-metrics")).expect("a metrics port");
+    assert_eq!(port.container_port, i32::from(metrics.port()));
+    let ports: Vec<_> = spec.containers.iter().flat_map(|c| c.ports.iter().flatten()).map(|p| (p.name.clone(), p.container_port)).collect();
+    assert!(ports.iter().enumerate().all(|(i, a)| ports[i + 1..].iter().all(|b| a.0 != b.0 && a.1 != b.1)), "port names and numbers unique in the pod: {ports:?}");
     let env = plugin.env.iter().flatten().find(|e| e.name == "NODE_NAME").unwrap();
     assert_eq!(env.value_from.as_ref().unwrap().field_ref.as_ref().unwrap().field_path, "spec.nodeName");
     // Never two egpud on one node: the two DaemonSets select different labels.

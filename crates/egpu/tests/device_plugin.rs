@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{Node, target_dir, wait_until};
+use common::{Node, http_get, sample, target_dir, wait_until};
 use egpu_k8s::deviceplugin as dp;
 use egpu_k8s::podresources as pr;
 use std::path::{Path, PathBuf};
@@ -333,22 +333,6 @@ fn post(addr: &str, path: &str, body: &str) -> (u16, String) {
     c.read_to_string(&mut out).unwrap();
     let (head, body) = out.split_once("\r\n\r\n").unwrap();
     (head.split(' ').nth(1).unwrap().parse().unwrap(), body.to_string())
-}
-
-/// One HTTP/1.1 GET over a fresh connection: (status, body).
-fn get(addr: &str, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut c = std::net::TcpStream::connect(addr).unwrap();
-    write!(c, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut out = String::new();
-    c.read_to_string(&mut out).unwrap();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap();
-    (head.split(' ').nth(1).unwrap().parse().unwrap(), body.to_string())
-}
-
-/// The value of one sample (`name{labels}`) in a scrape.
-fn sample(scrape: &str, series: &str) -> Option<f64> {
-    scrape.lines().find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
 }
 
 /// The scheduler extender, started on a free port.
@@ -771,7 +755,7 @@ fn scheduler_extender_with_a_node_cache_takes_node_names() {
     assert!(unresolvable["n4"].as_str().unwrap().contains("no egpu.io/gpus annotation"), "{r}");
     assert_eq!(ask("/prioritize", 8, &["n1", "n4"]), serde_json::json!([{"Host": "n1", "Score": 10}, {"Host": "n4", "Score": 0}]));
     // The metrics, on their own address: the cache, and what the filter decided.
-    let (code, m) = get(&metrics, "/metrics");
+    let (code, _, m) = http_get(&metrics, "/metrics");
     assert_eq!(code, 200, "{m}");
     assert_eq!((sample(&m, "egpu_extender_node_cache_synced"), sample(&m, "egpu_extender_node_cache_nodes")), (Some(1.0), Some(2.0)), "{m}");
     let decided = |result: &str| sample(&m, &format!("egpu_extender_filter_nodes_total{{result=\"{result}\"}}"));
@@ -806,7 +790,7 @@ fn scheduler_extender_with_a_node_cache_takes_node_names() {
     // v-a frees 6 on GPU 0 (8 free): no room for 12; a node outside the cache is dropped too.
     let r = preempt(serde_json::json!({"n5": victims(&["v-a"]), "n9": victims(&["v-b"])}));
     assert_eq!(r, serde_json::json!({"NodeNameToMetaVictims": {}}), "{r}");
-    let (_, m) = get(&metrics, "/metrics");
+    let (_, _, m) = http_get(&metrics, "/metrics");
     let preempt_nodes = |result: &str| sample(&m, &format!("egpu_extender_preempt_nodes_total{{result=\"{result}\"}}"));
     assert_eq!((preempt_nodes("kept"), preempt_nodes("dropped")), (Some(1.0), Some(2.0)), "{m}");
     // A node that loses the label leaves the cache (the watch's DELETED).
@@ -891,7 +875,7 @@ fn scheduler_extender_binds_and_counts_a_bound_pod_until_the_node_does() {
     // Binds by outcome: p1, p4 and p1's repeat bound; the other node and
     // the missing pod refused (4xx); none failed. The bad body is a bind
     // request error.
-    let (_, m) = get(&sched.1, "/metrics");
+    let (_, _, m) = http_get(&sched.1, "/metrics");
     let binds = |o: &str| sample(&m, &format!("egpu_extender_binds_total{{outcome=\"{o}\"}}"));
     assert_eq!((binds("bound"), binds("refused"), binds("failed")), (Some(3.0), Some(2.0), None), "{m}");
     assert_eq!(sample(&m, "egpu_extender_requests_total{verb=\"bind\",outcome=\"error\"}"), Some(3.0), "{m}");

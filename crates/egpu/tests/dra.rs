@@ -9,7 +9,7 @@
 mod common;
 
 use common::dra::{DRIVER, NODE, Rig, WAIT, claim, spec_path};
-use common::{target_dir, wait_until};
+use common::{sample, target_dir, wait_until};
 use egpu_k8s::dra::v1beta1;
 use std::path::Path;
 use std::process::Command;
@@ -140,6 +140,21 @@ fn claims_become_slices_through_the_kubelets_dra_calls() {
     assert!(wait_until(WAIT, || Path::new(&ep).exists()), "not served again; log:\n{}", rig.log());
     assert_eq!(rig.prepare(&ep, &[("g", "uid-g")])["uid-g"].error, "");
 
+    // What the plugin counted: every claim of every call, the ResourceSlice's
+    // writes (two creates: the kubelet deleted it once), and what it holds now.
+    let m = rig.metrics();
+    let at = |series: &str| sample(&m, series);
+    assert_eq!(at(r#"egpu_dra_claims_total{verb="prepare",outcome="ok"}"#), Some(5.0), "{m}");
+    assert_eq!(at(r#"egpu_dra_claims_total{verb="prepare",outcome="error"}"#), Some(5.0), "{m}");
+    assert_eq!(at(r#"egpu_dra_claims_total{verb="unprepare",outcome="ok"}"#), Some(3.0), "{m}");
+    assert_eq!(at(r#"egpu_dra_claim_seconds_count{verb="prepare"}"#), Some(10.0), "{m}");
+    assert_eq!(at(r#"egpu_dra_resourceslice_writes_total{outcome="created"}"#), Some(2.0), "{m}");
+    assert_eq!(at(r#"egpu_dra_resourceslice_writes_total{outcome="updated"}"#), Some(2.0), "{m}");
+    assert_eq!(at("egpu_dra_prepared_claims"), Some(1.0), "{m}");
+    assert_eq!(at("egpu_dra_egpud_up"), Some(1.0), "{m}");
+    assert_eq!(at("egpu_dra_pods_synced"), Some(1.0), "{m}");
+    assert_eq!(at("egpu_dra_resizes_total"), Some(0.0), "{m}");
+
     // kill -9 and restart. The claim was made for pod-g (its owner): the
     // pod's annotations resize its slice live, also after the restart, with
     // no new prepare (a kubelet does not prepare a running pod's claim
@@ -156,9 +171,13 @@ fn claims_become_slices_through_the_kubelets_dra_calls() {
     rig.api.annotate("pod-g", serde_json::json!({"egpu.io/gpu-compute": "40%", "egpu.io/gpu-compute-limit": "30%"}));
     assert!(wait_until(WAIT, || rig.log().contains("a DRA claim's guarantee is what the scheduler counted")));
     assert_eq!(devices()[0].3, 60.0);
+    let m = rig.metrics();
+    assert_eq!(sample(&m, "egpu_dra_resize_problems"), Some(1.0), "{m}");
+    assert_eq!(sample(&m, "egpu_dra_resizes_total"), Some(2.0), "one resize of each GPU, by the restarted plugin: {m}");
     // The annotations removed: the claim's own values (cap 100%, no burst) again.
     rig.api.annotate("pod-g", serde_json::json!({}));
     assert!(wait_until(WAIT, || devices() == [(0, 16 << 30, 0.0, 100.0, 0), (1, 16 << 30, 0.0, 100.0, 0)]), "{:?}", devices());
+    assert!(wait_until(WAIT, || sample(&rig.metrics(), "egpu_dra_resize_problems") == Some(0.0)), "applied again: no problem left");
     // A repeated prepare after the restart answers the same; the ResourceSlice
     // (stored by the API server in its own form) was not rewritten.
     let r = rig.prepare(&info.endpoint, &[("g", "uid-g")]);
@@ -171,6 +190,7 @@ fn claims_become_slices_through_the_kubelets_dra_calls() {
     rig.node.kill9();
     let r = rig.prepare(&info.endpoint, &[("h", "uid-h")]);
     assert!(r["uid-h"].error.contains("egpud is not reachable"), "{}", r["uid-h"].error);
+    assert!(wait_until(WAIT, || sample(&rig.metrics(), "egpu_dra_egpud_up") == Some(0.0)), "{}", rig.metrics());
 
     // SIGTERM: a clean exit that removes both sockets.
     common::signal(plugin.0.id(), libc::SIGTERM);
@@ -197,4 +217,7 @@ fn bad_flags_are_refused_before_anything_starts() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("needs the Kubernetes API"), "{}", String::from_utf8_lossy(&o.stderr));
     let o = run(&[]);
     assert_eq!(o.status.code(), Some(2), "--node-name is required");
+    let o = run(&["--node-name", "node-a", "--metrics-listen", "9403"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("invalid value '9403' for '--metrics-listen"), "{}", String::from_utf8_lossy(&o.stderr));
 }

@@ -5,8 +5,7 @@
 
 mod common;
 
-use common::{Node, target_dir, wait_until};
-use std::io::{Read, Write};
+use common::{Node, http_get, sample as value, target_dir, wait_until};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -26,31 +25,12 @@ fn start_with_metrics() -> (Node, String) {
     (n, addr)
 }
 
-/// GET /metrics over HTTP/1.1; returns (status line, content type, body).
-fn scrape(addr: &str) -> (String, String, String) {
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(s, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    let ctype = head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-type: ").map(str::to_string)).unwrap_or_default();
-    // Chunked or not, the samples are lines of the body; drop chunk-size lines.
-    let body = body.lines().filter(|l| !l.chars().all(|c| c.is_ascii_hexdigit()) || l.is_empty()).collect::<Vec<_>>().join("\n");
-    (head.lines().next().unwrap().to_string(), ctype, body)
-}
-
-/// The value of the sample `series` (name with labels, exactly as exposed).
-fn value(body: &str, series: &str) -> Option<f64> {
-    body.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.split(' ').next()?.parse().ok())
-}
-
 #[test]
 fn metrics_are_served_over_http_and_follow_slices_resizes_and_workloads() {
     let (n, addr) = start_with_metrics();
     n.ok(&["create", "--name", "a", "--gpu-memory", "1GiB", "--gpu-memory-burst", "2GiB", "--gpu-compute", "30%", "--gpu-compute-limit", "50%"]);
-    let (status, ctype, body) = scrape(&addr);
-    assert!(status.contains("200"), "{status}");
+    let (status, ctype, body) = http_get(&addr, "/metrics");
+    assert_eq!(status, 200, "{body}");
     assert!(ctype.starts_with("application/openmetrics-text"), "{ctype}");
     assert_eq!(value(&body, r#"egpu_slice_memory_limit_bytes{slice="a",device="0"}"#), Some(1073741824.0), "{body}");
     assert_eq!(value(&body, r#"egpu_slice_memory_burst_bytes{slice="a",device="0"}"#), Some(2147483648.0), "{body}");
@@ -64,8 +44,8 @@ fn metrics_are_served_over_http_and_follow_slices_resizes_and_workloads() {
     assert!(body.contains(r#"egpu_arbiter_tick_seconds_bucket{le="+Inf"}"#));
     // The arbiter ticks and publishes a budget for the slice: alone and idle it
     // gets its share plus headroom up to its cap, 50% of a 10 ms period.
-    assert!(wait_until(Duration::from_secs(10), || value(&scrape(&addr).2, r#"egpu_slice_compute_budget_seconds{slice="a",device="0"}"#).is_some()));
-    let body = scrape(&addr).2;
+    assert!(wait_until(Duration::from_secs(10), || value(&http_get(&addr, "/metrics").2, r#"egpu_slice_compute_budget_seconds{slice="a",device="0"}"#).is_some()));
+    let body = http_get(&addr, "/metrics").2;
     let ticks = value(&body, "egpu_arbiter_ticks_total").unwrap();
     assert!(ticks >= 1.0);
     let inf = value(&body, r#"egpu_arbiter_tick_seconds_bucket{le="+Inf"}"#).unwrap();
@@ -76,7 +56,7 @@ fn metrics_are_served_over_http_and_follow_slices_resizes_and_workloads() {
     // A live resize shows at once in the limits and within a period in the budget.
     n.ok(&["resize", "a", "--gpu-compute", "60%", "--gpu-compute-limit", "60%"]);
     assert!(wait_until(Duration::from_secs(10), || {
-        let b = scrape(&addr).2;
+        let b = http_get(&addr, "/metrics").2;
         value(&b, r#"egpu_slice_compute_budget_seconds{slice="a",device="0"}"#) == Some(0.006) && value(&b, r#"egpu_slice_resizes_total{slice="a"}"#) == Some(1.0)
     }));
 
@@ -85,10 +65,10 @@ fn metrics_are_served_over_http_and_follow_slices_resizes_and_workloads() {
     assert!(burn.exists(), "build the workspace first (cargo build --workspace): {} is missing", burn.display());
     let mut w = n.cli().args(["exec", "a", "--"]).arg(&burn).args(["--seconds", "20"]).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
     let ok = wait_until(Duration::from_secs(20), || {
-        let b = scrape(&addr).2;
+        let b = http_get(&addr, "/metrics").2;
         value(&b, r#"egpu_slice_processes{slice="a"}"#) == Some(1.0) && value(&b, r#"egpu_slice_compute_used_seconds_total{slice="a",device="0"}"#).is_some_and(|v| v > 0.05)
     });
-    let last = scrape(&addr).2;
+    let last = http_get(&addr, "/metrics").2;
     // `egpu ls -o json` shows the same compute view.
     let ls = n.slices();
     let d = &ls[0]["devices"][0];

@@ -5,6 +5,7 @@
 
 use clap::Parser;
 use egpu_k8s::dra::{Api, DEFAULT_DRIVER, DraConfig, Shared, run};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -39,6 +40,10 @@ struct Args {
     /// they are listed again this much later.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pod_poll: Duration,
+    /// Serve `GET /metrics` (Prometheus) and `GET /healthz` here, e.g. 0.0.0.0:9403; port 0 picks a free
+    /// one, and the address is logged.
+    #[arg(long)]
+    metrics_listen: Option<SocketAddr>,
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, env = "EGPU_LOG", default_value = "info", value_parser = egpu_node::logging::log_filter)]
     log: String,
@@ -82,6 +87,23 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(m) = a.metrics_listen {
+        let listener = match rt.block_on(tokio::net::TcpListener::bind(m)) {
+            Ok(l) => l,
+            Err(e) => {
+                eprintln!("egpu-dra-plugin: cannot listen on {m} (--metrics-listen): {e}");
+                return ExitCode::from(2);
+            }
+        };
+        let addr = listener.local_addr().map_or_else(|_| m.to_string(), |a| a.to_string());
+        tracing::info!("serving metrics at http://{addr}/metrics");
+        let shared = shared.clone();
+        rt.spawn(async move {
+            if let Err(e) = axum::serve(listener, egpu_k8s::metrics::router(move || shared.metrics_text())).await {
+                tracing::warn!("the metrics server stopped: {e}");
+            }
+        });
+    }
     match rt.block_on(run(shared, egpu_node::agent::shutdown_signal())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -23,7 +23,10 @@ impl<C: Cluster> Service<C> {
     async fn prepare_all(&self, r: v1::NodePrepareResourcesRequest) -> v1::NodePrepareResourcesResponse {
         let mut claims = std::collections::HashMap::new();
         for c in r.claims {
-            let answer = match self.0.prepare(&c).await {
+            let t = std::time::Instant::now();
+            let prepared = self.0.prepare(&c).await;
+            self.0.metrics.claim("prepare", prepared.is_ok(), t.elapsed());
+            let answer = match prepared {
                 Ok(devices) => v1::NodePrepareResourceResponse { devices, error: String::new() },
                 Err(error) => {
                     tracing::warn!(claim = %format!("{}/{}", c.namespace, c.name), "cannot prepare: {error}");
@@ -38,7 +41,9 @@ impl<C: Cluster> Service<C> {
     async fn unprepare_all(&self, r: v1::NodeUnprepareResourcesRequest) -> v1::NodeUnprepareResourcesResponse {
         let mut claims = std::collections::HashMap::new();
         for c in r.claims {
+            let t = std::time::Instant::now();
             let error = self.0.unprepare(&c).await.err().unwrap_or_default();
+            self.0.metrics.claim("unprepare", error.is_empty(), t.elapsed());
             claims.insert(c.uid, v1::NodeUnprepareResourceResponse { error });
         }
         v1::NodeUnprepareResourcesResponse { claims }

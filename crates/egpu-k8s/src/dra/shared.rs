@@ -35,6 +35,7 @@ pub struct Shared<C: Cluster> {
     dirty: std::sync::atomic::AtomicBool,
     /// A publish the kubelet's registration asked for is still to be done.
     force_publish: std::sync::atomic::AtomicBool,
+    pub(super) metrics: crate::metrics::DraMetrics,
 }
 
 impl<C: Cluster> Shared<C> {
@@ -52,7 +53,16 @@ impl<C: Cluster> Shared<C> {
             warned: Mutex::new(std::collections::HashMap::new()),
             dirty: std::sync::atomic::AtomicBool::new(false),
             force_publish: std::sync::atomic::AtomicBool::new(false),
+            metrics: crate::metrics::DraMetrics::default(),
         }))
+    }
+
+    /// A scrape of the plugin's metrics (`--metrics-listen`).
+    pub fn metrics_text(&self) -> String {
+        let prepared = self.prepared.lock().expect("prepared lock").len();
+        let synced = self.pods.lock().expect("pods lock").is_some();
+        let problems = self.warned.lock().expect("warned lock").len();
+        self.metrics.render(prepared, synced, problems)
     }
 
     fn mark_dirty(&self) {
@@ -128,7 +138,10 @@ impl<C: Cluster> Shared<C> {
                     for (device, limit, burst) in changes {
                         let req = node::ResizeSliceRequest { name: slice.name.clone(), devices: vec![device], compute_limit_bps: Some(limit), memory_burst_bytes: Some(burst), ..Default::default() };
                         match client.resize_slice(req).await {
-                            Ok(_) => tracing::info!(slice = %slice.name, pod = %format!("{}/{pod}", p.namespace), device, limit_bps = limit, burst_bytes = burst, "resized from the pod's annotations"),
+                            Ok(_) => {
+                                self.metrics.resized();
+                                tracing::info!(slice = %slice.name, pod = %format!("{}/{pod}", p.namespace), device, limit_bps = limit, burst_bytes = burst, "resized from the pod's annotations");
+                            }
                             Err(e) if matches!(e.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown) => return Err(e.message().to_string()),
                             Err(e) => {
                                 failed = true;
@@ -175,10 +188,12 @@ impl<C: Cluster> Shared<C> {
                 if force {
                     self.force_publish.store(true, std::sync::atomic::Ordering::SeqCst);
                 }
+                self.metrics.egpud_up(false);
                 tracing::warn!("cannot read egpud ({e}); the ResourceSlice stays as last published, and claims cannot be prepared until egpud answers");
                 return;
             }
         };
+        self.metrics.egpud_up(true);
         {
             let _one = self.lock.lock().await;
             if let Err(e) = self.apply_pod_annotations(&mut client).await {
@@ -198,6 +213,7 @@ impl<C: Cluster> Shared<C> {
         match self.cluster.publish(&name, &self.cfg.node, spec, &d).await {
             Ok(w) => {
                 if w != Written::Unchanged {
+                    self.metrics.slice_write(if w == Written::Created { "created" } else { "updated" });
                     tracing::info!(slice = %name, devices, "{} the node's ResourceSlice", if w == Written::Created { "created" } else { "updated" });
                 }
                 *self.published.lock().expect("published lock") = Some((d, std::time::Instant::now()));
@@ -206,6 +222,7 @@ impl<C: Cluster> Shared<C> {
                 if force {
                     self.force_publish.store(true, std::sync::atomic::Ordering::SeqCst);
                 }
+                self.metrics.slice_write("failed");
                 tracing::warn!("{e}; retrying at the next refresh");
             }
         }

@@ -5,12 +5,7 @@ use super::{BindingArgs, Extender, ExtenderArgs, PreemptionArgs};
 /// `GET /metrics` (and `GET /healthz`) alone, for a separate address that
 /// a Prometheus outside the pod can reach (`--metrics-listen`).
 pub fn metrics_router(ext: std::sync::Arc<Extender>) -> axum::Router {
-    use axum::extract::State;
-    use axum::response::IntoResponse;
-    async fn metrics(State(ext): State<std::sync::Arc<Extender>>) -> axum::response::Response {
-        ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], ext.metrics_text()).into_response()
-    }
-    axum::Router::new().route("/metrics", axum::routing::get(metrics)).route("/healthz", axum::routing::get(|| async { "ok" })).with_state(ext)
+    crate::metrics::router(move || ext.metrics_text())
 }
 
 /// The extender's HTTP routes: `POST /filter`, `POST /prioritize`,

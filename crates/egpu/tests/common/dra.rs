@@ -262,7 +262,7 @@ impl Rig {
                 .arg(&self.kdir)
                 .arg("--cdi-dir")
                 .arg(&self.cdi)
-                .args(["--node-name", NODE, "--poll", poll, "--pod-poll", "100ms", "--log", "info", "--gpu-cdi-kind", "nvidia.com/gpu"])
+                .args(["--node-name", NODE, "--poll", poll, "--pod-poll", "100ms", "--log", "info", "--gpu-cdi-kind", "nvidia.com/gpu", "--metrics-listen", "127.0.0.1:0"])
                 .stdout(Stdio::null())
                 .stderr(log)
                 .spawn()
@@ -272,6 +272,25 @@ impl Rig {
 
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.tmp.path().join("plugin.log")).unwrap_or_default()
+    }
+
+    /// A scrape of the metrics of the plugin started last (its address is
+    /// the last one its log names).
+    pub fn metrics(&self) -> String {
+        const AT: &str = "serving metrics at http://";
+        let mut addr = None;
+        assert!(
+            wait_until(WAIT, || {
+                addr = self.log().rsplit_once(AT).and_then(|(_, rest)| rest.split_once("/metrics")).map(|(a, _)| a.to_string());
+                addr.is_some()
+            }),
+            "the plugin logs no metrics address; log:\n{}",
+            self.log()
+        );
+        let (code, ctype, body) = super::http_get(&addr.unwrap(), "/metrics");
+        assert_eq!(code, 200, "{body}");
+        assert!(ctype.starts_with("application/openmetrics-text"), "{ctype}");
+        body
     }
 
     pub fn add(&self, c: serde_json::Value) {

@@ -12,6 +12,29 @@ use std::time::{Duration, Instant};
 pub const EGPUD: &str = env!("CARGO_BIN_EXE_egpud");
 pub const EGPU: &str = env!("CARGO_BIN_EXE_egpu");
 
+/// GET `path` over HTTP/1.1: (status code, content type, body). The
+/// chunk-size lines of a chunked body are dropped, so the samples of a
+/// scrape are lines of the body either way.
+pub fn http_get(addr: &str, path: &str) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let code = head.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let ctype = head.lines().find_map(|l| l.to_ascii_lowercase().strip_prefix("content-type: ").map(str::to_string)).unwrap_or_default();
+    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
+    let body = if chunked { body.lines().filter(|l| l.is_empty() || !l.chars().all(|c| c.is_ascii_hexdigit())).collect::<Vec<_>>().join("\n") } else { body.to_string() };
+    (code, ctype, body)
+}
+
+/// The value of one sample (`name{labels}`, exactly as exposed) in a scrape.
+pub fn sample(scrape: &str, series: &str) -> Option<f64> {
+    scrape.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.split(' ').next()?.trim().parse().ok())
+}
+
 /// target/<profile>/, where cargo puts the binaries and the cdylibs.
 pub fn target_dir() -> PathBuf {
     Path::new(EGPUD).parent().unwrap().to_path_buf()
