@@ -1,12 +1,17 @@
 //! Prometheus metrics (`GET /metrics`, OpenMetrics text,
-//! `prometheus-client`) of the scheduler extender and of the DRA plugin.
+//! `prometheus-client`) of the scheduler extender and of the two kubelet
+//! plugins.
 //! The extender's: requests by verb and outcome with their latency, what
 //! filters decided per node, binds by outcome, and, read at each scrape,
 //! the live assumptions and the node cache. The DRA plugin's: claims
 //! prepared and unprepared by outcome with their latency, ResourceSlice
 //! writes, live resizes, and, read at each scrape, the claims prepared,
-//! egpud's reachability and the resizes that cannot be applied. Names and
-//! labels are listed in `docs/metrics.md`.
+//! egpud's reachability and the resizes that cannot be applied. The device
+//! plugin's: containers allocated by outcome with their latency,
+//! registrations, slices swept, live resizes, and, read at each scrape, the
+//! devices advertised by health and whether egpud and the kubelet's
+//! pod-resources answered the last refresh. Names and labels are listed in
+//! `docs/metrics.md`.
 
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -31,6 +36,21 @@ pub fn router(render: impl Fn() -> String + Clone + Send + Sync + 'static) -> ax
         async move { ([(axum::http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], text).into_response() }
     };
     axum::Router::new().route("/metrics", axum::routing::get(metrics)).route("/healthz", axum::routing::get(|| async { "ok" }))
+}
+
+/// Serves [`router`] on `addr` (`--metrics-listen`) from `rt`, and logs
+/// the bound address (port 0 resolved); the error says which flag's
+/// address could not be bound.
+pub fn serve(rt: &tokio::runtime::Runtime, addr: std::net::SocketAddr, render: impl Fn() -> String + Clone + Send + Sync + 'static) -> Result<std::net::SocketAddr, String> {
+    let listener = rt.block_on(tokio::net::TcpListener::bind(addr)).map_err(|e| format!("cannot listen on {addr} (--metrics-listen): {e}"))?;
+    let bound = listener.local_addr().unwrap_or(addr);
+    tracing::info!("serving metrics at http://{bound}/metrics");
+    rt.spawn(async move {
+        if let Err(e) = axum::serve(listener, router(render)).await {
+            tracing::warn!("the metrics server stopped: {e}");
+        }
+    });
+    Ok(bound)
 }
 
 fn encode(registry: &Mutex<Registry>) -> String {
@@ -214,3 +234,88 @@ impl DraMetrics {
         encode(&self.registry)
     }
 }
+
+/// The device plugin's metrics.
+pub struct DevicePluginMetrics {
+    registry: Mutex<Registry>,
+    allocations: Family<Labels, Counter>,
+    seconds: Histogram,
+    registrations: Counter,
+    swept: Counter,
+    resizes: Counter,
+    devices: Family<Labels, Gauge>,
+    egpud_up: Gauge,
+    pod_resources_up: Gauge,
+}
+
+impl std::fmt::Debug for DevicePluginMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DevicePluginMetrics")
+    }
+}
+
+impl Default for DevicePluginMetrics {
+    fn default() -> Self {
+        let m = DevicePluginMetrics {
+            registry: Mutex::new(Registry::default()),
+            allocations: Family::default(),
+            seconds: latency(),
+            registrations: Counter::default(),
+            swept: Counter::default(),
+            resizes: Counter::default(),
+            devices: Family::default(),
+            egpud_up: Gauge::default(),
+            pod_resources_up: Gauge::default(),
+        };
+        {
+            let mut r = m.registry.lock().expect("registry lock");
+            r.register("egpu_device_plugin_allocations", "Containers the kubelet's Allocate calls asked for, by outcome (ok: a slice made or found; error: the call was refused, e.g. tokens on two GPUs or egpud down)", m.allocations.clone());
+            r.register("egpu_device_plugin_allocate_seconds", "Time to allocate one container (its slice made in egpud, or found)", m.seconds.clone());
+            r.register("egpu_device_plugin_registrations", "Registrations the kubelet accepted (one at start, one after each kubelet restart)", m.registrations.clone());
+            r.register("egpu_device_plugin_swept_slices", "Slices deleted because no container holds their units any more", m.swept.clone());
+            r.register("egpu_device_plugin_resizes", "Live resizes egpud made from a pod's annotations", m.resizes.clone());
+            r.register("egpu_device_plugin_devices", "Devices (units of GPU memory) last advertised to the kubelet, by health (Healthy, Unhealthy: promised elsewhere, or egpud down)", m.devices.clone());
+            r.register("egpu_device_plugin_egpud_up", "1 when the last refresh read egpud, else 0 (every device is then advertised unhealthy)", m.egpud_up.clone());
+            r.register("egpu_device_plugin_pod_resources_up", "1 when the last refresh read the kubelet's pod-resources list, else 0 (nothing is swept meanwhile)", m.pod_resources_up.clone());
+        }
+        m
+    }
+}
+
+impl DevicePluginMetrics {
+    /// One container of an Allocate call, answered in `took`.
+    pub fn allocation(&self, ok: bool, took: Duration) {
+        self.allocations.get_or_create(&vec![("outcome", if ok { "ok" } else { "error" })]).inc();
+        self.seconds.observe(took.as_secs_f64());
+    }
+
+    /// A registration the kubelet accepted.
+    pub fn registered(&self) {
+        self.registrations.inc();
+    }
+
+    /// A slice the sweep deleted.
+    pub fn swept(&self) {
+        self.swept.inc();
+    }
+
+    /// A resize egpud made.
+    pub fn resized(&self) {
+        self.resizes.inc();
+    }
+
+    /// What the last refresh read.
+    pub fn refreshed(&self, egpud: bool, pod_resources: bool) {
+        self.egpud_up.set(i64::from(egpud));
+        self.pod_resources_up.set(i64::from(pod_resources));
+    }
+
+    /// The text of a scrape, with the devices advertised now.
+    pub fn render(&self, healthy: usize, unhealthy: usize) -> String {
+        for (health, n) in [("Healthy", healthy), ("Unhealthy", unhealthy)] {
+            self.devices.get_or_create(&vec![("health", health)]).set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+        encode(&self.registry)
+    }
+}
+

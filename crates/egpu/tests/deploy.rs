@@ -111,6 +111,31 @@ fn every_flag_exists_in_the_binary_it_is_passed_to() {
 }
 
 #[test]
+fn every_metrics_address_is_a_declared_port_of_its_container() {
+    let objs = all_objects();
+    let mut checked = 0;
+    for o in &objs {
+        let Some(spec) = o["spec"]["template"]["spec"].as_object() else { continue };
+        let spec: PodSpec = serde_json::from_value(Value::Object(spec.clone())).unwrap();
+        for c in spec.containers.iter().filter(|c| is_ours(c)) {
+            for f in ["--metrics-listen", "--metrics-addr"] {
+                let Some(addr) = flags(c).into_iter().find(|(g, _)| g == f).and_then(|(_, v)| v) else { continue };
+                let addr: std::net::SocketAddr = addr.parse().unwrap();
+                assert!(addr.ip().is_unspecified(), "{}: {f} {addr} is not reachable from outside the pod", c.name);
+                let port = c.ports.iter().flatten().find(|p| p.container_port == i32::from(addr.port()));
+                assert!(port.is_some_and(|p| p.name.as_deref().is_some_and(|n| n.contains("metrics"))), "{}: {f} {addr} is not a declared metrics port: {:?}", c.name, c.ports);
+                checked += 1;
+            }
+        }
+        // Port names and numbers are unique within a pod.
+        let ports: Vec<_> = spec.containers.iter().flat_map(|c| c.ports.iter().flatten()).map(|p| (p.name.clone(), p.container_port)).collect();
+        assert!(ports.iter().enumerate().all(|(i, a)| ports[i + 1..].iter().all(|b| a.0 != b.0 && a.1 != b.1)), "{}: {ports:?}", o["metadata"]["name"]);
+    }
+    // egpud twice, both kubelet plugins, the extender.
+    assert_eq!(checked, 5);
+}
+
+#[test]
 fn host_paths_are_mounted_where_the_host_sees_them() {
     let objs = all_objects();
     let ds = find(&objs, "DaemonSet", "egpu-node");
@@ -195,10 +220,6 @@ fn the_scheduler_its_extender_and_the_example_pod_agree() {
     let ds_selector = pod_spec(find(&objs, "DaemonSet", "egpu-node")).node_selector.unwrap();
     let (k, v) = flag(ext_c, "--node-selector").split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).unwrap();
     assert_eq!(ds_selector.get(&k), Some(&v), "the extender follows the nodes eGPU runs on");
-    // Its metrics port is the one it serves them on.
-    let metrics: std::net::SocketAddr = flag(ext_c, "--metrics-listen").parse().unwrap();
-    let port = ext_c.ports.iter().flatten().find(|p| p.name.as_deref() == Some("metrics")).expect("a metrics port");
-    assert_eq!(port.container_port, i32::from(metrics.port()));
     assert_eq!((ext["enableHTTPS"].as_bool(), ext["ignorable"].as_bool()), (Some(false), Some(false)));
     assert_eq!((ext["filterVerb"].as_str(), ext["prioritizeVerb"].as_str(), ext["bindVerb"].as_str()), (Some("filter"), Some("prioritize"), Some("bind")));
     assert_eq!(ext["preemptVerb"].as_str(), Some("preempt"), "without it the scheduler evicts by the node's total units, GPU by GPU blind");
@@ -285,12 +306,6 @@ fn the_dra_driver_its_class_and_the_example_claim_agree() {
     }
     assert_eq!(host_path(plugin, &flag(plugin, "--socket")).1, host_path(egpud, &flag(egpud, "--run-dir")).1);
     assert_eq!(host_path(plugin, &flag(plugin, "--cdi-dir")).1, host_path(egpud, &flag(egpud, "--cdi-dir")).1);
-    // Its metrics port is the one it serves them on, and no other container's.
-    let metrics: std::net::SocketAddr = flag(plugin, "--metrics-listen").parse().unwrap();
-    let port = plugin.ports.iter().flatten().find(|p| p.name.as_deref() == Some("dra-metrics")).expect("a metrics port");
-    assert_eq!(port.container_port, i32::from(metrics.port()));
-    let ports: Vec<_> = spec.containers.iter().flat_map(|c| c.ports.iter().flatten()).map(|p| (p.name.clone(), p.container_port)).collect();
-    assert!(ports.iter().enumerate().all(|(i, a)| ports[i + 1..].iter().all(|b| a.0 != b.0 && a.1 != b.1)), "port names and numbers unique in the pod: {ports:?}");
     let env = plugin.env.iter().flatten().find(|e| e.name == "NODE_NAME").unwrap();
     assert_eq!(env.value_from.as_ref().unwrap().field_ref.as_ref().unwrap().field_path, "spec.nodeName");
     // Never two egpud on one node: the two DaemonSets select different labels.

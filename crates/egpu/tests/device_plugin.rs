@@ -431,6 +431,24 @@ async fn until(stream: &mut tonic::Streaming<dp::ListAndWatchResponse>, what: &s
     tokio::time::timeout(WAIT, read).await.unwrap_or_else(|_| panic!("no device list where {what}"))
 }
 
+/// A scrape of the metrics of the plugin whose log is `log` (its address
+/// is the one it logs).
+fn plugin_metrics(log: impl Fn() -> String) -> String {
+    const AT: &str = "serving metrics at http://";
+    let mut addr = None;
+    assert!(
+        wait_until(WAIT, || {
+            addr = log().rsplit_once(AT).and_then(|(_, rest)| rest.split_once("/metrics")).map(|(a, _)| a.to_string());
+            addr.is_some()
+        }),
+        "the plugin logs no metrics address; log:\n{}",
+        log()
+    );
+    let (code, _, body) = http_get(&addr.unwrap(), "/metrics");
+    assert_eq!(code, 200, "{body}");
+    body
+}
+
 fn unhealthy(d: &[dp::Device]) -> Vec<String> {
     d.iter().filter(|d| d.health != "Healthy").map(|d| d.id.clone()).collect()
 }
@@ -474,7 +492,7 @@ impl Rig {
                 .arg(&kdir)
                 .arg("--cdi-dir")
                 .arg(&cdi)
-                .args(["--poll", "50ms", "--pod-poll", "50ms", "--sweep-grace", grace, "--log", "info", "--node-name", "n1"])
+                .args(["--poll", "50ms", "--pod-poll", "50ms", "--sweep-grace", grace, "--log", "info", "--node-name", "n1", "--metrics-listen", "127.0.0.1:0"])
                 .env("KUBECONFIG", &kubeconfig)
                 .stdout(Stdio::null())
                 .stderr(log)
@@ -657,6 +675,19 @@ fn device_plugin_turns_kubelet_allocations_into_slices() {
         assert!(wait_until(WAIT, || !spec_path(&cdi, &slice).exists()));
         assert_eq!(node.slices().len(), 1, "the outside slice is never swept");
         assert!(wait_until(WAIT, || free() == Some(vec![16, 13])), "annotation {:?}", annotation());
+        // What the plugin counted: two containers allocated (the second
+        // found the slice), two refused, seven resizes, one slice swept.
+        let m = plugin_metrics(plugin_log);
+        let at = |series: &str| sample(&m, series);
+        assert_eq!(at(r#"egpu_device_plugin_allocations_total{outcome="ok"}"#), Some(2.0), "{m}");
+        assert_eq!(at(r#"egpu_device_plugin_allocations_total{outcome="error"}"#), Some(2.0), "{m}");
+        assert_eq!(at("egpu_device_plugin_allocate_seconds_count"), Some(4.0), "{m}");
+        assert_eq!(at("egpu_device_plugin_resizes_total"), Some(7.0), "{m}");
+        assert_eq!(at("egpu_device_plugin_swept_slices_total"), Some(1.0), "{m}");
+        assert_eq!(at("egpu_device_plugin_registrations_total"), Some(1.0), "{m}");
+        assert_eq!((at("egpu_device_plugin_egpud_up"), at("egpu_device_plugin_pod_resources_up")), (Some(1.0), Some(1.0)), "{m}");
+        assert_eq!(at(r#"egpu_device_plugin_devices{health="Unhealthy"}"#), Some(3.0), "{m}");
+        assert_eq!(at(r#"egpu_device_plugin_devices{health="Healthy"}"#), Some(29.0), "{m}");
 
         // 8. The kubelet restarts (its device-plugins directory is wiped):
         // the plugin serves and registers again.
@@ -673,6 +704,11 @@ fn device_plugin_turns_kubelet_allocations_into_slices() {
         let e = c.allocate(alloc(vec![tok(&u0, 0)])).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
         assert!(e.message().contains("egpud is not reachable"), "{}", e.message());
+        let m = plugin_metrics(plugin_log);
+        assert_eq!(sample(&m, "egpu_device_plugin_egpud_up"), Some(0.0), "{m}");
+        assert_eq!(sample(&m, r#"egpu_device_plugin_devices{health="Unhealthy"}"#), Some(32.0), "{m}");
+        assert_eq!(sample(&m, r#"egpu_device_plugin_allocations_total{outcome="error"}"#), Some(3.0), "{m}");
+        assert_eq!(sample(&m, "egpu_device_plugin_registrations_total"), Some(2.0), "registered again after the kubelet's restart: {m}");
         node.restart();
         until(&mut stream, "healthy again", |d| d.len() == 32 && unhealthy(d).len() == 3).await;
         // 10. SIGTERM with a stream open: the plugin ends it (else its server's
@@ -1057,6 +1093,7 @@ fn kubernetes_binaries_refuse_bad_flags_with_the_reason() {
         ("egpu-device-plugin", &["--poll", "0s"][..], "--poll and --pod-poll must be greater than 0"),
         ("egpu-device-plugin", &["--pod-poll", "0s"][..], "--poll and --pod-poll must be greater than 0"),
         ("egpu-device-plugin", &["--log", "x=["][..], "give a level"),
+        ("egpu-device-plugin", &["--metrics-listen", "9402"][..], "invalid value '9402' for '--metrics-listen"),
         ("egpu-scheduler", &["--listen", "localhost"][..], "invalid value 'localhost' for '--listen"),
         ("egpu-scheduler", &["--log", "x=["][..], "give a level"),
         ("egpu-scheduler", &["--assume-ttl", "0s"][..], "must be more than 0"),

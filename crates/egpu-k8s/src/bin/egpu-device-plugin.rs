@@ -49,6 +49,10 @@ struct Args {
     /// failed list or watch they are listed again this much later.
     #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
     pod_poll: Duration,
+    /// Serve `GET /metrics` (Prometheus) and `GET /healthz` here, e.g. 0.0.0.0:9402; port 0 picks a free
+    /// one, and the address is logged.
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, env = "EGPU_LOG", default_value = "info", value_parser = egpu_node::logging::log_filter)]
     log: String,
@@ -102,6 +106,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(m) = a.metrics_listen {
+        let shared = shared.clone();
+        if let Err(e) = egpu_k8s::metrics::serve(&rt, m, move || shared.metrics_text()) {
+            eprintln!("egpu-device-plugin: {e}");
+            return ExitCode::from(2);
+        }
+    }
     match rt.block_on(run(shared, egpu_node::agent::shutdown_signal())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -88,21 +88,11 @@ fn main() -> ExitCode {
         }
     };
     if let Some(m) = a.metrics_listen {
-        let listener = match rt.block_on(tokio::net::TcpListener::bind(m)) {
-            Ok(l) => l,
-            Err(e) => {
-                eprintln!("egpu-dra-plugin: cannot listen on {m} (--metrics-listen): {e}");
-                return ExitCode::from(2);
-            }
-        };
-        let addr = listener.local_addr().map_or_else(|_| m.to_string(), |a| a.to_string());
-        tracing::info!("serving metrics at http://{addr}/metrics");
         let shared = shared.clone();
-        rt.spawn(async move {
-            if let Err(e) = axum::serve(listener, egpu_k8s::metrics::router(move || shared.metrics_text())).await {
-                tracing::warn!("the metrics server stopped: {e}");
-            }
-        });
+        if let Err(e) = egpu_k8s::metrics::serve(&rt, m, move || shared.metrics_text()) {
+            eprintln!("egpu-dra-plugin: {e}");
+            return ExitCode::from(2);
+        }
     }
     match rt.block_on(run(shared, egpu_node::agent::shutdown_signal())) {
         Ok(()) => ExitCode::SUCCESS,

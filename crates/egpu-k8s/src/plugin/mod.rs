@@ -202,6 +202,7 @@ pub struct Shared {
     pod_annotations: Mutex<Option<PodAnnotations>>,
     /// (slice, reason) pairs already warned about.
     resize_warned: Mutex<HashSet<(String, String)>>,
+    pub(super) metrics: crate::metrics::DevicePluginMetrics,
 }
 
 impl Shared {
@@ -229,7 +230,15 @@ impl Shared {
             alloc_lock: tokio::sync::Mutex::new(()),
             pod_annotations: Mutex::new(None),
             resize_warned: Mutex::new(HashSet::new()),
+            metrics: crate::metrics::DevicePluginMetrics::default(),
         }))
+    }
+
+    /// A scrape of the plugin's metrics (`--metrics-listen`).
+    pub fn metrics_text(&self) -> String {
+        let devices = self.devices();
+        let healthy = devices.iter().filter(|d| d.health == HEALTHY).count();
+        self.metrics.render(healthy, devices.len() - healthy)
     }
 
     pub fn config(&self) -> &PluginConfig {
@@ -265,6 +274,7 @@ impl Shared {
         // such a slice).
         let read = read.await;
         let holders = self.held_tokens().await;
+        self.metrics.refreshed(read.is_ok(), holders.is_some());
         let held: Option<Vec<Vec<String>>> = holders.as_ref().map(|h| h.iter().map(|x| x.ids.clone()).collect());
         // While the kubelet's list cannot be read, the reserve follows the
         // last list read (nothing is swept or published meanwhile).
@@ -381,7 +391,10 @@ impl Shared {
                 continue;
             }
             match client.delete_slice(node::DeleteSliceRequest { name: s.name.clone(), force: false }).await {
-                Ok(_) => tracing::info!(slice = %s.name, "deleted: no container holds its {} any more", self.cfg.resource_name),
+                Ok(_) => {
+                    self.metrics.swept();
+                    tracing::info!(slice = %s.name, "deleted: no container holds its {} any more", self.cfg.resource_name);
+                }
                 // Once per slice: the sweep retries every poll.
                 Err(e) if self.sweep_warned.lock().expect("sweep lock").insert(s.name.clone()) => {
                     tracing::warn!(slice = %s.name, "cannot delete a slice no container holds (retrying quietly): {}", e.message())
@@ -433,7 +446,10 @@ impl Shared {
                 ..Default::default()
             };
             match client.resize_slice(req).await {
-                Ok(_) => tracing::info!(slice = %name, share, limit, burst, "resized to the pod's annotations"),
+                Ok(_) => {
+                    self.metrics.resized();
+                    tracing::info!(slice = %name, share, limit, burst, "resized to the pod's annotations");
+                }
                 Err(e) => warn(format!("egpud refused: {}", e.message())),
             }
         }

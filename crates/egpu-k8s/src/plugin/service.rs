@@ -70,7 +70,10 @@ impl dp::device_plugin_server::DevicePlugin for Service {
     async fn allocate(&self, req: Request<dp::AllocateRequest>) -> Result<Response<dp::AllocateResponse>, Status> {
         let mut container_responses = Vec::new();
         for r in &req.into_inner().container_requests {
-            container_responses.push(self.shared.allocate_one(&r.devices_ids).await?);
+            let t = std::time::Instant::now();
+            let one = self.shared.allocate_one(&r.devices_ids).await;
+            self.shared.metrics.allocation(one.is_ok(), t.elapsed());
+            container_responses.push(one?);
         }
         Ok(Response::new(dp::AllocateResponse { container_responses }))
     }
@@ -187,6 +190,7 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl std::future::Future<Output 
             }
             break outcome;
         }
+        shared.metrics.registered();
         tracing::info!("registered {} with the kubelet, serving {}", cfg.resource_name, sock.display());
         // A (re)started kubelet lists no pod until it has synced them.
         shared.unsettle();
