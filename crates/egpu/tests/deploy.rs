@@ -89,13 +89,15 @@ fn flag(c: &Container, name: &str) -> String {
     flags(c).into_iter().find(|(f, _)| f == name).and_then(|(_, v)| v).unwrap_or_else(|| panic!("{} has no {name}=", c.name))
 }
 
+/// Each workload's name and pod spec.
+fn pod_specs(objs: &[Value]) -> Vec<(String, PodSpec)> {
+    objs.iter().filter_map(|o| Some((o["metadata"]["name"].as_str()?.to_string(), serde_json::from_value(o["spec"]["template"]["spec"].as_object()?.clone().into()).unwrap()))).collect()
+}
+
 #[test]
 fn every_flag_exists_in_the_binary_it_is_passed_to() {
-    let objs = all_objects();
     let mut checked = 0;
-    for o in &objs {
-        let Some(spec) = o["spec"]["template"]["spec"].as_object() else { continue };
-        let spec: PodSpec = serde_json::from_value(Value::Object(spec.clone())).unwrap();
+    for (_, spec) in pod_specs(&all_objects()) {
         for c in spec.containers.iter().filter(|c| is_ours(c)) {
             let bin = &c.command.as_ref().unwrap()[0];
             let help = std::process::Command::new(target_dir().join(bin)).arg("--help").output().unwrap();
@@ -112,11 +114,8 @@ fn every_flag_exists_in_the_binary_it_is_passed_to() {
 
 #[test]
 fn every_metrics_address_is_a_declared_port_of_its_container() {
-    let objs = all_objects();
     let mut checked = 0;
-    for o in &objs {
-        let Some(spec) = o["spec"]["template"]["spec"].as_object() else { continue };
-        let spec: PodSpec = serde_json::from_value(Value::Object(spec.clone())).unwrap();
+    for (name, spec) in pod_specs(&all_objects()) {
         for c in spec.containers.iter().filter(|c| is_ours(c)) {
             for f in ["--metrics-listen", "--metrics-addr"] {
                 let Some(addr) = flags(c).into_iter().find(|(g, _)| g == f).and_then(|(_, v)| v) else { continue };
@@ -129,7 +128,7 @@ fn every_metrics_address_is_a_declared_port_of_its_container() {
         }
         // Port names and numbers are unique within a pod.
         let ports: Vec<_> = spec.containers.iter().flat_map(|c| c.ports.iter().flatten()).map(|p| (p.name.clone(), p.container_port)).collect();
-        assert!(ports.iter().enumerate().all(|(i, a)| ports[i + 1..].iter().all(|b| a.0 != b.0 && a.1 != b.1)), "{}: {ports:?}", o["metadata"]["name"]);
+        assert!(ports.iter().enumerate().all(|(i, a)| ports[i + 1..].iter().all(|b| a.0 != b.0 && a.1 != b.1)), "{name}: {ports:?}");
     }
     // egpud twice, both kubelet plugins, the extender.
     assert_eq!(checked, 5);

@@ -8,7 +8,7 @@
 
 mod common;
 
-use common::{Node, http_get, sample, target_dir, wait_until};
+use common::{Node, http_get, sample, scrape_logged, target_dir, wait_until};
 use egpu_k8s::deviceplugin as dp;
 use egpu_k8s::podresources as pr;
 use std::path::{Path, PathBuf};
@@ -431,24 +431,6 @@ async fn until(stream: &mut tonic::Streaming<dp::ListAndWatchResponse>, what: &s
     tokio::time::timeout(WAIT, read).await.unwrap_or_else(|_| panic!("no device list where {what}"))
 }
 
-/// A scrape of the metrics of the plugin whose log is `log` (its address
-/// is the one it logs).
-fn plugin_metrics(log: impl Fn() -> String) -> String {
-    const AT: &str = "serving metrics at http://";
-    let mut addr = None;
-    assert!(
-        wait_until(WAIT, || {
-            addr = log().rsplit_once(AT).and_then(|(_, rest)| rest.split_once("/metrics")).map(|(a, _)| a.to_string());
-            addr.is_some()
-        }),
-        "the plugin logs no metrics address; log:\n{}",
-        log()
-    );
-    let (code, _, body) = http_get(&addr.unwrap(), "/metrics");
-    assert_eq!(code, 200, "{body}");
-    body
-}
-
 fn unhealthy(d: &[dp::Device]) -> Vec<String> {
     d.iter().filter(|d| d.health != "Healthy").map(|d| d.id.clone()).collect()
 }
@@ -677,7 +659,7 @@ fn device_plugin_turns_kubelet_allocations_into_slices() {
         assert!(wait_until(WAIT, || free() == Some(vec![16, 13])), "annotation {:?}", annotation());
         // What the plugin counted: two containers allocated (the second
         // found the slice), two refused, seven resizes, one slice swept.
-        let m = plugin_metrics(plugin_log);
+        let m = scrape_logged(plugin_log);
         let at = |series: &str| sample(&m, series);
         assert_eq!(at(r#"egpu_device_plugin_allocations_total{outcome="ok"}"#), Some(2.0), "{m}");
         assert_eq!(at(r#"egpu_device_plugin_allocations_total{outcome="error"}"#), Some(2.0), "{m}");
@@ -704,7 +686,7 @@ fn device_plugin_turns_kubelet_allocations_into_slices() {
         let e = c.allocate(alloc(vec![tok(&u0, 0)])).await.unwrap_err();
         assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
         assert!(e.message().contains("egpud is not reachable"), "{}", e.message());
-        let m = plugin_metrics(plugin_log);
+        let m = scrape_logged(plugin_log);
         assert_eq!(sample(&m, "egpu_device_plugin_egpud_up"), Some(0.0), "{m}");
         assert_eq!(sample(&m, r#"egpu_device_plugin_devices{health="Unhealthy"}"#), Some(32.0), "{m}");
         assert_eq!(sample(&m, r#"egpu_device_plugin_allocations_total{outcome="error"}"#), Some(3.0), "{m}");

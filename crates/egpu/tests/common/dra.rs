@@ -274,23 +274,9 @@ impl Rig {
         std::fs::read_to_string(self.tmp.path().join("plugin.log")).unwrap_or_default()
     }
 
-    /// A scrape of the metrics of the plugin started last (its address is
-    /// the last one its log names).
+    /// A scrape of the metrics of the plugin started last.
     pub fn metrics(&self) -> String {
-        const AT: &str = "serving metrics at http://";
-        let mut addr = None;
-        assert!(
-            wait_until(WAIT, || {
-                addr = self.log().rsplit_once(AT).and_then(|(_, rest)| rest.split_once("/metrics")).map(|(a, _)| a.to_string());
-                addr.is_some()
-            }),
-            "the plugin logs no metrics address; log:\n{}",
-            self.log()
-        );
-        let (code, ctype, body) = super::http_get(&addr.unwrap(), "/metrics");
-        assert_eq!(code, 200, "{body}");
-        assert!(ctype.starts_with("application/openmetrics-text"), "{ctype}");
-        body
+        super::scrape_logged(|| self.log())
     }
 
     pub fn add(&self, c: serde_json::Value) {

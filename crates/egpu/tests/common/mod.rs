@@ -30,6 +30,26 @@ pub fn http_get(addr: &str, path: &str) -> (u16, String, String) {
     (code, ctype, body)
 }
 
+/// A scrape of the metrics of a process whose log (read by `log`) names
+/// its address, as `--metrics-listen` logs it: the last one named, once
+/// named (a restarted process appends its own).
+pub fn scrape_logged(log: impl Fn() -> String) -> String {
+    const AT: &str = "serving metrics at http://";
+    let mut addr = None;
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            addr = log().rsplit_once(AT).and_then(|(_, rest)| rest.split_once("/metrics")).map(|(a, _)| a.to_string());
+            addr.is_some()
+        }),
+        "no metrics address in the log:\n{}",
+        log()
+    );
+    let (code, ctype, body) = http_get(&addr.unwrap(), "/metrics");
+    assert_eq!(code, 200, "{body}");
+    assert!(ctype.starts_with("application/openmetrics-text"), "{ctype}");
+    body
+}
+
 /// The value of one sample (`name{labels}`, exactly as exposed) in a scrape.
 pub fn sample(scrape: &str, series: &str) -> Option<f64> {
     scrape.lines().find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.split(' ').next()?.trim().parse().ok())
