@@ -189,7 +189,7 @@ impl Default for DraMetrics {
             let mut r = m.registry.lock().expect("registry lock");
             r.register("egpu_dra_claims", "Claims the kubelet asked to prepare or unprepare, by verb (prepare, unprepare) and outcome (ok, error: the answer for that claim carried an error)", m.claims.clone());
             r.register("egpu_dra_claim_seconds", "Time to prepare or unprepare one claim, by verb", m.seconds.clone());
-            r.register("egpu_dra_resourceslice_writes", "Writes of the node's ResourceSlice, by outcome: created, updated, failed", m.slice_writes.clone());
+            r.register("egpu_dra_resourceslice_writes", "Writes of the node's ResourceSlice, by outcome: created, updated (spec changed), failed (the write, the reads before it, or a timeout)", m.slice_writes.clone());
             r.register("egpu_dra_resizes", "Live resizes of a claim's slice (one GPU each) that its pod's annotations asked and egpud made", m.resizes.clone());
             r.register("egpu_dra_prepared_claims", "Claims prepared on this node (slices the plugin made and still resizes)", m.prepared.clone());
             r.register("egpu_dra_egpud_up", "1 when the last refresh read egpud, else 0: claims cannot be prepared and the ResourceSlice stays as last published", m.egpud_up.clone());
@@ -269,12 +269,16 @@ impl Default for DevicePluginMetrics {
         };
         {
             let mut r = m.registry.lock().expect("registry lock");
-            r.register("egpu_device_plugin_allocations", "Containers the kubelet's Allocate calls asked for, by outcome (ok: a slice made or found; error: the call was refused, e.g. tokens on two GPUs or egpud down)", m.allocations.clone());
-            r.register("egpu_device_plugin_allocate_seconds", "Time to allocate one container (its slice made in egpud, or found)", m.seconds.clone());
+            r.register(
+                "egpu_device_plugin_allocations",
+                "Containers of the kubelet's Allocate calls, by outcome: ok (a slice made, or found), error (refused, e.g. units on two GPUs or egpud down; the call stops there, and its later containers are not counted)",
+                m.allocations.clone(),
+            );
+            r.register("egpu_device_plugin_allocation_seconds", "Time to allocate one container (its slice made in egpud, or found)", m.seconds.clone());
             r.register("egpu_device_plugin_registrations", "Registrations the kubelet accepted (one at start, one after each kubelet restart)", m.registrations.clone());
             r.register("egpu_device_plugin_swept_slices", "Slices deleted because no container holds their units any more", m.swept.clone());
             r.register("egpu_device_plugin_resizes", "Live resizes egpud made from a pod's annotations", m.resizes.clone());
-            r.register("egpu_device_plugin_devices", "Devices (units of GPU memory) last advertised to the kubelet, by health (Healthy, Unhealthy: promised elsewhere, or egpud down)", m.devices.clone());
+            r.register("egpu_device_plugin_devices", "Devices (units of GPU memory) last advertised to the kubelet, by health: healthy, unhealthy (promised elsewhere, or egpud down)", m.devices.clone());
             r.register("egpu_device_plugin_egpud_up", "1 when the last refresh read egpud, else 0 (every device is then advertised unhealthy)", m.egpud_up.clone());
             r.register("egpu_device_plugin_pod_resources_up", "1 when the last refresh read the kubelet's pod-resources list, else 0 (nothing is swept meanwhile)", m.pod_resources_up.clone());
         }
@@ -312,7 +316,7 @@ impl DevicePluginMetrics {
 
     /// The text of a scrape, with the devices advertised now.
     pub fn render(&self, healthy: usize, unhealthy: usize) -> String {
-        for (health, n) in [("Healthy", healthy), ("Unhealthy", unhealthy)] {
+        for (health, n) in [("healthy", healthy), ("unhealthy", unhealthy)] {
             self.devices.get_or_create(&vec![("health", health)]).set(i64::try_from(n).unwrap_or(i64::MAX));
         }
         encode(&self.registry)

@@ -663,13 +663,15 @@ fn device_plugin_turns_kubelet_allocations_into_slices() {
         let at = |series: &str| sample(&m, series);
         assert_eq!(at(r#"egpu_device_plugin_allocations_total{outcome="ok"}"#), Some(2.0), "{m}");
         assert_eq!(at(r#"egpu_device_plugin_allocations_total{outcome="error"}"#), Some(2.0), "{m}");
-        assert_eq!(at("egpu_device_plugin_allocate_seconds_count"), Some(4.0), "{m}");
+        assert_eq!(at("egpu_device_plugin_allocation_seconds_count"), Some(4.0), "{m}");
         assert_eq!(at("egpu_device_plugin_resizes_total"), Some(7.0), "{m}");
         assert_eq!(at("egpu_device_plugin_swept_slices_total"), Some(1.0), "{m}");
-        assert_eq!(at("egpu_device_plugin_registrations_total"), Some(1.0), "{m}");
         assert_eq!((at("egpu_device_plugin_egpud_up"), at("egpu_device_plugin_pod_resources_up")), (Some(1.0), Some(1.0)), "{m}");
-        assert_eq!(at(r#"egpu_device_plugin_devices{health="Unhealthy"}"#), Some(3.0), "{m}");
-        assert_eq!(at(r#"egpu_device_plugin_devices{health="Healthy"}"#), Some(29.0), "{m}");
+        assert_eq!(at(r#"egpu_device_plugin_devices{health="unhealthy"}"#), Some(3.0), "{m}");
+        assert_eq!(at(r#"egpu_device_plugin_devices{health="healthy"}"#), Some(29.0), "{m}");
+        // (A registration is counted when the kubelet has answered it: wait.)
+        let registrations = || sample(&scrape_logged(plugin_log), "egpu_device_plugin_registrations_total");
+        assert!(wait_until(WAIT, || registrations() == Some(1.0)), "{:?}", registrations());
 
         // 8. The kubelet restarts (its device-plugins directory is wiped):
         // the plugin serves and registers again.
@@ -688,9 +690,9 @@ fn device_plugin_turns_kubelet_allocations_into_slices() {
         assert!(e.message().contains("egpud is not reachable"), "{}", e.message());
         let m = scrape_logged(plugin_log);
         assert_eq!(sample(&m, "egpu_device_plugin_egpud_up"), Some(0.0), "{m}");
-        assert_eq!(sample(&m, r#"egpu_device_plugin_devices{health="Unhealthy"}"#), Some(32.0), "{m}");
+        assert_eq!(sample(&m, r#"egpu_device_plugin_devices{health="unhealthy"}"#), Some(32.0), "{m}");
         assert_eq!(sample(&m, r#"egpu_device_plugin_allocations_total{outcome="error"}"#), Some(3.0), "{m}");
-        assert_eq!(sample(&m, "egpu_device_plugin_registrations_total"), Some(2.0), "registered again after the kubelet's restart: {m}");
+        assert!(wait_until(WAIT, || registrations() == Some(2.0)), "registered again after the kubelet's restart: {:?}", registrations());
         node.restart();
         until(&mut stream, "healthy again", |d| d.len() == 32 && unhealthy(d).len() == 3).await;
         // 10. SIGTERM with a stream open: the plugin ends it (else its server's

@@ -142,17 +142,21 @@ fn claims_become_slices_through_the_kubelets_dra_calls() {
 
     // What the plugin counted: every claim of every call, the ResourceSlice's
     // writes (two creates: the kubelet deleted it once), and what it holds now.
+    // (The plugin counts a write, and the first list of the pods, after the
+    // API server answered it: wait for those.)
+    let written = |m: &str| {
+        let at = |series: &str| sample(m, series);
+        (at(r#"egpu_dra_resourceslice_writes_total{outcome="created"}"#), at(r#"egpu_dra_resourceslice_writes_total{outcome="updated"}"#), at("egpu_dra_pods_synced"))
+    };
+    assert!(wait_until(WAIT, || written(&rig.metrics()) == (Some(2.0), Some(2.0), Some(1.0))), "{}", rig.metrics());
     let m = rig.metrics();
     let at = |series: &str| sample(&m, series);
     assert_eq!(at(r#"egpu_dra_claims_total{verb="prepare",outcome="ok"}"#), Some(5.0), "{m}");
     assert_eq!(at(r#"egpu_dra_claims_total{verb="prepare",outcome="error"}"#), Some(5.0), "{m}");
     assert_eq!(at(r#"egpu_dra_claims_total{verb="unprepare",outcome="ok"}"#), Some(3.0), "{m}");
     assert_eq!(at(r#"egpu_dra_claim_seconds_count{verb="prepare"}"#), Some(10.0), "{m}");
-    assert_eq!(at(r#"egpu_dra_resourceslice_writes_total{outcome="created"}"#), Some(2.0), "{m}");
-    assert_eq!(at(r#"egpu_dra_resourceslice_writes_total{outcome="updated"}"#), Some(2.0), "{m}");
     assert_eq!(at("egpu_dra_prepared_claims"), Some(1.0), "{m}");
     assert_eq!(at("egpu_dra_egpud_up"), Some(1.0), "{m}");
-    assert_eq!(at("egpu_dra_pods_synced"), Some(1.0), "{m}");
     assert_eq!(at("egpu_dra_resizes_total"), Some(0.0), "{m}");
 
     // kill -9 and restart. The claim was made for pod-g (its owner): the
@@ -174,6 +178,10 @@ fn claims_become_slices_through_the_kubelets_dra_calls() {
     let m = rig.metrics();
     assert_eq!(sample(&m, "egpu_dra_resize_problems"), Some(1.0), "{m}");
     assert_eq!(sample(&m, "egpu_dra_resizes_total"), Some(2.0), "one resize of each GPU, by the restarted plugin: {m}");
+    // The pod deleted: no pod, so no problem left to apply (and no change).
+    rig.api.delete_pod("pod-g");
+    assert!(wait_until(WAIT, || sample(&rig.metrics(), "egpu_dra_resize_problems") == Some(0.0)), "{}", rig.metrics());
+    assert_eq!(devices()[0].3, 60.0);
     // The annotations removed: the claim's own values (cap 100%, no burst) again.
     rig.api.annotate("pod-g", serde_json::json!({}));
     assert!(wait_until(WAIT, || devices() == [(0, 16 << 30, 0.0, 100.0, 0), (1, 16 << 30, 0.0, 100.0, 0)]), "{:?}", devices());

@@ -101,7 +101,7 @@ pub fn device_name(index: u32) -> String {
     format!("gpu-{index}")
 }
 
-pub(super) fn device_index(name: &str) -> Option<u32> {
+fn device_index(name: &str) -> Option<u32> {
     name.strip_prefix("gpu-").filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()) && (d.len() == 1 || !d.starts_with('0'))).and_then(|d| d.parse().ok())
 }
 

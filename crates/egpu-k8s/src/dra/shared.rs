@@ -128,9 +128,15 @@ impl<C: Cluster> Shared<C> {
         self.save_if_dirty();
         let Some(pods) = self.pods.lock().expect("pods lock").clone() else { return Ok(()) };
         for (uid, p) in &prepared {
-            let (Some(pod), Some(slice)) = (&p.pod, slices.iter().find(|s| s.name == slice_name(uid))) else { continue };
+            let Some(slice) = slices.iter().find(|s| s.name == slice_name(uid)) else { continue };
             // The pod the claim was made for, not a later one of the same name.
-            let Some((_, annotations)) = pods.get(&(p.namespace.clone(), pod.clone())).filter(|(pod_uid, _)| p.pod_uid.as_ref().is_none_or(|u| u == pod_uid)) else { continue };
+            let owner = p.pod.as_ref().and_then(|pod| pods.get(&(p.namespace.clone(), pod.clone()))).filter(|(pod_uid, _)| p.pod_uid.as_ref().is_none_or(|u| u == pod_uid));
+            let (Some(pod), Some((_, annotations))) = (&p.pod, owner) else {
+                // No pod to follow (gone, or a claim of its own): nothing
+                // of its is left to apply.
+                self.warned.lock().expect("warned lock").remove(&slice.name);
+                continue;
+            };
             let who = format!("pod {}/{pod}", p.namespace);
             match resizes(p, annotations, slice) {
                 Ok(changes) => {

@@ -202,7 +202,7 @@ pub struct Shared {
     pod_annotations: Mutex<Option<PodAnnotations>>,
     /// (slice, reason) pairs already warned about.
     resize_warned: Mutex<HashSet<(String, String)>>,
-    pub(super) metrics: crate::metrics::DevicePluginMetrics,
+    metrics: crate::metrics::DevicePluginMetrics,
 }
 
 impl Shared {

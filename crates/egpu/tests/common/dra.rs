@@ -27,6 +27,8 @@ pub struct ApiServer {
     /// their version, which every change bumps.
     pub pods: Arc<Mutex<HashMap<String, serde_json::Value>>>,
     pub pod_version: Arc<tokio::sync::watch::Sender<u64>>,
+    /// Pods deleted, by name, with the version that deleted them.
+    pub deleted: Arc<Mutex<Vec<(String, u64)>>>,
 }
 
 impl Default for ApiServer {
@@ -37,6 +39,7 @@ impl Default for ApiServer {
             writes: Arc::default(),
             pods: Arc::default(),
             pod_version: Arc::new(tokio::sync::watch::channel(1).0),
+            deleted: Arc::default(),
         }
     }
 }
@@ -46,6 +49,15 @@ impl ApiServer {
     pub fn annotate(&self, pod: &str, annotations: serde_json::Value) {
         self.pods.lock().unwrap().insert(pod.to_string(), annotations);
         self.pod_version.send_modify(|v| *v += 1);
+    }
+
+    /// Deletes a pod (a watch then sends DELETED).
+    pub fn delete_pod(&self, pod: &str) {
+        assert!(self.pods.lock().unwrap().remove(pod).is_some(), "no pod {pod}");
+        self.pod_version.send_modify(|v| {
+            *v += 1;
+            self.deleted.lock().unwrap().push((pod.to_string(), *v));
+        });
     }
 
     pub fn pod_items(&self) -> Vec<serde_json::Value> {
@@ -60,7 +72,8 @@ impl ApiServer {
 }
 
 /// The node's pods: a list, or a watch that sends every pod as MODIFIED
-/// whenever one changes after the version it starts from.
+/// whenever one changes after the version it starts from, and each pod
+/// deleted since as DELETED.
 pub async fn pods(axum::extract::State(api): axum::extract::State<ApiServer>, axum::extract::RawQuery(q): axum::extract::RawQuery) -> axum::response::Response {
     use axum::response::IntoResponse;
     let q = q.unwrap_or_default();
@@ -81,9 +94,18 @@ pub async fn pods(axum::extract::State(api): axum::extract::State<ApiServer>, ax
         loop {
             let now = *changes.borrow_and_update();
             if now > seen {
+                let gone: Vec<serde_json::Value> = api
+                    .deleted
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|(_, v)| *v > seen)
+                    .map(|(name, v)| serde_json::json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default", "uid": format!("{name}-uid"), "resourceVersion": v.to_string()}}))
+                    .collect();
                 seen = now;
-                for pod in api.pod_items() {
-                    if tx.send(Ok(format!("{}\n", serde_json::json!({"type": "MODIFIED", "object": pod})))).await.is_err() {
+                let events = gone.into_iter().map(|pod| ("DELETED", pod)).chain(api.pod_items().into_iter().map(|pod| ("MODIFIED", pod)));
+                for (kind, pod) in events {
+                    if tx.send(Ok(format!("{}\n", serde_json::json!({"type": kind, "object": pod})))).await.is_err() {
                         return;
                     }
                 }
