@@ -2,8 +2,9 @@
 //!
 //! Contract:
 //! - Pure: no IO, no clock, no global state other than a version counter;
-//!   `#![forbid(unsafe_code)]`. The simulator (`egpu-sim`) and the
-//!   Kubernetes scheduler extender (`egpu-k8s`) call exactly this code.
+//!   `#![forbid(unsafe_code)]`. The simulator (`egpu-sim`) calls exactly
+//!   this code, and so will the Kubernetes scheduler extender (not built
+//!   yet: docs/architecture.md).
 //! - [`Cluster`] keeps exact milli-GPU accounting: every GPU tracks free
 //!   compute and memory in milli-GPU, and [`Cluster::apply`] /
 //!   [`Cluster::release`] refuse anything that would over-allocate.
@@ -16,12 +17,9 @@
 //!
 //! Modules: [`model`] (cluster, nodes, pods, placements), [`frag`]
 //! (fragmentation against a target workload), [`policy`] (Random, DotProd,
-//! GpuClustering, GpuPacking, BestFit, FGD and eGPU's own policy),
-//! [`consolidate`] (room for a pod that fits nowhere, by moving a few
-//! running pods).
+//! GpuClustering, GpuPacking, BestFit, FGD and eGPU's own policy).
 #![forbid(unsafe_code)]
 
-pub mod consolidate;
 pub mod frag;
 pub mod model;
 pub mod pack;
