@@ -2,9 +2,8 @@
 //!
 //! Contract:
 //! - Pure: no IO, no clock, no global state other than a version counter;
-//!   `#![forbid(unsafe_code)]`. The simulator (`egpu-sim`) calls exactly
-//!   this code, and so will the Kubernetes scheduler extender (not built
-//!   yet: docs/architecture.md).
+//!   `#![forbid(unsafe_code)]`. The simulator (`egpu-sim`) and the
+//!   Kubernetes scheduler extender (`egpu-k8s`) call exactly this code.
 //! - [`Cluster`] keeps exact milli-GPU accounting: every GPU tracks free
 //!   compute and memory in milli-GPU, and [`Cluster::apply`] /
 //!   [`Cluster::release`] refuse anything that would over-allocate.
