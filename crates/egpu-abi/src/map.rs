@@ -139,9 +139,15 @@ pub(crate) fn monotonic_ns() -> u64 {
 
 /// Writes `len` zero bytes as a new file at `tmp`, fills its start with
 /// `init`, then renames it to `path`, so readers never see a partial file.
+/// A `tmp` left by a process of the same pid that was killed half-way (a
+/// restarted agent in a container is pid 1 again) is removed first.
 pub(crate) fn create_atomically(path: &std::path::Path, len: usize, mode: u32, init: impl FnOnce(&Mapping)) -> io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
     let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
+    match std::fs::remove_file(&tmp) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
     let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).mode(mode).open(&tmp)?;
     let res = (|| {
         file.set_len(len as u64)?;
@@ -157,4 +163,18 @@ pub(crate) fn create_atomically(path: &std::path::Path, len: usize, mode: u32, i
         let _ = std::fs::remove_file(&tmp);
     }
     res
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_temporary_file_left_by_a_killed_writer_of_the_same_pid_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("limits");
+        let stale = path.with_extension(format!("tmp.{}", std::process::id()));
+        std::fs::write(&stale, b"half-written").unwrap();
+        super::create_atomically(&path, 4096, 0o644, |_| {}).unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 4096);
+        assert!(!stale.exists());
+    }
 }

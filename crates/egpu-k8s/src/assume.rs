@@ -108,7 +108,7 @@ impl Assumed {
     pub fn view(&mut self, node: &str, mut g: NodeGpus, now: Instant, ttl: Duration) -> NodeGpus {
         let Some(entries) = self.nodes.get_mut(node) else { return g };
         let held = |pod: &str| g.pods.as_ref().and_then(|p| p.get(pod)).copied().unwrap_or(0);
-        entries.retain(|e| held(&e.pod) < e.units.iter().sum::<u32>() && now.saturating_duration_since(e.at) < ttl);
+        entries.retain(|e| u64::from(held(&e.pod)) < e.units.iter().map(|&u| u64::from(u)).sum::<u64>() && now.saturating_duration_since(e.at) < ttl);
         for e in entries.iter() {
             for &u in &e.units {
                 // Where the plugin's preferred allocation puts it. A pod
@@ -259,6 +259,17 @@ mod tests {
             proptest::prop_assert_eq!(free(&a.view("n", gpus(&before, Some(&named)), t0, TTL)), before.clone());
             proptest::prop_assert!(a.is_empty());
         }
+    }
+
+    #[test]
+    fn units_past_u32_summed_do_not_overflow() {
+        // Two containers of 3G units each (resync assumes any bound pod).
+        let mut a = Assumed::default();
+        let now = Instant::now();
+        a.assume("n", "p", vec![3_000_000_000, 3_000_000_000], now, TTL);
+        let g = a.view("n", gpus(&[16], Some(&[("p", 16)])), now, TTL);
+        assert_eq!(free(&g), [16], "it fits no GPU: it takes nothing");
+        assert_eq!(a.live(now, TTL), 1, "and stays assumed: the annotation holds less than it asks");
     }
 
     #[test]

@@ -173,6 +173,14 @@ pub struct AdoptReport {
     /// Slice directories without a store entry (a crash during a delete): marked
     /// deleted; removed at once, or by a later sweep once no live process is attached.
     pub orphan_dirs: Vec<PathBuf>,
+    /// (slice, old index, new index): a slice's GPU found by its UUID at
+    /// another index (GPUs renumbered, e.g. one gone after a reboot); the
+    /// slice follows its GPU, and the store is rewritten.
+    pub moved_devices: Vec<(String, u32, u32)>,
+    /// (slice, index, UUID): a slice's GPU not on the node any more. Its
+    /// guarantee stays counted at its old index (never against free memory
+    /// of the GPU it ran on, which is gone).
+    pub missing_devices: Vec<(String, u32, String)>,
 }
 
 pub struct SliceManager {
@@ -223,13 +231,31 @@ impl SliceManager {
         std::fs::create_dir_all(&slices_dir).map_err(|source| SliceOpError::Io { path: slices_dir.clone(), source })?;
         let mut mgr = SliceManager { run_dir: run_dir.into(), devices, store, slices: BTreeMap::new(), orphan_dirs: Vec::new(), burst: crate::burst::Burst::default(), cdi: None };
         let mut report = AdoptReport::default();
-        for record in mgr.store.load_all()? {
-            for (i, d) in record.spec.devices.iter().enumerate() {
-                let now = mgr.devices.get(d.device as usize).map(|x| x.uuid.as_str());
-                if now != record.device_uuids.get(i).map(|s| s.as_str()) {
-                    tracing::warn!(slice = %record.spec.name, device = d.device, stored = ?record.device_uuids.get(i), found = ?now,
-                        "device of slice changed since the slice was created");
+        for mut record in mgr.store.load_all()? {
+            // Admission, bursts and shares count a slice at its device index;
+            // the workload runs on its GPU by UUID. Where the GPUs were
+            // renumbered, the slice follows its GPU.
+            let mut moved = false;
+            for (i, d) in record.spec.devices.iter_mut().enumerate() {
+                let Some(uuid) = record.device_uuids.get(i) else { continue };
+                if mgr.devices.get(d.device as usize).is_some_and(|x| &x.uuid == uuid) {
+                    continue;
                 }
+                match mgr.devices.iter().position(|x| &x.uuid == uuid) {
+                    Some(j) => {
+                        tracing::warn!(slice = %record.spec.name, uuid = %uuid, from = d.device, to = j, "the slice's GPU is at another index now; the slice follows it");
+                        report.moved_devices.push((record.spec.name.clone(), d.device, j as u32));
+                        d.device = j as u32;
+                        moved = true;
+                    }
+                    None => {
+                        tracing::error!(slice = %record.spec.name, uuid = %uuid, index = d.device, "the slice's GPU is not on this node any more; its guarantee stays counted at index {} until the slice is removed", d.device);
+                        report.missing_devices.push((record.spec.name.clone(), d.device, uuid.clone()));
+                    }
+                }
+            }
+            if moved {
+                mgr.store.put(&record)?;
             }
             let name = record.spec.name.clone();
             let slice = mgr.open_files(record, &mut report)?;

@@ -12,8 +12,12 @@ use std::path::{Path, PathBuf};
 
 const SLICES: TableDefinition<&str, &[u8]> = TableDefinition::new("slices");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
-/// Version of the record format below.
-pub const SCHEMA_VERSION: u64 = 1;
+/// Version of the record format below: 2 since records may carry
+/// `workload` and device shares `memory_burst`, which a build of version 1
+/// would refuse or silently drop. Opening a store of an older version
+/// raises it (the records then still decode: new fields are optional);
+/// a build finding a newer one refuses it with [`StoreError::Schema`].
+pub const SCHEMA_VERSION: u64 = 2;
 /// File name of the store under the state directory.
 pub const STORE_FILE: &str = "egpud.redb";
 
@@ -168,8 +172,8 @@ impl Store {
             let found = meta.get("schema").map_err(|e| self.db_err("read meta")(e.into()))?.map(|v| v.value());
             match found {
                 Some(v) if v > SCHEMA_VERSION => return Err(StoreError::Schema { path: self.path.clone(), found: v }),
-                Some(_) => {}
-                None => {
+                Some(v) if v == SCHEMA_VERSION => {}
+                _ => {
                     meta.insert("schema", SCHEMA_VERSION).map_err(|e| self.db_err("write meta")(e.into()))?;
                 }
             }
@@ -235,6 +239,25 @@ mod tests {
             created_unix: 1,
             workload: None,
         }
+    }
+
+    #[test]
+    fn an_older_store_is_raised_to_this_version_and_a_newer_one_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let set = |v: u64| {
+            let s = Store::open(dir.path()).unwrap();
+            let tx = s.db.begin_write().unwrap();
+            tx.open_table(META).unwrap().insert("schema", v).unwrap();
+            tx.commit().unwrap();
+        };
+        let get = |s: &Store| s.db.begin_read().unwrap().open_table(META).unwrap().get("schema").unwrap().unwrap().value();
+        set(1);
+        let s = Store::open(dir.path()).unwrap();
+        assert_eq!(get(&s), SCHEMA_VERSION, "an older build now gets the 'written by a newer egpud' error, not a decode failure");
+        drop(s);
+        set(SCHEMA_VERSION + 1);
+        let e = Store::open(dir.path()).err().expect("refused");
+        assert!(matches!(e, StoreError::Schema { found, .. } if found == SCHEMA_VERSION + 1), "{e}");
     }
 
     #[test]

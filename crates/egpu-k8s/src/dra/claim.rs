@@ -199,7 +199,7 @@ pub fn plan(claim: &res::ResourceClaim, driver: &str, pool: &str, gpus: &[Gpu]) 
     for (index, (memory, share)) in per_gpu {
         let has = gpus.iter().find(|g| g.index == index).map_or(0, |g| g.memory_bytes);
         if memory > has {
-            return Err(format!("it is allocated {memory} B of GPU {index}, which has {has} B for claims (memory taken by slices made outside Kubernetes since the scheduler read the ResourceSlice?)"));
+            return Err(format!("it is allocated {memory} B of GPU {index}, which has {has} B for claims (memory taken by slices made outside Kubernetes, or lent to bursting slices, since the scheduler read the ResourceSlice?)"));
         }
         if share > 10_000 {
             return Err(format!("it is guaranteed {}% of GPU {index}, more than the whole GPU", share as f64 / 100.0));

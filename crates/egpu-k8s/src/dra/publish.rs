@@ -15,21 +15,31 @@ fn quantity(v: u64) -> Quantity {
 }
 
 /// What egpud has promised on a GPU to slices this driver did not make
-/// (`egpu create` on the node, another plugin's): published capacities
-/// leave it out, so the scheduler does not promise it again.
+/// (`egpu create` on the node, another plugin's), and the burst memory it
+/// has lent: published capacities leave it out, so the scheduler does not
+/// promise it again.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Reserved {
     pub memory_bytes: u64,
     pub compute_bps: u32,
 }
 
-/// What slices not made by this driver reserve, per GPU index.
+/// What the scheduler must not promise to claims, per GPU index: the
+/// guarantees of slices not made by this driver, and the burst memory egpud
+/// has lent to any slice (egpud admits no guarantee into lent memory, so a
+/// claim scheduled there could not be prepared until the loan comes back).
 pub fn reserved_elsewhere(slices: &[node::Slice]) -> BTreeMap<u32, Reserved> {
     let mut out: BTreeMap<u32, Reserved> = BTreeMap::new();
-    for d in slices.iter().filter(|s| !s.name.starts_with(SLICE_PREFIX)).flat_map(|s| &s.devices) {
-        let r = out.entry(d.device).or_default();
-        r.memory_bytes = r.memory_bytes.saturating_add(d.memory_limit_bytes);
-        r.compute_bps = r.compute_bps.saturating_add(d.compute_share_bps);
+    for s in slices {
+        let outside = !s.name.starts_with(SLICE_PREFIX);
+        for d in &s.devices {
+            let r = out.entry(d.device).or_default();
+            let guaranteed = if outside { d.memory_limit_bytes } else { 0 };
+            r.memory_bytes = r.memory_bytes.saturating_add(guaranteed).saturating_add(d.memory_granted_bytes);
+            if outside {
+                r.compute_bps = r.compute_bps.saturating_add(d.compute_share_bps);
+            }
+        }
     }
     out
 }

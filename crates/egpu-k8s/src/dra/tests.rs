@@ -75,6 +75,15 @@ fn what_slices_made_elsewhere_hold_is_not_published() {
     assert_eq!(cap[MEMORY].value.0, (10u64 << 30).to_string());
     assert_eq!(cap[MEMORY].request_policy.as_ref().unwrap().valid_range.as_ref().unwrap().max.as_ref().unwrap().0, (10u64 << 30).to_string());
     assert_eq!(cap[COMPUTE].value.0, "87", "12.5% taken: 87 whole percents left");
+    // Burst memory lent, to one of ours or to an outside slice, is not
+    // published either (egpud would refuse a guarantee there); our own
+    // guarantees are the scheduler's to count.
+    let mut lent = slices.to_vec();
+    lent[0].devices[0].memory_granted_bytes = 1 << 30;
+    lent[1].devices[0].memory_granted_bytes = 2 << 30;
+    let reserved = reserved_elsewhere(&lent);
+    assert_eq!(reserved[&0], Reserved { memory_bytes: 7 << 30, compute_bps: 1250 });
+    assert_eq!(reserved[&1], Reserved { memory_bytes: (18 << 30) - 4096, compute_bps: 0 });
 }
 
 #[test]

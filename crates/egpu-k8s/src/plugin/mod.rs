@@ -528,6 +528,21 @@ impl Shared {
                 if !same {
                     return Err(Status::already_exists(format!("slice {name} exists with other devices or memory; delete it (egpu rm {name}) and retry")));
                 }
+                // The same units may come back to a new container while the
+                // slice waits for the sweep: it starts from the defaults,
+                // not from the previous pod's annotations (its own are
+                // applied at the next refresh).
+                for w in stale_limits(&s.devices, &want) {
+                    let req = node::ResizeSliceRequest {
+                        name: name.clone(),
+                        devices: vec![w.device],
+                        compute_share_bps: Some(w.compute_share_bps),
+                        compute_limit_bps: Some(w.compute_limit_bps),
+                        memory_burst_bytes: Some(w.memory_burst_bytes),
+                        ..Default::default()
+                    };
+                    c.resize_slice(req).await.map_err(|e| Status::new(e.code(), format!("slice {name} exists with another pod's compute or burst, and egpud refused to reset them: {}", e.message())))?;
+                }
             }
             Err(e) => return Err(Status::new(e.code(), format!("egpud refused slice {name} ({where_}): {}", e.message()))),
         }
@@ -548,6 +563,14 @@ impl Shared {
             ..Default::default()
         })
     }
+}
+
+/// The devices of `want` whose share, cap or burst cap the slice's devices
+/// `have` differ from.
+fn stale_limits<'a>(have: &[node::SliceDevice], want: &'a [node::DeviceShareSpec]) -> Vec<&'a node::DeviceShareSpec> {
+    want.iter()
+        .filter(|w| have.iter().find(|d| d.device == w.device).is_some_and(|d| (d.compute_share_bps, d.compute_limit_bps, d.memory_burst_bytes) != (w.compute_share_bps, w.compute_limit_bps, w.memory_burst_bytes)))
+        .collect()
 }
 
 /// `--gpu-cdi-kind`, as both kubelet plugins take it: a CDI kind

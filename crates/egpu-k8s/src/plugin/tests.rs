@@ -109,3 +109,14 @@ fn endpoint_and_config_checks() {
     let e = Shared::new(PluginConfig { resource_name: "gpu-memory".into(), ..cfg }, None).unwrap_err();
     assert!(e.to_string().contains("needs a domain"), "{e}");
 }
+
+#[test]
+fn a_reused_slice_is_reset_to_the_defaults_where_they_differ() {
+    let have = |share: u32, limit: u32, burst: u64| node::SliceDevice { device: 0, memory_limit_bytes: 4 << 30, compute_share_bps: share, compute_limit_bps: limit, memory_burst_bytes: burst, ..Default::default() };
+    let want = [node::DeviceShareSpec { device: 0, memory_bytes: 4 << 30, compute_share_bps: 2500, compute_limit_bps: 10_000, memory_burst_bytes: 0 }];
+    assert!(stale_limits(&[have(2500, 10_000, 0)], &want).is_empty(), "as created: nothing to reset");
+    for stale in [have(8000, 10_000, 0), have(2500, 5000, 0), have(2500, 10_000, 24 << 30)] {
+        assert_eq!(stale_limits(&[stale], &want), [&want[0]]);
+    }
+}
+

@@ -53,6 +53,33 @@ fn create_resize_delete_publish_to_the_slice_table() {
 }
 
 #[test]
+fn a_slice_follows_its_gpu_when_the_gpus_are_renumbered() {
+    let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    {
+        let (mut m, _) = manager(run.path(), state.path());
+        m.create(req("on-1", vec![share(1, 12)])).unwrap();
+        m.create(req("on-0", vec![share(0, 4)])).unwrap();
+    }
+    // After a reboot GPU-fake-0 is gone, GPU-fake-1 is index 0, and a new GPU is index 1.
+    let gpu = |index: u32, uuid: &str| crate::devices::DeviceInfo { index, uuid: uuid.into(), name: "Fake GPU".into(), memory_bytes: 16 * Bytes::GIB, sm_count: 108 };
+    let adopt = || SliceManager::adopt(run.path(), vec![gpu(0, "GPU-fake-1"), gpu(1, "GPU-fake-new")], Store::open(state.path()).unwrap()).unwrap();
+    let (mut m, report) = adopt();
+    assert_eq!(report.moved_devices, vec![("on-1".to_string(), 1, 0)]);
+    assert_eq!(report.missing_devices, vec![("on-0".to_string(), 0, "GPU-fake-0".to_string())]);
+    assert_eq!(m.get("on-1").unwrap().record.spec.devices[0].device, 0);
+    let lim = LimitsReader::open(&paths::limits_path(&m.get("on-1").unwrap().dir)).unwrap();
+    assert_eq!((lim.region().device_uuid(0), lim.snapshot().devices()[0].mem_limit), ("GPU-fake-1".to_string(), 12 * Bytes::GIB));
+    // GPU-fake-1 still holds its 12 GiB (and the missing GPU's 4 GiB stay
+    // counted there too): nothing is promised twice. The new GPU is free.
+    assert!(m.create(req("x", vec![share(0, 1)])).is_err());
+    m.create(req("y", vec![share(1, 16)])).unwrap();
+    drop(m);
+    // The store was rewritten: the next restart moves nothing.
+    let (_, report) = adopt();
+    assert!(report.moved_devices.is_empty(), "{report:?}");
+}
+
+#[test]
 fn restart_adopts_and_repairs_files() {
     let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     {
