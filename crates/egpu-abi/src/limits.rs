@@ -355,7 +355,10 @@ impl LimitsWriter {
         self.region().snapshot()
     }
 
-    /// Publishes new limits for every device (in slice order) and a priority.
+    /// Publishes new limits for every device (in slice order) and a priority,
+    /// and marks the slice active: a slice `egpud` publishes is live (a
+    /// delete that found a process attaching after it marked the slice
+    /// deleted, or a crash between the two, leaves it active again).
     /// Only one thread of one process may write; `egpud` serialises its writes.
     pub fn publish(&self, priority: u32, devices: &[DeviceLimitsSnapshot]) -> Result<u64, AbiError> {
         let r = self.region();
@@ -364,6 +367,7 @@ impl LimitsWriter {
             return Err(AbiError::BadDevice(devices.len()));
         }
         Ok(self.write(|r| {
+            r.state.store(SliceState::Active.code(), Ordering::Relaxed);
             r.priority.store(priority, Ordering::Relaxed);
             for (d, l) in r.devices.iter().zip(devices) {
                 d.mem_limit.store(l.mem_limit, Ordering::Relaxed);
@@ -443,6 +447,10 @@ mod tests {
         assert!(matches!(w.publish(0, &v[..1]), Err(AbiError::BadDevice(1))));
         w.mark_deleted();
         assert_eq!(r.snapshot().state, SliceState::Deleted);
+        // egpud publishes only live slices: a publish makes it active again
+        // (a delete that found a late attacher, adoption after a crash).
+        w.publish(0, &v).unwrap();
+        assert_eq!(r.snapshot().state, SliceState::Active);
     }
 
     #[test]

@@ -238,6 +238,13 @@ pub fn charge(dev: usize, bytes: u64) -> Result<(), CUresult> {
         return Err(CUDA_ERROR_INVALID_DEVICE);
     }
     let slot = s.slot()?;
+    // Again now that this process holds a usage record: `egpud` marks a
+    // slice deleted before it looks for attached processes a last time, so
+    // either it saw this record (and kept the slice) or this sees the mark.
+    if s.limits.snapshot().state == SliceState::Deleted {
+        say_once(&SAID_DELETED, || format!("slice '{}' was deleted: new GPU allocations are refused (the process keeps running)", s.name));
+        return Err(CUDA_ERROR_OUT_OF_MEMORY);
+    }
     // The limit is read inside the charge lock (see `try_charge_with`), so a
     // limit `egpud` lowers to take back burst memory is never overrun.
     let limit = || s.limit(dev);

@@ -1,4 +1,5 @@
-//! Identity of a process across pid reuse: pid plus start time from `/proc`.
+//! Identity of a process across pid reuse and reboots: pid plus start time
+//! from `/proc`, and the boot's id.
 
 use crate::store::Owner;
 
@@ -16,13 +17,25 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
     fields.nth(18)?.parse().ok()
 }
 
-/// The owner record of a live process.
-pub fn owner_of(pid: u32) -> Option<Owner> {
-    start_ticks(pid).map(|start_ticks| Owner { pid, start_ticks })
+/// This boot's id (`/proc/sys/kernel/random/boot_id`), if the kernel says.
+pub fn boot_id() -> Option<String> {
+    static ID: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    ID.get_or_init(|| std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty())).clone()
 }
 
-/// Whether the process `owner` describes still runs (same pid, same start time).
+/// The owner record of a live process.
+pub fn owner_of(pid: u32) -> Option<Owner> {
+    start_ticks(pid).map(|start_ticks| Owner { pid, start_ticks, boot_id: boot_id() })
+}
+
+/// Whether the process `owner` describes still runs: same boot (when the
+/// record and the kernel both say), same pid, same start time.
 pub fn is_alive(owner: &Owner) -> bool {
+    if let (Some(then), Some(now)) = (&owner.boot_id, boot_id())
+        && then != &now
+    {
+        return false;
+    }
     start_ticks(owner.pid) == Some(owner.start_ticks)
 }
 
@@ -122,7 +135,11 @@ mod tests {
     fn self_is_alive_and_changed_start_is_not() {
         let me = owner_of(std::process::id()).unwrap();
         assert!(is_alive(&me));
-        assert!(!is_alive(&Owner { start_ticks: me.start_ticks + 1, ..me }));
+        assert!(!is_alive(&Owner { start_ticks: me.start_ticks + 1, ..me.clone() }));
+        // Another boot: the same pid and start time are another process.
+        assert!(!is_alive(&Owner { boot_id: Some("another-boot".into()), ..me.clone() }));
+        // A record from before boot ids were kept: pid and start time decide.
+        assert!(is_alive(&Owner { boot_id: None, ..me }));
         assert!(owner_of(u32::MAX - 1).is_none());
     }
 

@@ -559,9 +559,25 @@ impl SliceManager {
         if !pids.is_empty() && !force {
             return Err(SliceOpError::Busy { name, pids });
         }
-        self.store.remove(&name)?;
-        let slice = self.slices.remove(&name).expect("looked up above");
+        // Refuse new allocations first, then look again: a process that was
+        // attaching meanwhile has claimed its usage record by now (the hook
+        // claims it before it charges, and checks the state after), so it
+        // is seen here, and the slice stays.
         slice.limits.mark_deleted();
+        if !force {
+            slice.usage.sweep(None);
+            let late = slice.live_pids();
+            if !late.is_empty() {
+                slice.publish()?;
+                return Err(SliceOpError::Busy { name, pids: late });
+            }
+        }
+        if let Err(e) = self.store.remove(&name) {
+            // Still stored: still live.
+            let _ = slice.publish();
+            return Err(e.into());
+        }
+        let slice = self.slices.remove(&name).expect("looked up above");
         // Attached processes keep their mappings; the directory entry goes.
         if let Err(e) = std::fs::remove_dir_all(&slice.dir) {
             tracing::warn!(slice = %name, dir = %slice.dir.display(), error = %e, "could not remove slice directory");

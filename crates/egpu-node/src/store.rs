@@ -21,13 +21,20 @@ pub const SCHEMA_VERSION: u64 = 2;
 /// File name of the store under the state directory.
 pub const STORE_FILE: &str = "egpud.redb";
 
-/// The process that owns an ephemeral slice (`egpu run`), identified across pid reuse.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+/// The process that owns an ephemeral slice (`egpu run`), identified across
+/// pid reuse and reboots.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Owner {
     pub pid: u32,
     /// Start time of the process in clock ticks since boot (`/proc/<pid>/stat` field 22).
     pub start_ticks: u64,
+    /// The boot it ran in (`/proc/sys/kernel/random/boot_id`): after a
+    /// reboot, a process of the same pid and start time is another one.
+    /// Absent in records written before this field existed (and where the
+    /// kernel does not say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
 }
 
 /// One persisted slice.
@@ -235,7 +242,7 @@ mod tests {
             },
             device_uuids: vec!["GPU-x".into()],
             ephemeral: true,
-            owner: Some(Owner { pid: 42, start_ticks: 7 }),
+            owner: Some(Owner { pid: 42, start_ticks: 7, boot_id: None }),
             created_unix: 1,
             workload: None,
         }
@@ -267,9 +274,9 @@ mod tests {
         assert!(!old.contains("workload"), "{old}");
         let mut r: SliceRecord = serde_json::from_str(&old).unwrap();
         assert_eq!(r.workload, None);
-        r.workload = Some(Owner { pid: 5, start_ticks: 6 });
+        r.workload = Some(Owner { pid: 5, start_ticks: 6, boot_id: Some("b".into()) });
         let back: SliceRecord = serde_json::from_str(&serde_json::to_string(&r).unwrap()).unwrap();
-        assert_eq!(back.workload, Some(Owner { pid: 5, start_ticks: 6 }));
+        assert_eq!(back.workload, Some(Owner { pid: 5, start_ticks: 6, boot_id: Some("b".into()) }));
         // A record stored before burst caps existed has none.
         let before_burst = old.replace(",\"memory_burst\":0", "");
         assert!(!before_burst.contains("memory_burst"), "{before_burst}");

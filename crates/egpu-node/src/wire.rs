@@ -113,11 +113,11 @@ pub fn slice_to_wire(s: &Slice) -> proto::Slice {
             .collect(),
         processes: s.processes().into_iter().map(|p| proto::Process { pid: p.pid, bytes: p.bytes, alive: p.alive }).collect(),
         ephemeral: rec.ephemeral,
-        owner_pid: rec.owner.map(|o| o.pid).unwrap_or(0),
+        owner_pid: rec.owner.as_ref().map_or(0, |o| o.pid),
         generation: s.generation(),
         created_unix: rec.created_unix,
         slice_dir: s.dir.display().to_string(),
-        workload_pid: rec.workload.map(|o| o.pid).unwrap_or(0),
+        workload_pid: rec.workload.as_ref().map_or(0, |o| o.pid),
     }
 }
 

@@ -158,7 +158,7 @@ fn ephemeral_slice_survives_its_owner_while_the_reported_workload_lives() {
     // The registration is persisted: a restarted agent keeps the slice too.
     let (mut m, _) = manager(run.path(), state.path());
     assert!(m.collect_orphans().is_empty());
-    assert_eq!(m.get("eph").unwrap().record.workload.map(|w| w.pid), Some(workload.id()));
+    assert_eq!(m.get("eph").unwrap().record.workload.as_ref().map(|w| w.pid), Some(workload.id()));
     workload.kill().unwrap();
     workload.wait().unwrap();
     assert_eq!(m.collect_orphans(), vec!["eph"]);
