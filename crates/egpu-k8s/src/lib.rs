@@ -28,7 +28,7 @@
 //! [`annotation`] (the Node annotation's format), [`extender`] (the
 //! kube-scheduler extender), [`assume`] (its cache of bound pods),
 //! [`follow`] (list-then-watch of objects' metadata), [`metrics`] (the
-//! extender's Prometheus metrics), [`dra`] (the DRA kubelet plugin),
+//! Prometheus metrics of the extender and the kubelet plugins), [`dra`] (the DRA kubelet plugin),
 //! [`quantity`] (Kubernetes quantities).
 
 pub mod annotation;
@@ -57,4 +57,13 @@ pub mod podresources {
 /// timeouts alike.
 pub async fn unix_channel(path: &std::path::Path, timeout: std::time::Duration) -> Result<tonic::transport::Channel, tonic::transport::Error> {
     egpu_node::client::unix_channel(path, timeout, timeout).await
+}
+
+/// A ticker of `period` whose first tick is one period from now and which
+/// delays (never bursts) after a slow tick: the plugins' refresh loops and
+/// the extender's resync.
+pub fn poll_ticker(period: std::time::Duration) -> tokio::time::Interval {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick
 }

@@ -122,7 +122,7 @@ fn main() -> ExitCode {
             }
             let ext = ext.clone();
             tokio::spawn(async move {
-                let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + RESYNC_EVERY, RESYNC_EVERY);
+                let mut tick = egpu_k8s::poll_ticker(RESYNC_EVERY);
                 loop {
                     tick.tick().await;
                     if let Err(e) = ext.resync().await {

@@ -134,8 +134,7 @@ pub async fn run<C: Cluster>(shared: Arc<Shared<C>>, shutdown: impl std::future:
     let refresher = {
         let shared = shared.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + shared.cfg.poll, shared.cfg.poll);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut tick = crate::poll_ticker(shared.cfg.poll);
             loop {
                 let force = tokio::select! {
                     _ = tick.tick() => false,

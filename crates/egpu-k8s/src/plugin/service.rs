@@ -113,8 +113,7 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl std::future::Future<Output 
     let refresher = {
         let shared = shared.clone();
         tokio::spawn(async move {
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + shared.cfg.poll, shared.cfg.poll);
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut tick = crate::poll_ticker(shared.cfg.poll);
             loop {
                 tick.tick().await;
                 shared.refresh().await;
