@@ -355,8 +355,9 @@ impl LimitsWriter {
         self.region().snapshot()
     }
 
-    /// Publishes new limits for every device (in slice order) and a priority,
-    /// and marks the slice active: a slice `egpud` publishes is live (a
+    /// Publishes new limits for every device (in slice order: its host
+    /// index too, which follows a GPU renumbered at a restart) and a
+    /// priority, and marks the slice active: a slice `egpud` publishes is live (a
     /// delete that found a process attaching after it marked the slice
     /// deleted, or a crash between the two, leaves it active again).
     /// Only one thread of one process may write; `egpud` serialises its writes.
@@ -370,6 +371,7 @@ impl LimitsWriter {
             r.state.store(SliceState::Active.code(), Ordering::Relaxed);
             r.priority.store(priority, Ordering::Relaxed);
             for (d, l) in r.devices.iter().zip(devices) {
+                d.host_index.store(l.host_index, Ordering::Relaxed);
                 d.mem_limit.store(l.mem_limit, Ordering::Relaxed);
                 d.compute_share_bps.store(l.compute_share_bps, Ordering::Relaxed);
                 d.compute_limit_bps.store(l.compute_limit_bps, Ordering::Relaxed);
@@ -440,9 +442,11 @@ mod tests {
         let before = r.seq();
         let mut v = s.devices().to_vec();
         v[0].mem_limit = 5 << 30;
+        v[1].host_index = 2;
         w.publish(0, &v).unwrap();
         assert!(r.seq() > before);
         assert_eq!(r.snapshot().devices()[0].mem_limit, 5 << 30);
+        assert_eq!(r.snapshot().devices()[1].host_index, 2, "the GPU renumbered: published too");
         assert_eq!(r.snapshot().priority, 0);
         assert!(matches!(w.publish(0, &v[..1]), Err(AbiError::BadDevice(1))));
         w.mark_deleted();

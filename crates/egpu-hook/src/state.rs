@@ -224,6 +224,20 @@ pub const BURST_WAIT: std::time::Duration = std::time::Duration::from_millis(100
 
 static SAID_DELETED: AtomicBool = AtomicBool::new(false);
 
+/// Whether a slice seen deleted just as this process attached becomes
+/// active again within 50 ms: `egpud` found the attaching process and kept
+/// the slice (its delete refused).
+fn reactivated(s: &Slice) -> bool {
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(50);
+    while std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(1));
+        if s.limits.snapshot().state != SliceState::Deleted {
+            return true;
+        }
+    }
+    false
+}
+
 /// Charges `bytes` on slice device `dev` before the real allocation. On
 /// refusal, sweeps records of dead processes, returns pool memory the
 /// process no longer uses, and retries once.
@@ -240,8 +254,11 @@ pub fn charge(dev: usize, bytes: u64) -> Result<(), CUresult> {
     let slot = s.slot()?;
     // Again now that this process holds a usage record: `egpud` marks a
     // slice deleted before it looks for attached processes a last time, so
-    // either it saw this record (and kept the slice) or this sees the mark.
-    if s.limits.snapshot().state == SliceState::Deleted {
+    // either it saw this record (and keeps the slice, active again within
+    // moments) or the slice is gone. (The fence pairs with egpud's after
+    // its mark: the record's lock and this read are not reordered.)
+    std::sync::atomic::fence(Ordering::SeqCst);
+    if s.limits.snapshot().state == SliceState::Deleted && !reactivated(s) {
         say_once(&SAID_DELETED, || format!("slice '{}' was deleted: new GPU allocations are refused (the process keeps running)", s.name));
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }

@@ -177,9 +177,10 @@ pub struct AdoptReport {
     /// another index (GPUs renumbered, e.g. one gone after a reboot); the
     /// slice follows its GPU, and the store is rewritten.
     pub moved_devices: Vec<(String, u32, u32)>,
-    /// (slice, index, UUID): a slice's GPU not on the node any more. Its
-    /// guarantee stays counted at its old index (never against free memory
-    /// of the GPU it ran on, which is gone).
+    /// (slice, old index, UUID): a slice's GPU not on the node any more. The
+    /// slice keeps it at an index past the node's GPUs, so nothing is
+    /// counted against another GPU, and a resize of the slice says the
+    /// device is not there.
     pub missing_devices: Vec<(String, u32, String)>,
 }
 
@@ -236,6 +237,7 @@ impl SliceManager {
             // the workload runs on its GPU by UUID. Where the GPUs were
             // renumbered, the slice follows its GPU.
             let mut moved = false;
+            let mut past = mgr.devices.len() as u32;
             for (i, d) in record.spec.devices.iter_mut().enumerate() {
                 let Some(uuid) = record.device_uuids.get(i) else { continue };
                 if mgr.devices.get(d.device as usize).is_some_and(|x| &x.uuid == uuid) {
@@ -249,13 +251,18 @@ impl SliceManager {
                         moved = true;
                     }
                     None => {
-                        tracing::error!(slice = %record.spec.name, uuid = %uuid, index = d.device, "the slice's GPU is not on this node any more; its guarantee stays counted at index {} until the slice is removed", d.device);
+                        tracing::error!(slice = %record.spec.name, uuid = %uuid, index = d.device, "the slice's GPU is not on this node any more; the slice keeps it at index {past}, past the node's GPUs, until it is removed (or the GPU is back at the next restart)");
                         report.missing_devices.push((record.spec.name.clone(), d.device, uuid.clone()));
+                        d.device = past;
+                        past += 1;
+                        moved = true;
                     }
                 }
             }
-            if moved {
-                mgr.store.put(&record)?;
+            // The next start works the same out from the UUIDs again, so a
+            // store that cannot take it now is no reason to stop.
+            if moved && let Err(e) = mgr.store.put(&record) {
+                tracing::warn!(slice = %record.spec.name, error = %e, "cannot store the slice's new device indices; they are worked out again at the next start");
             }
             let name = record.spec.name.clone();
             let slice = mgr.open_files(record, &mut report)?;
@@ -564,6 +571,8 @@ impl SliceManager {
         // claims it before it charges, and checks the state after), so it
         // is seen here, and the slice stays.
         slice.limits.mark_deleted();
+        // Pairs with the hook's fence after it claims a record (see there).
+        std::sync::atomic::fence(Ordering::SeqCst);
         if !force {
             slice.usage.sweep(None);
             let late = slice.live_pids();

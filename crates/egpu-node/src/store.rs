@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 const SLICES: TableDefinition<&str, &[u8]> = TableDefinition::new("slices");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// Version of the record format below: 2 since records may carry
-/// `workload` and device shares `memory_burst`, which a build of version 1
-/// would refuse or silently drop. Opening a store of an older version
+/// `workload`, owners `boot_id` and device shares `memory_burst`, which a
+/// build of version 1 would refuse or silently drop. Opening a store of an older version
 /// raises it (the records then still decode: new fields are optional);
 /// a build finding a newer one refuses it with [`StoreError::Schema`].
 pub const SCHEMA_VERSION: u64 = 2;

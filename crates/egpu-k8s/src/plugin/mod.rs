@@ -531,7 +531,9 @@ impl Shared {
                 // The same units may come back to a new container while the
                 // slice waits for the sweep: it starts from the defaults,
                 // not from the previous pod's annotations (its own are
-                // applied at the next refresh).
+                // applied at the next refresh). A refusal (a default share
+                // that no longer fits beside shares raised since) is left to
+                // that refresh rather than refusing the container.
                 for w in stale_limits(&s.devices, &want) {
                     let req = node::ResizeSliceRequest {
                         name: name.clone(),
@@ -541,7 +543,9 @@ impl Shared {
                         memory_burst_bytes: Some(w.memory_burst_bytes),
                         ..Default::default()
                     };
-                    c.resize_slice(req).await.map_err(|e| Status::new(e.code(), format!("slice {name} exists with another pod's compute or burst, and egpud refused to reset them: {}", e.message())))?;
+                    if let Err(e) = c.resize_slice(req).await {
+                        tracing::warn!(slice = %name, device = w.device, "handed out again with the previous pod's compute or burst: egpud refused to reset them ({})", e.message());
+                    }
                 }
             }
             Err(e) => return Err(Status::new(e.code(), format!("egpud refused slice {name} ({where_}): {}", e.message()))),

@@ -67,12 +67,20 @@ fn a_slice_follows_its_gpu_when_the_gpus_are_renumbered() {
     assert_eq!(report.moved_devices, vec![("on-1".to_string(), 1, 0)]);
     assert_eq!(report.missing_devices, vec![("on-0".to_string(), 0, "GPU-fake-0".to_string())]);
     assert_eq!(m.get("on-1").unwrap().record.spec.devices[0].device, 0);
+    assert_eq!(m.get("on-0").unwrap().record.spec.devices[0].device, 2, "past the node's GPUs");
+    // The limits file (kept: /run survived) says the new index too: the arbiter groups by it.
     let lim = LimitsReader::open(&paths::limits_path(&m.get("on-1").unwrap().dir)).unwrap();
-    assert_eq!((lim.region().device_uuid(0), lim.snapshot().devices()[0].mem_limit), ("GPU-fake-1".to_string(), 12 * Bytes::GIB));
-    // GPU-fake-1 still holds its 12 GiB (and the missing GPU's 4 GiB stay
-    // counted there too): nothing is promised twice. The new GPU is free.
-    assert!(m.create(req("x", vec![share(0, 1)])).is_err());
+    let d = lim.snapshot().devices()[0];
+    assert_eq!((lim.region().device_uuid(0), d.mem_limit, d.host_index), ("GPU-fake-1".to_string(), 12 * Bytes::GIB, 0));
+    // GPU-fake-1 holds its 12 GiB: nothing is promised twice. The missing
+    // GPU's 4 GiB are counted nowhere. The new GPU is free.
+    assert!(m.create(req("x", vec![share(0, 5)])).is_err());
+    m.create(req("x", vec![share(0, 4)])).unwrap();
     m.create(req("y", vec![share(1, 16)])).unwrap();
+    // Growing the slice whose GPU is gone is refused, saying so (shrinking it
+    // commits nothing, and is allowed as for any slice).
+    let e = m.resize("on-0", ResizeRequest { memory: Some(Bytes::gib(8)), ..Default::default() }).err().unwrap();
+    assert!(matches!(e, SliceOpError::Capacity(CapacityError::NoSuchDevice { device: 2, .. })), "{e}");
     drop(m);
     // The store was rewritten: the next restart moves nothing.
     let (_, report) = adopt();
