@@ -111,10 +111,9 @@ impl<C: Cluster> Shared<C> {
 
     /// Resizes the slices of claims made for a pod to what the pod's
     /// annotations ask (the cap and the burst cap; absent, the claim's), and
-    /// forgets claims whose slice is gone. Runs under `lock`, and lists the
-    /// slices itself, so that a claim being prepared is not taken for gone.
-    async fn apply_pod_annotations(&self, client: &mut egpu_node::client::Client) -> Result<(), String> {
-        let slices = client.list_slices(node::ListSlicesRequest {}).await.map_err(|e| e.message().to_string())?.into_inner().slices;
+    /// forgets claims whose slice is gone. Runs under `lock`, with `slices`
+    /// read under it, so that a claim being prepared is not taken for gone.
+    async fn apply_pod_annotations(&self, client: &mut egpu_node::client::Client, slices: &[node::Slice]) -> Result<(), String> {
         let prepared = self.prepared.lock().expect("prepared lock").clone();
         let gone: Vec<String> = prepared.keys().filter(|uid| !slices.iter().any(|s| s.name == slice_name(uid))).cloned().collect();
         if !gone.is_empty() {
@@ -183,6 +182,9 @@ impl<C: Cluster> Shared<C> {
     /// registered the plugin), or every [`REPUBLISH_EVERY`] to find it
     /// deleted.
     pub async fn refresh(&self, force: bool) {
+        // egpud is read under `lock`, so that a claim being prepared is
+        // not taken for gone by the annotations pass below.
+        let one = self.lock.lock().await;
         let read = async {
             let mut client = self.egpud().await?;
             let (gpus, slices) = Self::read_node(&mut client).await?;
@@ -200,12 +202,10 @@ impl<C: Cluster> Shared<C> {
             }
         };
         self.metrics.egpud_up(true);
-        {
-            let _one = self.lock.lock().await;
-            if let Err(e) = self.apply_pod_annotations(&mut client).await {
-                tracing::warn!("egpud did not answer while the pods' annotations were applied ({e}); trying again at the next refresh");
-            }
+        if let Err(e) = self.apply_pod_annotations(&mut client, &slices).await {
+            tracing::warn!("egpud did not answer while the pods' annotations were applied ({e}); trying again at the next refresh");
         }
+        drop(one);
         let spec = resource_slice_spec(&self.cfg.driver, &self.cfg.node, &gpus, &reserved_elsewhere(&slices), 0);
         let d = digest(&spec);
         // A registration's publish waits here until one succeeds.
