@@ -241,7 +241,7 @@ pub fn kubelet_devices(cfg: &DraConfig, slice: &str, results: &[(String, String,
                 d.cdi_device_ids.push(egpu_node::cdi::device_name(slice));
             }
             if let Some(kind) = &cfg.gpu_cdi_kind {
-                d.cdi_device_ids.push(format!("{kind}={gpu}"));
+                d.cdi_device_ids.push(crate::plugin::gpu_cdi_device(kind, gpu));
             }
             d
         })

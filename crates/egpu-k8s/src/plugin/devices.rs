@@ -52,7 +52,7 @@ pub(super) fn advertise(inv: &Inventory, slices: &[node::Slice], held: Option<&V
 pub(super) fn cdi_devices<'a>(cfg: &PluginConfig, slice: &str, gpus: impl Iterator<Item = &'a tokens::Gpu>) -> Vec<dp::CdiDevice> {
     let mut out = vec![dp::CdiDevice { name: egpu_node::cdi::device_name(slice) }];
     if let Some(kind) = cfg.gpu_cdi_kind.as_deref().filter(|k| !k.is_empty()) {
-        out.extend(gpus.map(|g| dp::CdiDevice { name: format!("{kind}={}", g.index) }));
+        out.extend(gpus.map(|g| dp::CdiDevice { name: super::gpu_cdi_device(kind, g.index) }));
     }
     out
 }

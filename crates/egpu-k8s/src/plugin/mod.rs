@@ -586,6 +586,13 @@ pub(crate) fn check_cdi_kind(kind: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// The CDI device of GPU `index` in the GPU vendor's spec of kind `kind`
+/// (`nvidia.com/gpu=0`: the NVIDIA Container Toolkit names devices by
+/// index), as both kubelet plugins hand it out beside the slice's.
+pub(crate) fn gpu_cdi_device(kind: &str, index: u32) -> String {
+    format!("{kind}={index}")
+}
+
 /// The identity of a file, to notice it was removed or replaced.
 pub(crate) fn file_id(path: &Path) -> Option<(u64, u64)> {
     std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))
