@@ -27,7 +27,9 @@
 
 use kube::api::{ListParams, ObjectMeta, WatchEvent, WatchParams};
 use serde::de::DeserializeOwned;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
+use std::sync::Mutex;
 use std::time::Duration;
 use tokio_stream::StreamExt;
 
@@ -234,4 +236,38 @@ impl Follow {
             }
         }
     }
+}
+
+/// A pod of a node, as [`node_pods`] keeps it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodInfo {
+    pub uid: String,
+    /// Its `egpu.io/` annotations.
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// A node's pods, by (namespace, name).
+pub type NodePods = HashMap<(String, String), PodInfo>;
+
+/// Follows the pods of `node` (a list, then a watch: [`Follow`]) into
+/// `pods` (`None` until the first list): what the kubelet plugins resize
+/// slices from. Runs until dropped.
+pub async fn node_pods(api: &kube::Api<k8s_openapi::api::core::v1::Pod>, node: &str, retry: Duration, list_timeout: Duration, pods: &Mutex<Option<NodePods>>) {
+    let follow = Follow { what: "this node's pods".into(), fields: Some(format!("spec.nodeName={node}")), labels: None, retry, list_timeout };
+    let entry = |pod: ObjectMeta| -> Option<((String, String), PodInfo)> {
+        let annotations = pod.annotations.unwrap_or_default().into_iter().filter(|(k, _)| k.starts_with("egpu.io/")).collect();
+        Some(((pod.namespace.unwrap_or_default(), pod.name?), PodInfo { uid: pod.uid.unwrap_or_default(), annotations }))
+    };
+    let listed = |list: Vec<ObjectMeta>| *pods.lock().expect("pods lock") = Some(list.into_iter().filter_map(entry).collect());
+    let changed = |pod: ObjectMeta, present: bool| {
+        let Some((key, info)) = entry(pod) else { return };
+        if let Some(map) = pods.lock().expect("pods lock").as_mut() {
+            if present {
+                map.insert(key, info);
+            } else {
+                map.remove(&key);
+            }
+        }
+    };
+    follow.run(api, None, listed, changed).await;
 }

@@ -21,11 +21,8 @@ pub trait Cluster: Send + Sync + 'static {
     fn follow_pods(&self, node: &str, retry: Duration, pods: Arc<Mutex<Option<PodAnnotations>>>) -> impl std::future::Future<Output = ()> + Send;
 }
 
-/// A pod's UID and its `egpu.io/` annotations.
-pub type PodEntry = (String, BTreeMap<String, String>);
-
 /// The node's pods, by (namespace, name); `None` before the first list.
-pub type PodAnnotations = std::collections::HashMap<(String, String), PodEntry>;
+pub use crate::follow::NodePods as PodAnnotations;
 
 /// What a publish did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,22 +117,6 @@ impl Cluster for Api {
 
     async fn follow_pods(&self, node: &str, retry: Duration, pods: Arc<Mutex<Option<PodAnnotations>>>) {
         let api: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::all(self.client.clone());
-        let follow = crate::follow::Follow { what: "this node's pods".into(), fields: Some(format!("spec.nodeName={node}")), labels: None, retry, list_timeout: API_TIMEOUT };
-        let entry = |pod: kube::api::ObjectMeta| -> Option<((String, String), PodEntry)> {
-            let annotations = pod.annotations.unwrap_or_default().into_iter().filter(|(k, _)| k.starts_with("egpu.io/")).collect();
-            Some(((pod.namespace.unwrap_or_default(), pod.name?), (pod.uid.unwrap_or_default(), annotations)))
-        };
-        let listed = |list: Vec<kube::api::ObjectMeta>| *pods.lock().expect("pods lock") = Some(list.into_iter().filter_map(entry).collect());
-        let changed = |pod: kube::api::ObjectMeta, present: bool| {
-            let Some((key, ann)) = entry(pod) else { return };
-            if let Some(map) = pods.lock().expect("pods lock").as_mut() {
-                if present {
-                    map.insert(key, ann);
-                } else {
-                    map.remove(&key);
-                }
-            }
-        };
-        follow.run(&api, None, listed, changed).await;
+        crate::follow::node_pods(&api, node, retry, API_TIMEOUT, &pods).await;
     }
 }

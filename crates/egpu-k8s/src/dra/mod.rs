@@ -49,7 +49,7 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use api::{Api, Cluster, PodAnnotations, PodEntry, Written};
+pub use api::{Api, Cluster, PodAnnotations, Written};
 pub use claim::{Plan, SliceConfig, burst_bytes, kubelet_devices, plan};
 pub use publish::{DIGEST_ANNOTATION, REPUBLISH_EVERY, Reserved, digest, reserved_elsewhere, resource_slice_spec};
 pub use service::{Registrar, Service, run};

@@ -129,8 +129,8 @@ impl<C: Cluster> Shared<C> {
         for (uid, p) in &prepared {
             let Some(slice) = slices.iter().find(|s| s.name == slice_name(uid)) else { continue };
             // The pod the claim was made for, not a later one of the same name.
-            let owner = p.pod.as_ref().and_then(|pod| pods.get(&(p.namespace.clone(), pod.clone()))).filter(|(pod_uid, _)| p.pod_uid.as_ref().is_none_or(|u| u == pod_uid));
-            let (Some(pod), Some((_, annotations))) = (&p.pod, owner) else {
+            let owner = p.pod.as_ref().and_then(|pod| pods.get(&(p.namespace.clone(), pod.clone()))).filter(|o| p.pod_uid.as_ref().is_none_or(|u| *u == o.uid));
+            let (Some(pod), Some(crate::follow::PodInfo { annotations, .. })) = (&p.pod, owner) else {
                 // No pod to follow (gone, or a claim of its own): nothing
                 // of its is left to apply.
                 self.warned.lock().expect("warned lock").remove(&slice.name);

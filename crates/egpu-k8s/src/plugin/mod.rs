@@ -33,6 +33,7 @@
 //! and allocation are here.
 
 use crate::deviceplugin as dp;
+use crate::follow::{NodePods as PodAnnotations, PodInfo};
 use crate::podresources as pr;
 use crate::tokens::{self, Inventory, SLICE_PREFIX};
 use egpu_node::proto as node;
@@ -122,16 +123,6 @@ pub enum PluginError {
     Config(String),
 }
 
-/// A pod of this node, as the followed list has it.
-#[derive(Debug, Clone, Default)]
-struct PodInfo {
-    uid: String,
-    /// Its `egpu.io/` annotations.
-    annotations: std::collections::BTreeMap<String, String>,
-}
-
-/// This node's pods, by (namespace, name).
-type PodAnnotations = HashMap<(String, String), PodInfo>;
 
 /// A container holding units, per the kubelet.
 #[derive(Debug, Clone)]
@@ -462,35 +453,7 @@ impl Shared {
     /// `pod_poll`. Runs until the task is dropped.
     pub async fn follow_pods(&self) {
         let Some(p) = &self.publisher else { return };
-        let follow = crate::follow::Follow {
-            what: "this node's pods".into(),
-            fields: Some(format!("spec.nodeName={}", p.node)),
-            labels: None,
-            retry: self.cfg.pod_poll,
-            list_timeout: PUBLISH_TIMEOUT,
-        };
-        let listed = |pods: Vec<kube::api::ObjectMeta>| {
-            *self.pod_annotations.lock().expect("pods lock") = Some(pods.into_iter().filter_map(Self::pod_entry).collect());
-        };
-        let changed = |pod: kube::api::ObjectMeta, present: bool| {
-            let Some((key, ann)) = Self::pod_entry(pod) else { return };
-            if let Some(map) = self.pod_annotations.lock().expect("pods lock").as_mut() {
-                if present {
-                    map.insert(key, ann);
-                } else {
-                    map.remove(&key);
-                }
-            }
-        };
-        follow.run(&p.pods, None, listed, changed).await;
-    }
-
-    /// A pod's key and its `egpu.io/` annotations (`None` without a name).
-    fn pod_entry(pod: kube::api::ObjectMeta) -> Option<((String, String), PodInfo)> {
-        let ns = pod.namespace.unwrap_or_default();
-        let name = pod.name?;
-        let annotations = pod.annotations.unwrap_or_default().into_iter().filter(|(k, _)| k.starts_with("egpu.io/")).collect();
-        Some(((ns, name), PodInfo { uid: pod.uid.unwrap_or_default(), annotations }))
+        crate::follow::node_pods(&p.pods, &p.node, self.cfg.pod_poll, PUBLISH_TIMEOUT, &self.pod_annotations).await;
     }
 
     /// Makes (or finds) the slice of one container's tokens.
