@@ -103,16 +103,13 @@ impl registration::registration_server::Registration for Registrar {
     }
 }
 
+/// Serves a socket at `path`, making its directory first (the plugin's own
+/// under `plugins/`).
 fn bind(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e),
-    }
-    tokio::net::UnixListener::bind(path)
+    crate::plugin::rebind(path)
 }
 
 /// Serves both sockets and keeps the ResourceSlice current until

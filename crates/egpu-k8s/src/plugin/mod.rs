@@ -556,6 +556,17 @@ pub(crate) fn gpu_cdi_device(kind: &str, index: u32) -> String {
     format!("{kind}={index}")
 }
 
+/// Serves a unix socket at `path`, in place of a stale socket file a
+/// killed plugin left there (the kubelet connects by path).
+pub(crate) fn rebind(path: &Path) -> std::io::Result<tokio::net::UnixListener> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    tokio::net::UnixListener::bind(path)
+}
+
 /// The identity of a file, to notice it was removed or replaced.
 pub(crate) fn file_id(path: &Path) -> Option<(u64, u64)> {
     std::fs::symlink_metadata(path).ok().map(|m| (m.dev(), m.ino()))

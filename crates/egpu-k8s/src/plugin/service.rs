@@ -134,12 +134,8 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl std::future::Future<Output 
                 _ = tokio::time::sleep(cfg.poll) => continue,
             }
         }
-        match std::fs::remove_file(&sock) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => break Err(PluginError::Serve { path: sock.clone(), source }),
-        }
-        let listener = match tokio::net::UnixListener::bind(&sock) {
+        // Only the bind answers NotFound: the kubelet's directory is missing.
+        let listener = match super::rebind(&sock) {
             Ok(l) => l,
             Err(source) if source.kind() == std::io::ErrorKind::NotFound => {
                 tracing::warn!("{} does not exist yet (is the kubelet running?); waiting", cfg.device_plugin_dir().display());
