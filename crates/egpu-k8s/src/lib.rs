@@ -27,12 +27,14 @@
 //! [`plugin`] (the gRPC service, registration, refresh and sweep loops),
 //! [`annotation`] (the Node annotation's format), [`extender`] (the
 //! kube-scheduler extender), [`assume`] (its cache of bound pods),
-//! [`follow`] (list-then-watch of objects' metadata), [`metrics`] (the
+//! [`checkpoint`] (the kubelet's device checkpoint, read while its
+//! pod list is incomplete), [`follow`] (list-then-watch of objects' metadata), [`metrics`] (the
 //! Prometheus metrics of the extender and the kubelet plugins), [`dra`] (the DRA kubelet plugin),
 //! [`quantity`] (Kubernetes quantities).
 
 pub mod annotation;
 pub mod assume;
+pub mod checkpoint;
 pub mod dra;
 pub mod extender;
 pub mod follow;

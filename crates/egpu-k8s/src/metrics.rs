@@ -246,6 +246,7 @@ pub struct DevicePluginMetrics {
     devices: Family<Labels, Gauge>,
     egpud_up: Gauge,
     pod_resources_up: Gauge,
+    kubelet_synced: Gauge,
 }
 
 impl std::fmt::Debug for DevicePluginMetrics {
@@ -266,6 +267,7 @@ impl Default for DevicePluginMetrics {
             devices: Family::default(),
             egpud_up: Gauge::default(),
             pod_resources_up: Gauge::default(),
+            kubelet_synced: Gauge::default(),
         };
         {
             let mut r = m.registry.lock().expect("registry lock");
@@ -281,6 +283,11 @@ impl Default for DevicePluginMetrics {
             r.register("egpu_device_plugin_devices", "Devices (units of GPU memory) last advertised to the kubelet, by health: healthy, unhealthy (promised elsewhere, or egpud down)", m.devices.clone());
             r.register("egpu_device_plugin_egpud_up", "1 when the last refresh read egpud, else 0 (every device is then advertised unhealthy)", m.egpud_up.clone());
             r.register("egpu_device_plugin_pod_resources_up", "1 when the last refresh read the kubelet's pod-resources list, else 0 (nothing is swept meanwhile)", m.pod_resources_up.clone());
+            r.register(
+                "egpu_device_plugin_kubelet_synced",
+                "1 when the kubelet's last pod-resources list named the plugin's own pod (the kubelet has synced with the API server), else 0 (the units in the kubelet's device checkpoint are kept meanwhile)",
+                m.kubelet_synced.clone(),
+            );
         }
         m
     }
@@ -308,10 +315,14 @@ impl DevicePluginMetrics {
         self.resizes.inc();
     }
 
-    /// What the last refresh read.
-    pub fn refreshed(&self, egpud: bool, pod_resources: bool) {
+    /// What the last refresh read: egpud, the kubelet's list, and whether
+    /// that list was synced (unchanged when it was not read).
+    pub fn refreshed(&self, egpud: bool, pod_resources: bool, synced: Option<bool>) {
         self.egpud_up.set(i64::from(egpud));
         self.pod_resources_up.set(i64::from(pod_resources));
+        if let Some(s) = synced {
+            self.kubelet_synced.set(i64::from(s));
+        }
     }
 
     /// The text of a scrape, with the devices advertised now.

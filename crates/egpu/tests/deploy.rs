@@ -183,9 +183,13 @@ fn host_paths_are_mounted_where_the_host_sees_them() {
         let file = Path::new(&flag(egpud, f)).file_name().unwrap().to_str().unwrap().to_string();
         assert!(script.contains(&format!("/{file}")) && script.contains(&dest.mount_path), "{script}");
     }
-    // NODE_NAME from the downward API, and RBAC to patch the Node.
-    let env = plugin.env.iter().flatten().find(|e| e.name == "NODE_NAME").unwrap();
-    assert_eq!(env.value_from.as_ref().unwrap().field_ref.as_ref().unwrap().field_path, "spec.nodeName");
+    // NODE_NAME, POD_NAME and POD_NAMESPACE from the downward API (the
+    // plugin's own pod tells it when the kubelet has synced), and RBAC to
+    // patch the Node.
+    for (var, field) in [("NODE_NAME", "spec.nodeName"), ("POD_NAME", "metadata.name"), ("POD_NAMESPACE", "metadata.namespace")] {
+        let env = plugin.env.iter().flatten().find(|e| e.name == var).unwrap_or_else(|| panic!("the device plugin has no {var}"));
+        assert_eq!(env.value_from.as_ref().unwrap().field_ref.as_ref().unwrap().field_path, field);
+    }
     let role: ClusterRole = typed(find(&objs, "ClusterRole", "egpu-node"));
     let allows = |resource: &str, verb: &str| role.rules.iter().flatten().any(|r| r.resources.iter().flatten().any(|x| x == resource) && r.verbs.iter().any(|v| v == verb));
     assert!(allows("nodes", "patch") && allows("pods", "list") && allows("pods", "watch"), "the plugin patches its Node and lists and watches its pods");

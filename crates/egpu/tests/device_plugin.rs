@@ -410,7 +410,7 @@ fn clean(bin: &str) -> Command {
     let path = target_dir().join(bin);
     assert!(path.exists(), "{} is not built: it is egpu-k8s's; run `cargo build --workspace` (scripts/test.sh does)", path.display());
     let mut c = Command::new(path);
-    for v in ["NODE_NAME", "EGPU_LOG", "EGPU_SOCKET", "KUBERNETES_SERVICE_HOST"] {
+    for v in ["NODE_NAME", "POD_NAME", "POD_NAMESPACE", "EGPU_LOG", "EGPU_SOCKET", "KUBERNETES_SERVICE_HOST"] {
         c.env_remove(v);
     }
     // Not the developer's own ~/.kube/config either.
@@ -455,6 +455,11 @@ struct Rig {
 
 impl Rig {
     fn start(grace: &str) -> Rig {
+        Rig::start_with(grace, &[])
+    }
+
+    /// [`Rig::start`], the plugin given `extra` arguments too.
+    fn start_with(grace: &str, extra: &[&str]) -> Rig {
         let tmp = tempfile::tempdir().unwrap();
         let cdi = tmp.path().join("cdi");
         let kdir = tmp.path().join("kubelet");
@@ -475,6 +480,7 @@ impl Rig {
                 .arg("--cdi-dir")
                 .arg(&cdi)
                 .args(["--poll", "50ms", "--pod-poll", "50ms", "--sweep-grace", grace, "--log", "info", "--node-name", "n1", "--metrics-listen", "127.0.0.1:0"])
+                .args(extra)
                 .env("KUBECONFIG", &kubeconfig)
                 .stdout(Stdio::null())
                 .stderr(log)
@@ -980,6 +986,80 @@ fn a_slice_outlives_a_restarting_kubelets_empty_list_and_goes_soon_after_its_pod
     assert!(gone_at.elapsed() < GRACE, "swept only after {:?}", gone_at.elapsed());
     rig.rt.block_on(until(&mut stream, "nothing reserved", |d| unhealthy(d).is_empty()));
     assert!(wait_until(WAIT, || rig.free() == Some(vec![16, 16])), "{:?}", rig.annotation());
+}
+
+/// A kubelet that restarted and cannot reach the API server lists none of
+/// the pods the API server gave it, for as long as that lasts, yet it
+/// restarts their containers with the units its device checkpoint names.
+/// Past the grace period, a slice the checkpoint names is kept and one it
+/// does not name (its pod ended before the restart) is swept; once the
+/// kubelet lists the plugin's own pod again, a slice whose pod ended
+/// meanwhile is swept.
+#[test]
+fn a_kubelet_without_the_api_server_keeps_the_slices_its_checkpoint_names() {
+    const GRACE: Duration = Duration::from_secs(3);
+    let mut rig = Rig::start_with(&format!("{}s", GRACE.as_secs()), &["--pod-name", "egpu-node-x", "--pod-namespace", "egpu-system"]);
+    let own = pr::PodResources { name: "egpu-node-x".into(), namespace: "egpu-system".into(), containers: vec![] };
+    rig.pods.lock().unwrap().push(own.clone());
+    let reg = rig.rt.block_on(async { tokio::time::timeout(WAIT, rig.registered.recv()).await }).expect("no registration").unwrap();
+    let sock = rig.kdir.join("device-plugins").join(&reg.endpoint);
+    let (a, b) = rig.rt.block_on(async {
+        let mut c = connect(&sock).await;
+        let mut stream = c.list_and_watch(dp::Empty {}).await.unwrap().into_inner();
+        let all = until(&mut stream, "32 devices", |d| d.len() == 32).await;
+        let a: Vec<String> = all[..4].iter().map(|d| d.id.clone()).collect();
+        let b: Vec<String> = all[16..18].iter().map(|d| d.id.clone()).collect();
+        for (pod, ids) in [("a", &a), ("b", &b)] {
+            rig.pods.lock().unwrap().push(holder(pod, ids));
+            c.allocate(dp::AllocateRequest { container_requests: vec![dp::ContainerAllocateRequest { devices_ids: ids.clone() }] }).await.unwrap();
+        }
+        (a, b)
+    });
+    let (slice_a, slice_b) = (egpu_k8s::tokens::slice_name(&a), egpu_k8s::tokens::slice_name(&b));
+    let log_path = rig.tmp.path().join("plugin.log");
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let synced = || sample(&scrape_logged(log), "egpu_device_plugin_kubelet_synced");
+    assert!(wait_until(WAIT, || synced() == Some(1.0)), "{:?}", synced());
+    assert_eq!(rig.node.slices().len(), 2);
+
+    // The kubelet restarts without the API server: it registers the plugin
+    // again and lists no pod (not the plugin's own either). Its checkpoint,
+    // as it wrote it, still names pod a's units (with another resource's
+    // and an empty entry), not pod b's: b ended before the restart. First
+    // the file is damaged: nothing can be swept then, and the log says why.
+    let checkpoint = rig.kdir.join("device-plugins").join(egpu_k8s::checkpoint::FILE);
+    std::fs::write(&checkpoint, "{\"Data\":{\"PodDeviceEntries\":[").unwrap();
+    std::fs::remove_file(&sock).unwrap();
+    rig.pods.lock().unwrap().clear();
+    rig.rt.block_on(async { tokio::time::timeout(WAIT, rig.registered.recv()).await }).expect("no second registration").unwrap();
+    assert!(wait_until(WAIT, || log().contains("does not parse")), "{}", log());
+    assert!(wait_until(WAIT, || synced() == Some(0.0)), "{:?}", synced());
+    let entries = serde_json::json!([
+        {"PodUID": "uid-a", "ContainerName": "main", "ResourceName": RESOURCE, "DeviceIDs": {"-1": a}, "AllocResp": "AA=="},
+        {"PodUID": "uid-c", "ContainerName": "main", "ResourceName": "nvidia.com/gpu", "DeviceIDs": {"0": [b[0]]}, "AllocResp": "AA=="},
+        {"PodUID": "uid-d", "ContainerName": "main", "ResourceName": RESOURCE, "DeviceIDs": {"0": null}, "AllocResp": null},
+    ]);
+    let tmp = checkpoint.with_extension("tmp");
+    std::fs::write(&tmp, serde_json::json!({"Data": {"PodDeviceEntries": entries, "RegisteredDevices": {RESOURCE: []}}, "Checksum": 1}).to_string()).unwrap();
+    std::fs::rename(&tmp, &checkpoint).unwrap();
+
+    // Past the grace period b's slice goes (missing for all of it, and that
+    // old); a's is kept. Both would be due in the same sweep (a is the
+    // older), so a's presence once b has gone is the checkpoint's doing.
+    let gone_b = wait_until(GRACE * 3 + WAIT, || rig.node.slices().iter().all(|s| s["name"] != slice_b.as_str()));
+    assert!(gone_b, "b's slice not swept; plugin log:\n{}", log());
+    assert!(rig.node.slices().iter().any(|s| s["name"] == slice_a.as_str()), "a's slice swept though the checkpoint names it; plugin log:\n{}", log());
+    assert!(wait_until(WAIT, || log().contains("has not listed this plugin's pod egpu-system/egpu-node-x")), "{}", log());
+    let m = scrape_logged(log);
+    assert_eq!((sample(&m, "egpu_device_plugin_swept_slices_total"), sample(&m, "egpu_device_plugin_kubelet_synced")), (Some(1.0), Some(0.0)), "{m}");
+
+    // The API server is back: the kubelet lists its pods, pod a ended
+    // meanwhile. Its slice goes, though the checkpoint still names it.
+    rig.pods.lock().unwrap().push(own);
+    assert!(wait_until(WAIT, || rig.node.slices().is_empty()), "a's slice not swept; plugin log:\n{}", log());
+    assert_eq!(synced(), Some(1.0));
+    assert!(log().contains("the kubelet lists its pods again"), "{}", log());
+    assert!(!log().contains("panicked"), "{}", log());
 }
 
 /// A container that asks for more than one GPU holds gets whole GPUs: the

@@ -44,6 +44,15 @@ struct Args {
     /// service account or KUBECONFIG) allowed to patch the Node.
     #[arg(long, env = "NODE_NAME")]
     node_name: Option<String>,
+    /// The plugin's own pod (from the downward API's metadata.name and metadata.namespace). The kubelet lists it
+    /// once it has synced its pods with the API server; until then the units in the kubelet's device checkpoint
+    /// count as held too, so a kubelet that restarted without the API server keeps every slice. Unset: the
+    /// kubelet's list counts as synced when it names any pod.
+    #[arg(long, env = "POD_NAME", requires = "pod_namespace")]
+    pod_name: Option<String>,
+    /// The namespace of --pod-name.
+    #[arg(long, env = "POD_NAMESPACE", requires = "pod_name")]
+    pod_namespace: Option<String>,
     /// With --node-name, this node's pods are followed (a list, then a watch) for the annotations that resize
     /// their slices live (egpu.io/gpu-compute, egpu.io/gpu-compute-limit, egpu.io/gpu-memory-burst); after a
     /// failed list or watch they are listed again this much later.
@@ -75,6 +84,7 @@ fn main() -> ExitCode {
         sweep_grace: a.sweep_grace,
         gpu_cdi_kind: Some(a.gpu_cdi_kind).filter(|k| !k.is_empty()),
         pod_poll: a.pod_poll,
+        own_pod: a.pod_namespace.zip(a.pod_name).filter(|(ns, n)| !ns.is_empty() && !n.is_empty()),
     };
     if a.sweep_grace < Duration::from_secs(30) {
         tracing::warn!(

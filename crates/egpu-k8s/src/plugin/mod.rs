@@ -90,6 +90,12 @@ pub struct PluginConfig {
     /// watch) for their `egpu.io/` annotations; after a failed list or
     /// watch, they are listed again this much later.
     pub pod_poll: Duration,
+    /// The plugin's own pod (namespace, name), from the downward API. The
+    /// kubelet's pod-resources list names it once the kubelet has synced
+    /// its pods with the API server; until then the list may leave out
+    /// containers that still hold units, and the kubelet's checkpoint is
+    /// read too. `None`: the list is taken as synced when it names any pod.
+    pub own_pod: Option<(String, String)>,
 }
 
 impl PluginConfig {
@@ -100,6 +106,16 @@ impl PluginConfig {
     pub fn endpoint(&self) -> String {
         let short = self.resource_name.rsplit('/').next().unwrap_or(&self.resource_name);
         format!("egpu-{short}.sock")
+    }
+    /// Whether a pod-resources list (pods by namespace and name) is the
+    /// kubelet's whole list: it names this plugin's own pod, or, when that
+    /// is not known, any pod. A kubelet that restarted and has not reached
+    /// the API server lists only its static pods.
+    pub fn synced<'a>(&self, mut pods: impl Iterator<Item = (&'a str, &'a str)>) -> bool {
+        match &self.own_pod {
+            Some((ns, name)) => pods.any(|(n, p)| n == ns && p == name),
+            None => pods.next().is_some(),
+        }
     }
     pub fn pod_resources_socket(&self) -> PathBuf {
         self.kubelet_dir.join("pod-resources/kubelet.sock")
@@ -130,6 +146,14 @@ struct Holder {
     namespace: String,
     pod: String,
     ids: Vec<String>,
+}
+
+/// The kubelet's pod-resources list, as the plugin uses it.
+#[derive(Debug)]
+struct Listed {
+    holders: Vec<Holder>,
+    /// [`PluginConfig::synced`].
+    synced: bool,
 }
 
 /// Pod annotations that resize a running pod's slices live (with
@@ -185,6 +209,12 @@ pub struct Shared {
     unsettled_until: Mutex<std::time::Instant>,
     /// The last list of held tokens read.
     last_held: Mutex<Option<Vec<Vec<String>>>>,
+    /// Since when the kubelet's list has not been synced (it named neither
+    /// the plugin's pod nor, when that is unknown, any pod), and whether
+    /// that has been warned about.
+    unsynced: Mutex<Option<(std::time::Instant, bool)>>,
+    /// The checkpoint error last warned about (warned once until it reads).
+    checkpoint_warned: Mutex<Option<String>>,
     /// Held by Allocate, and by the sweep while it deletes.
     alloc_lock: tokio::sync::Mutex<()>,
     /// This node's pods' `egpu.io/` annotations, by (namespace, name), as
@@ -218,6 +248,8 @@ impl Shared {
             allocated_at: Mutex::new(HashMap::new()),
             unsettled_until: Mutex::new(std::time::Instant::now()),
             last_held: Mutex::new(None),
+            unsynced: Mutex::new(None),
+            checkpoint_warned: Mutex::new(None),
             alloc_lock: tokio::sync::Mutex::new(()),
             pod_annotations: Mutex::new(None),
             resize_warned: Mutex::new(HashSet::new()),
@@ -264,9 +296,10 @@ impl Shared {
         // container unless Allocate has only just answered (the sweep keeps
         // such a slice).
         let read = read.await;
-        let holders = self.held_tokens().await;
-        self.metrics.refreshed(read.is_ok(), holders.is_some());
-        let held: Option<Vec<Vec<String>>> = holders.as_ref().map(|h| h.iter().map(|x| x.ids.clone()).collect());
+        let listed = self.held_tokens().await;
+        self.metrics.refreshed(read.is_ok(), listed.is_some(), listed.as_ref().map(|l| l.synced));
+        let held = listed.as_ref().and_then(|l| self.held_with_checkpoint(l));
+        let holders = listed.map(|l| l.holders);
         // While the kubelet's list cannot be read, the reserve follows the
         // last list read (nothing is swept or published meanwhile).
         let last_held = match &held {
@@ -284,8 +317,10 @@ impl Shared {
                     gpus: n.devices.iter().map(tokens::Gpu::from).collect(),
                 };
                 let devices = advertise(&inv, &slices, last_held.as_ref());
-                if let (Some(held), Some(holders)) = (&held, &holders) {
-                    self.sweep(&mut client, &slices, held).await;
+                if let Some(holders) = &holders {
+                    if let Some(held) = &held {
+                        self.sweep(&mut client, &slices, held).await;
+                    }
                     // One copy of the followed pod list for both (the lock is
                     // not held across egpud's calls).
                     let pods = self.pod_annotations.lock().expect("pods lock").clone();
@@ -314,25 +349,80 @@ impl Shared {
         }
     }
 
+    /// The tokens held: each container's in the kubelet's list and, while
+    /// that list is not synced, each container's in the kubelet's device
+    /// checkpoint (the units of containers that are not running now, which
+    /// a kubelet without the API server does not list but restarts with
+    /// them). `None` when the checkpoint is needed and cannot be read: the
+    /// list may then be incomplete, and nothing is swept.
+    fn held_with_checkpoint(&self, listed: &Listed) -> Option<Vec<Vec<String>>> {
+        let mut held: Vec<Vec<String>> = listed.holders.iter().map(|x| x.ids.clone()).collect();
+        {
+            let mut unsynced = self.unsynced.lock().expect("held lock");
+            match (listed.synced, *unsynced) {
+                (true, Some((_, warned))) => {
+                    *unsynced = None;
+                    if warned {
+                        tracing::info!("the kubelet lists its pods again: slices are swept by its list alone");
+                    }
+                }
+                (false, None) => *unsynced = Some((std::time::Instant::now(), false)),
+                (false, Some((since, false))) if since.elapsed() >= self.cfg.sweep_grace => {
+                    *unsynced = Some((since, true));
+                    let whose = match &self.cfg.own_pod {
+                        Some((ns, name)) => format!("has not listed this plugin's pod {ns}/{name}"),
+                        None => "has listed no pod".to_string(),
+                    };
+                    tracing::warn!(
+                        "the kubelet {whose} for {:?}: it has not synced its pods with the API server (or --pod-namespace/--pod-name are wrong). The units in its device checkpoint are kept meanwhile, so a slice whose pod ended is kept until the kubelet rewrites it",
+                        self.cfg.sweep_grace
+                    );
+                }
+                _ => {}
+            }
+        }
+        if listed.synced {
+            return Some(held);
+        }
+        match crate::checkpoint::read(&self.cfg.device_plugin_dir()) {
+            Ok(entries) => {
+                *self.checkpoint_warned.lock().expect("held lock") = None;
+                held.extend(crate::checkpoint::held(entries.as_deref().unwrap_or_default(), &self.cfg.resource_name));
+                Some(held)
+            }
+            Err(e) => {
+                let e = e.to_string();
+                let mut warned = self.checkpoint_warned.lock().expect("held lock");
+                if warned.as_deref() != Some(e.as_str()) {
+                    tracing::warn!("{e}; no slice is swept while the kubelet's list is incomplete and this cannot be read");
+                    *warned = Some(e);
+                }
+                self.unsettle();
+                None
+            }
+        }
+    }
+
     /// The tokens each container holds, per the kubelet's pod-resources
     /// API, with the container's pod: `None` when it cannot be read.
-    async fn held_tokens(&self) -> Option<Vec<Holder>> {
+    async fn held_tokens(&self) -> Option<Listed> {
         let path = self.cfg.pod_resources_socket();
         let list = async {
             let ch = crate::unix_channel(&path, Duration::from_secs(10)).await.map_err(|e| Status::unavailable(e.to_string()))?;
             pr::pod_resources_lister_client::PodResourcesListerClient::new(ch).list(pr::ListPodResourcesRequest {}).await
         };
         match list.await {
-            Ok(r) => Some(
-                r.into_inner()
-                    .pod_resources
+            Ok(r) => {
+                let pods = r.into_inner().pod_resources;
+                let holders = pods
                     .iter()
                     .flat_map(|p| p.containers.iter().map(move |c| (p, c)))
                     .flat_map(|(p, c)| c.devices.iter().map(move |d| (p, d)))
                     .filter(|(_, d)| d.resource_name == self.cfg.resource_name && !d.device_ids.is_empty())
                     .map(|(p, d)| Holder { namespace: p.namespace.clone(), pod: p.name.clone(), ids: d.device_ids.clone() })
-                    .collect(),
-            ),
+                    .collect();
+                Some(Listed { holders, synced: self.cfg.synced(pods.iter().map(|p| (p.namespace.as_str(), p.name.as_str()))) })
+            }
             Err(e) => {
                 tracing::warn!("cannot read the kubelet's pod resources at {} ({}); no slice is swept until it can be read", path.display(), e.message());
                 self.unsettle();

@@ -84,8 +84,16 @@ fn endpoint_and_config_checks() {
         sweep_grace: Duration::from_secs(30),
         gpu_cdi_kind: None,
         pod_poll: Duration::from_secs(5),
+        own_pod: None,
     };
     assert_eq!(cfg.endpoint(), "egpu-gpu-memory.sock");
+    // Synced: the list names the plugin's own pod; not known, any pod.
+    let pods = [("kube-system", "kube-proxy-x"), ("egpu-system", "egpu-node-7")];
+    assert!(cfg.synced(pods.iter().copied()) && !cfg.synced(std::iter::empty()));
+    let own = PluginConfig { own_pod: Some(("egpu-system".into(), "egpu-node-7".into())), ..cfg.clone() };
+    assert!(own.synced(pods.iter().copied()));
+    assert!(!own.synced(pods[..1].iter().copied()), "a static pod alone is not a synced list");
+    assert!(!own.synced([("other", "egpu-node-7")].into_iter()), "the namespace counts too");
     let gpu = tokens::Gpu { index: 3, uuid: "GPU-x".into(), model: "m".into(), memory_bytes: 1 << 30 };
     let names = |cfg: &PluginConfig| cdi_devices(cfg, "k8s-1", std::iter::once(&gpu)).into_iter().map(|d| d.name).collect::<Vec<_>>();
     assert_eq!(names(&cfg), ["egpu.io/slice=k8s-1"]);
