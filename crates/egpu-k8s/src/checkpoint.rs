@@ -5,9 +5,9 @@
 //! The device plugin reads it only while the kubelet's pod-resources list
 //! cannot be trusted to name every container: a kubelet that restarted
 //! and has not reached the API server lists no pod the API server gave it,
-//! yet it restores its device allocations from this file and restarts
-//! their containers with them. A slice whose units the checkpoint names is
-//! then not swept.
+//! yet it restores its device allocations from this file, and once synced
+//! restarts the pods' stopped containers with them, without a new
+//! `Allocate`. A slice whose units the checkpoint names is then not swept.
 //!
 //! The format is the kubelet's (JSON): `{"Data": {"PodDeviceEntries":
 //! [{"PodUID", "ContainerName", "ResourceName", "DeviceIDs", "AllocResp"}],

@@ -285,7 +285,7 @@ impl Default for DevicePluginMetrics {
             r.register("egpu_device_plugin_pod_resources_up", "1 when the last refresh read the kubelet's pod-resources list, else 0 (nothing is swept meanwhile)", m.pod_resources_up.clone());
             r.register(
                 "egpu_device_plugin_kubelet_synced",
-                "1 when the kubelet's last pod-resources list named the plugin's own pod (the kubelet has synced with the API server), else 0 (the units in the kubelet's device checkpoint are kept meanwhile)",
+                "1 when the kubelet's last pod-resources list named the plugin's own pod (the kubelet has synced with the API server; always 1 without --pod-name), else 0 (the units in the kubelet's device checkpoint are kept meanwhile)",
                 m.kubelet_synced.clone(),
             );
         }

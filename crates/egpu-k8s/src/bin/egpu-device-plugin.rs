@@ -46,12 +46,12 @@ struct Args {
     node_name: Option<String>,
     /// The plugin's own pod (from the downward API's metadata.name and metadata.namespace). The kubelet lists it
     /// once it has synced its pods with the API server; until then the units in the kubelet's device checkpoint
-    /// count as held too, so a kubelet that restarted without the API server keeps every slice. Unset: the
-    /// kubelet's list counts as synced when it names any pod.
-    #[arg(long, env = "POD_NAME", requires = "pod_namespace")]
+    /// count as held too, so a kubelet that restarted without the API server keeps every slice. Unset (or
+    /// only one of the two): the kubelet's list is always taken as whole.
+    #[arg(long, env = "POD_NAME")]
     pod_name: Option<String>,
     /// The namespace of --pod-name.
-    #[arg(long, env = "POD_NAMESPACE", requires = "pod_name")]
+    #[arg(long, env = "POD_NAMESPACE")]
     pod_namespace: Option<String>,
     /// With --node-name, this node's pods are followed (a list, then a watch) for the annotations that resize
     /// their slices live (egpu.io/gpu-compute, egpu.io/gpu-compute-limit, egpu.io/gpu-memory-burst); after a
@@ -74,6 +74,18 @@ fn main() -> ExitCode {
         eprintln!("egpu-device-plugin: --poll and --pod-poll must be greater than 0, e.g. 1s");
         return ExitCode::from(2);
     }
+    let own_pod = match (a.pod_namespace.filter(|s| !s.is_empty()), a.pod_name.filter(|s| !s.is_empty())) {
+        (Some(ns), Some(name)) => Some((ns, name)),
+        (None, None) => None,
+        (ns, name) => {
+            tracing::warn!(
+                "only one of --pod-namespace ({}) and --pod-name ({}) is set: both are needed to tell when the kubelet has synced its pods, so neither is used",
+                ns.as_deref().unwrap_or("unset"),
+                name.as_deref().unwrap_or("unset")
+            );
+            None
+        }
+    };
     let cfg = PluginConfig {
         egpud_socket: a.socket,
         kubelet_dir: a.kubelet_dir,
@@ -84,7 +96,7 @@ fn main() -> ExitCode {
         sweep_grace: a.sweep_grace,
         gpu_cdi_kind: Some(a.gpu_cdi_kind).filter(|k| !k.is_empty()),
         pod_poll: a.pod_poll,
-        own_pod: a.pod_namespace.zip(a.pod_name).filter(|(ns, n)| !ns.is_empty() && !n.is_empty()),
+        own_pod,
     };
     if a.sweep_grace < Duration::from_secs(30) {
         tracing::warn!(

@@ -167,7 +167,16 @@ fn subrequests_are_named_by_their_request_and_a_request_is_not_given_one_gpu_twi
     let p = plan(&allocated(vec![r], serde_json::json!([])), DEFAULT_DRIVER, "node-a", &gpus()).unwrap();
     assert_eq!(p.results, [("main".to_string(), "gpu-1".to_string(), 1)]);
     // `count: 2` without a constraint: the allocator may put both shares on one GPU.
-    let twice = allocated(vec![result("gpu", "gpu-0", Some(("4Gi", "0"))), result("gpu", "gpu-0", Some(("4Gi", "0")))], serde_json::json!([]));
+    // (The scheduler gives each share an ID of its own.)
+    let shares: Vec<serde_json::Value> = ["s-a", "s-b"]
+        .into_iter()
+        .map(|id| {
+            let mut r = result("gpu", "gpu-0", Some(("4Gi", "0")));
+            r["shareID"] = id.into();
+            r
+        })
+        .collect();
+    let twice = allocated(shares, serde_json::json!([]));
     let e = plan(&twice, DEFAULT_DRIVER, "node-a", &gpus()).unwrap_err();
     assert!(e.contains("gpu-0 twice") && e.contains("distinctAttribute: gpu.egpu.io/uuid"), "{e}");
     // More memory than the GPU has for claims.

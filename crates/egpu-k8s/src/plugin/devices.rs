@@ -69,10 +69,12 @@ pub(super) fn default_share(inv: &Inventory, gpu: &tokens::Gpu, memory: u64) -> 
 }
 
 /// The node annotation: per GPU, its units and those that are healthy and
-/// held by no container; the pods that hold units; and, for the pods of
-/// the followed list (`pods`, by name: their UIDs), which GPUs they hold.
-pub(super) fn node_gpus(inv: &Inventory, devices: &[dp::Device], holders: &[Holder], pods_known: Option<&PodAnnotations>) -> NodeGpus {
-    let held: HashSet<&str> = holders.iter().flat_map(|h| &h.ids).map(String::as_str).collect();
+/// held by no container (of `holders`, or of `also_held`: the units of
+/// the kubelet's checkpoint while its list is not synced); the pods that
+/// hold units; and, for the pods of the followed list (`pods`, by name:
+/// their UIDs), which GPUs they hold.
+pub(super) fn node_gpus(inv: &Inventory, devices: &[dp::Device], holders: &[Holder], also_held: &[Vec<String>], pods_known: Option<&PodAnnotations>) -> NodeGpus {
+    let held: HashSet<&str> = holders.iter().flat_map(|h| &h.ids).chain(also_held.iter().flatten()).map(String::as_str).collect();
     let mut pods: std::collections::BTreeMap<String, u32> = std::collections::BTreeMap::new();
     let mut holds: std::collections::BTreeMap<String, std::collections::BTreeMap<u32, u32>> = std::collections::BTreeMap::new();
     // A token counts once, as in `free`, even if listed twice.

@@ -94,7 +94,9 @@ pub struct PluginConfig {
     /// kubelet's pod-resources list names it once the kubelet has synced
     /// its pods with the API server; until then the list may leave out
     /// containers that still hold units, and the kubelet's checkpoint is
-    /// read too. `None`: the list is taken as synced when it names any pod.
+    /// read too. `None`: every list is taken as synced, and the checkpoint
+    /// is never read (the kubelet keeps ended pods in it until its next
+    /// write, so it is no guide once its list is whole).
     pub own_pod: Option<(String, String)>,
 }
 
@@ -108,14 +110,11 @@ impl PluginConfig {
         format!("egpu-{short}.sock")
     }
     /// Whether a pod-resources list (pods by namespace and name) is the
-    /// kubelet's whole list: it names this plugin's own pod, or, when that
-    /// is not known, any pod. A kubelet that restarted and has not reached
-    /// the API server lists only its static pods.
+    /// kubelet's whole list: it names this plugin's own pod (a kubelet that
+    /// restarted and has not reached the API server lists only its static
+    /// pods). Always, when the plugin's pod is not known.
     pub fn synced<'a>(&self, mut pods: impl Iterator<Item = (&'a str, &'a str)>) -> bool {
-        match &self.own_pod {
-            Some((ns, name)) => pods.any(|(n, p)| n == ns && p == name),
-            None => pods.next().is_some(),
-        }
+        self.own_pod.as_ref().is_none_or(|(ns, name)| pods.any(|(n, p)| n == ns && p == name))
     }
     pub fn pod_resources_socket(&self) -> PathBuf {
         self.kubelet_dir.join("pod-resources/kubelet.sock")
@@ -325,7 +324,7 @@ impl Shared {
                     // not held across egpud's calls).
                     let pods = self.pod_annotations.lock().expect("pods lock").clone();
                     self.apply_pod_annotations(&mut client, &inv, &slices, holders, pods.as_ref()).await;
-                    annotation = Some(node_gpus(&inv, &devices, holders, pods.as_ref()).to_json());
+                    annotation = Some(node_gpus(&inv, &devices, holders, last_held.as_deref().unwrap_or_default(), pods.as_ref()).to_json());
                 }
                 (Some(inv), devices)
             }
@@ -362,6 +361,10 @@ impl Shared {
             match (listed.synced, *unsynced) {
                 (true, Some((_, warned))) => {
                     *unsynced = None;
+                    // The kubelet adds the API server's pods one by one:
+                    // the plugin's own may come before others that hold
+                    // units, so the list is given the whole grace period.
+                    self.unsettle();
                     if warned {
                         tracing::info!("the kubelet lists its pods again: slices are swept by its list alone");
                     }
@@ -369,12 +372,9 @@ impl Shared {
                 (false, None) => *unsynced = Some((std::time::Instant::now(), false)),
                 (false, Some((since, false))) if since.elapsed() >= self.cfg.sweep_grace => {
                     *unsynced = Some((since, true));
-                    let whose = match &self.cfg.own_pod {
-                        Some((ns, name)) => format!("has not listed this plugin's pod {ns}/{name}"),
-                        None => "has listed no pod".to_string(),
-                    };
+                    let (ns, name) = self.cfg.own_pod.clone().unwrap_or_default();
                     tracing::warn!(
-                        "the kubelet {whose} for {:?}: it has not synced its pods with the API server (or --pod-namespace/--pod-name are wrong). The units in its device checkpoint are kept meanwhile, so a slice whose pod ended is kept until the kubelet rewrites it",
+                        "the kubelet has not listed this plugin's pod {ns}/{name} for {:?}: it has not synced its pods with the API server (or --pod-namespace/--pod-name are wrong). The slices of the units in its device checkpoint are kept meanwhile, even those whose pods have ended",
                         self.cfg.sweep_grace
                     );
                 }

@@ -19,11 +19,14 @@ fn the_annotation_says_which_gpus_each_known_pod_holds() {
     // Pod p: two containers, on both GPUs; pod q is not in the followed list.
     let holders = [holder("p", &["GPU-a_0", "GPU-a_1"]), holder("p", &["GPU-b_0"]), holder("q", &["GPU-b_1", "GPU-b_2"])];
     let known: PodAnnotations = [(("ns".to_string(), "p".to_string()), PodInfo { uid: "uid-p".into(), ..Default::default() })].into();
-    let g = node_gpus(&inv, &devices, &holders, Some(&known));
+    let g = node_gpus(&inv, &devices, &holders, &[], Some(&known));
     assert_eq!(g.gpus.iter().map(|x| x.free).collect::<Vec<_>>(), [2, 1]);
+    // Units only the kubelet's checkpoint names (its list not synced) are not free either.
+    let also = [vec!["GPU-a_2".to_string(), "GPU-b_0".into()]];
+    assert_eq!(node_gpus(&inv, &devices, &holders, &also, None).gpus.iter().map(|x| x.free).collect::<Vec<_>>(), [1, 1]);
     assert_eq!(g.pods, Some([("ns/p".to_string(), 3), ("ns/q".to_string(), 2)].into()));
     assert_eq!(g.holds, Some([("uid-p".to_string(), [(0, 2), (1, 1)].into())].into()), "q's UID is unknown: left out");
-    assert_eq!(node_gpus(&inv, &devices, &holders, None).holds, Some(Default::default()));
+    assert_eq!(node_gpus(&inv, &devices, &holders, &[], None).holds, Some(Default::default()));
 }
 
 #[test]
@@ -87,9 +90,9 @@ fn endpoint_and_config_checks() {
         own_pod: None,
     };
     assert_eq!(cfg.endpoint(), "egpu-gpu-memory.sock");
-    // Synced: the list names the plugin's own pod; not known, any pod.
+    // Synced: the list names the plugin's own pod; not known, always.
     let pods = [("kube-system", "kube-proxy-x"), ("egpu-system", "egpu-node-7")];
-    assert!(cfg.synced(pods.iter().copied()) && !cfg.synced(std::iter::empty()));
+    assert!(cfg.synced(pods.iter().copied()) && cfg.synced(std::iter::empty()));
     let own = PluginConfig { own_pod: Some(("egpu-system".into(), "egpu-node-7".into())), ..cfg.clone() };
     assert!(own.synced(pods.iter().copied()));
     assert!(!own.synced(pods[..1].iter().copied()), "a static pod alone is not a synced list");
