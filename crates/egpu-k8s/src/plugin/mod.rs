@@ -208,9 +208,8 @@ pub struct Shared {
     unsettled_until: Mutex<std::time::Instant>,
     /// The last list of held tokens read.
     last_held: Mutex<Option<Vec<Vec<String>>>>,
-    /// Since when the kubelet's list has not been synced (it named neither
-    /// the plugin's pod nor, when that is unknown, any pod), and whether
-    /// that has been warned about.
+    /// Since when the kubelet's list has not been synced (it did not name
+    /// the plugin's own pod), and whether that has been warned about.
     unsynced: Mutex<Option<(std::time::Instant, bool)>>,
     /// The checkpoint error last warned about (warned once until it reads).
     checkpoint_warned: Mutex<Option<String>>,
