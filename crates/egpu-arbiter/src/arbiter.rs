@@ -14,15 +14,19 @@
 //! `allowance = consumed + budget·scale`: unused allowance is not banked.
 //! Before that the budget is corrected by the slice's *deficit*, the
 //! accumulated difference between its fair budget and its true use (an
-//! integral controller, bounded to −2 and +½ budgets): a hungry slice that got
-//! less than its budget (mis-scaled units, launches still running at the
-//! tick) gets it back (up to a quarter of its budget), and any slice that
-//! overshot (launches in flight when its allowance ran out) pays it back (in
-//! full, down to a zero budget for a period). A satisfied
+//! integral controller, bounded to −(2 budgets + 2 periods) and +½ budget): a
+//! hungry slice that got less than its budget (mis-scaled units, launches
+//! still running at the tick) gets it back (up to a quarter of its budget),
+//! and any slice that overshot (launches in flight when its allowance ran
+//! out, a kernel longer than its budget) pays it back (in full, with zero
+//! budgets for as many periods as that takes, for kernels up to two periods
+//! long). A satisfied
 //! slice's demand is its peak use over the last four periods plus 25%.
 //! The largest hungry slice of a device with two or more hungry slices gets
 //! a slack of 10% of the period on top (`ArbiterConfig::last_slack_ppm`), so
-//! that the device does not idle at a period's end with everyone parked.
+//! that the device does not idle at a period's end with everyone parked; its
+//! over-use is paid back through the deficit like any other (out of the
+//! slack itself where the debt exceeds the budget).
 //! A resize between ticks is applied at once by [`Arbiter::replan`], which
 //! re-plans the period in progress without measuring anything.
 //!
@@ -263,14 +267,23 @@ impl Arbiter {
             } else {
                 error
             };
-            // Over-use may be paid back in full (down to a zero budget for a
-            // period); under-use is credited up to a quarter of the budget.
+            // Over-use may be paid back in full (with zero budgets for as
+            // many periods as it takes); under-use is credited up to a
+            // quarter of the budget.
             // Symmetric ±half a budget capped the correction at 25%, less
             // than the over-use of small slices end to end (a 10% slice ran
             // at 12.5–14.7%); on a FIFO device holding a slice back always
             // works, while more allowance cannot make a slice that is short
             // for other reasons (its host, the queue) use it.
-            st.deficit = if hungry || error < 0 { (st.deficit + error).clamp(-2 * fair as i128, half) } else { 0 };
+            //
+            // The lower bound is two budgets plus two periods, not two
+            // budgets: the gate lets a launch go while any allowance is
+            // left, so a kernel longer than the budget overshoots by up to
+            // its length, and a bound of two budgets forgave the rest. A
+            // 10% slice (1 ms a period) running 5 ms kernels then launched
+            // one every other period: 25% of the GPU against its 10% cap.
+            let lower = -2 * (fair as i128 + i128::from(p));
+            st.deficit = if hungry || error < 0 { (st.deficit + error).clamp(lower, half) } else { 0 };
             set_budget(&self.cfg, st, fair, inp.consumed_ns, self.last[i]);
             st.consumed = inp.consumed_ns;
             st.waits = inp.throttle_waits;
@@ -386,19 +399,26 @@ impl Arbiter {
     }
 }
 
-/// The period's budget (fair budget plus half the deficit) and allowance
-/// (`consumed` plus the budget in measured ns, plus the last-standing slack
-/// if `last`) of a slice.
+/// The period's budget (fair budget plus half the deficit, at least zero)
+/// and allowance (`consumed` plus the budget in measured ns, plus the
+/// last-standing slack if `last`, less what the deficit owes beyond a zero
+/// budget) of a slice.
 fn set_budget(cfg: &ArbiterConfig, st: &mut State, fair: u64, consumed: u64, last: bool) {
-    let budget = (fair as i128 + st.deficit / 2).max(0) as u64;
+    let corrected = fair as i128 + st.deficit / 2;
+    let budget = corrected.max(0) as u64;
     st.fair = fair;
     st.budget = budget;
     st.allowance = consumed.saturating_add(st.scale.to_measured(budget));
     if last {
         // Slack in measured ns: it is spent while the others are parked,
-        // when the slice runs alone and measured = true.
+        // when the slice runs alone and measured = true. A debt larger
+        // than the budget is paid out of the slack: without that a slice
+        // whose budget is smaller than the slack (two saturating slices
+        // capped at 5% and 3%) ran at the slack, 10%, its budget held at
+        // zero by a deficit that could go no lower.
         let slack = (u128::from(cfg.period_ns) * u128::from(cfg.last_slack_ppm) / 1_000_000) as u64;
-        st.allowance = st.allowance.saturating_add(slack);
+        let owed = u64::try_from((-corrected).max(0)).unwrap_or(u64::MAX);
+        st.allowance = st.allowance.saturating_add(slack.saturating_sub(st.scale.to_measured(owed)));
     }
 }
 
@@ -501,6 +521,60 @@ mod tests {
         off.tick(&[input(1, 30, 0), input(2, 70, 0)]);
         let b = off.tick(&[hungry(1, 30, 1), hungry(2, 70, 1)]);
         assert_eq!(extra(&b[1], 7 * p / 10), 0);
+    }
+
+    /// A closed loop on one device: every slice always has work, in
+    /// kernels of `kernel_ns[i]`, and launches while its consumption is
+    /// below its allowance (the gate's rule: a launch goes while any
+    /// allowance is left, whatever its length), then waits for the next
+    /// period (throttled, so hungry). No device truth (scale 1). Returns
+    /// what each slice used over `periods` periods after ten of warm-up, as
+    /// ppm of that time.
+    fn closed_loop(specs: &[(u32, u32)], kernel_ns: &[u64], periods: u64) -> Vec<u64> {
+        let mut a = Arbiter::new(ArbiterConfig::default());
+        let p = a.config().period_ns;
+        let n = specs.len();
+        let (mut consumed, mut waits, mut start) = (vec![0u64; n], vec![0u64; n], vec![0u64; n]);
+        for t in 0..10 + periods {
+            if t == 10 {
+                start.clone_from(&consumed);
+            }
+            let inputs: Vec<SliceInput> = (0..n)
+                .map(|i| SliceInput { share_bps: specs[i].0 * 100, limit_bps: specs[i].1 * 100, throttle_waits: waits[i], ..input(i as u64 + 1, 0, consumed[i]) })
+                .collect();
+            for (i, b) in a.tick(&inputs).iter().enumerate() {
+                while consumed[i] < b.allowance_ns {
+                    consumed[i] += kernel_ns[i];
+                }
+                waits[i] += 1;
+            }
+        }
+        (0..n).map(|i| (consumed[i] - start[i]) * 1_000_000 / (p * periods)).collect()
+    }
+
+    #[test]
+    fn a_cap_holds_for_a_last_standing_slice_smaller_than_the_slack() {
+        // Two saturating slices capped at 5% and 3% (share = limit): the 5%
+        // one is the last-standing slice, and the slack (10% of the period)
+        // is twice its budget. It used to run at 10%: its budget was held
+        // at zero by a deficit that could not go lower, and the slack was
+        // granted in full every period.
+        let used = closed_loop(&[(5, 5), (3, 3)], &[100_000, 100_000], 400);
+        assert!(used[0] <= 52_000, "the 5% slice used {} ppm", used[0]);
+        assert!(used[1] <= 32_000, "the 3% slice used {} ppm", used[1]);
+        // And it is not starved either: the slack is paid back, not lost.
+        assert!(used[0] >= 48_000, "the 5% slice used {} ppm", used[0]);
+    }
+
+    #[test]
+    fn a_cap_holds_for_kernels_longer_than_the_budget() {
+        // A 10% slice (1 ms a period) running 5 ms kernels beside a 90% one:
+        // the gate lets each 5 ms kernel go on any allowance left, so the
+        // overshoot is 4 ms. A deficit bounded at two budgets forgave 2 ms
+        // of it: one kernel every other period, 25% of the GPU.
+        let used = closed_loop(&[(10, 10), (90, 90)], &[5_000_000, 100_000], 400);
+        assert!(used[0] <= 105_000, "the 10% slice used {} ppm", used[0]);
+        assert!(used[0] >= 95_000, "the 10% slice used {} ppm", used[0]);
     }
 
     #[test]
