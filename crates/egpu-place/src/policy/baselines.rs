@@ -119,7 +119,9 @@ pub fn clustering_score(node: &Node, pod: &Pod) -> i64 {
     }
     let counts = node.class_counts();
     let classes_present = counts[1..].iter().filter(|&&c| c > 0).count();
-    let fill = MAX_SCORE / 4 * (MAX_SPEC_GPU - i64::from(node.gpu_free_milli())) / MAX_SPEC_GPU;
+    // Clamped at zero: a node with more than eight GPUs (the published
+    // constant's largest node) would otherwise score below its band.
+    let fill = (MAX_SCORE / 4 * (MAX_SPEC_GPU - i64::from(node.gpu_free_milli())) / MAX_SPEC_GPU).max(0);
     let band = if counts[class] > 0 {
         if classes_present == 1 { 3 } else { 2 }
     } else if classes_present == 0 {
@@ -157,7 +159,9 @@ pub fn packing_score(node: &Node, pod: &Pod) -> i64 {
     let gpus = node.gpus();
     let idle = gpus.iter().filter(|g| g.free_milli == MILLI).count() as i64;
     if idle == gpus.len() as i64 {
-        return (MAX_SCORE / 3 - idle).max(idle);
+        // At most a third: an idle node with more than 16 GPUs would
+        // otherwise outscore the used nodes' bands.
+        return (MAX_SCORE / 3 - idle).max(idle).min(MAX_SCORE / 3);
     }
     let mut order: Vec<usize> = (0..gpus.len()).collect();
     order.sort_by_key(|&i| gpus[i].free_milli);
@@ -234,5 +238,33 @@ impl Policy for BestFit {
         let id = pick.take()?;
         let gpus = gpusel::best_fit(&cluster.nodes()[id], pod)?;
         Some(Placement::new(id, pod, &gpus))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{NodeSpec, Qos, TypeSet};
+
+    fn idle_node(gpus: u8) -> Cluster {
+        let mut c = Cluster::new();
+        let t = c.gpu_type_or_insert("A", 80).unwrap();
+        let spec = NodeSpec { name: "n".into(), cpu_milli: 256_000, memory_mib: 1 << 20, gpu_type: Some(t), nvlink_groups: vec![0; usize::from(gpus)], max_pods: 110 };
+        c.add_node(spec).unwrap();
+        c
+    }
+
+    #[test]
+    fn idle_nodes_larger_than_eight_gpus_keep_their_band() {
+        let pod = Pod::new(1000, 1024, 1, 500, TypeSet::ANY, Qos::Be).unwrap();
+        for gpus in [8, 16, 64] {
+            let c = idle_node(gpus);
+            let n = c.node(0).unwrap();
+            // Clustering: an idle node is band 1 (a quarter), whatever its size.
+            assert_eq!(clustering_score(n, &pod), MAX_SCORE / 4, "{gpus} GPUs");
+            // Packing: an idle node is never above a third (used nodes score more).
+            let p = packing_score(n, &pod);
+            assert!((0..=MAX_SCORE / 3).contains(&p), "{gpus} GPUs: {p}");
+        }
     }
 }
