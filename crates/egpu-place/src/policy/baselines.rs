@@ -47,10 +47,16 @@ pub struct RandomFit {
 }
 
 impl RandomFit {
+    /// A stream of its own: the simulator shuffles the arrivals with a
+    /// ChaCha8 stream seeded by the same seed, and a policy drawing the
+    /// same numbers would be correlated with the order it is fed.
     pub fn new(seed: u64) -> Self {
-        RandomFit { rng: ChaCha8Rng::seed_from_u64(seed) }
+        RandomFit { rng: ChaCha8Rng::seed_from_u64(seed ^ RANDOM_FIT_STREAM) }
     }
 }
+
+/// XORed into the seed of [`RandomFit`]'s generator ("randomfi").
+const RANDOM_FIT_STREAM: u64 = 0x7261_6e64_6f6d_6669;
 
 impl Policy for RandomFit {
     fn name(&self) -> &str {
