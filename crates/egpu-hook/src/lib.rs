@@ -22,8 +22,9 @@
 //!   with one line on stderr.
 //! - **Robustness.** Lazy init on the first intercepted call, no thread, no
 //!   constructor; `catch_unwind` in every export; a thread-local re-entry
-//!   guard; fork children re-initialise. The launch path makes no system
-//!   call and takes no lock.
+//!   guard; fork children re-initialise. After a process's first launch
+//!   (which claims its usage record and creates events) the launch path
+//!   makes no system call and takes no lock.
 
 pub mod compute;
 pub mod cuda;
