@@ -29,7 +29,7 @@ pub mod paths;
 pub mod usage;
 
 pub use limits::{DeviceLimitsSnapshot, LimitsReader, LimitsRegion, LimitsSnapshot, LimitsWriter, SliceState};
-pub use usage::{ChargeError, ProcRecord, ProcSlot, ProcView, Reclaimed, UsageFile, UsageRegion};
+pub use usage::{ChargeError, ProcRecord, ProcSlot, ProcView, Reclaimed, Restored, UsageFile, UsageRegion};
 
 /// Version of the layout in this crate. Bump on any change to a `#[repr(C)]` region.
 pub const ABI_VERSION: u32 = 1;

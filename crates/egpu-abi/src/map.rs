@@ -10,11 +10,14 @@
 use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU8, AtomicU32, AtomicUsize, Ordering};
 
 /// An owned shared mapping of a whole file.
 pub struct Mapping {
     ptr: *mut libc::c_void,
     len: usize,
+    /// The slot of [`GUARDS`] that covers this mapping, if any.
+    guard: Option<usize>,
 }
 
 // SAFETY: the mapping is plain shared memory; all access to mutable data in it
@@ -32,7 +35,36 @@ impl Mapping {
         if ptr == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        Ok(Mapping { ptr, len })
+        Ok(Mapping { ptr, len, guard: None })
+    }
+
+    /// Like [`Mapping::map`] (shared, read-write), and, in a process that
+    /// called [`install_truncation_guard`], covered by it: an access past
+    /// the end of the file that another process truncated restores the
+    /// file's length instead of killing this process with `SIGBUS`.
+    ///
+    /// The guard keeps `file`'s descriptor number (never a duplicate: closing
+    /// a duplicate would drop this process's record locks on the file), so
+    /// the caller must drop the mapping before it closes `file`.
+    pub fn map_guarded(file: &File, len: usize) -> io::Result<Mapping> {
+        let mut m = Mapping::map(file, len, true)?;
+        if GUARD_INSTALLED.load(Ordering::Acquire) {
+            m.guard = Some(register_guard(m.ptr as usize, len, file.as_raw_fd())?);
+        }
+        Ok(m)
+    }
+
+    /// How many faults past the end of this mapping's file the truncation
+    /// guard caught (0 for an unguarded mapping).
+    pub fn guard_faults(&self) -> u32 {
+        self.guard.map_or(0, |i| GUARDS[i].repairs.load(Ordering::Acquire))
+    }
+
+    /// Whether the guard gave up on this mapping's file (it was truncated
+    /// again and again, or could not be restored): the mapping then holds
+    /// private zeros, no longer the file's contents.
+    pub fn guard_detached(&self) -> bool {
+        self.guard.is_some_and(|i| GUARDS[i].detached.load(Ordering::Acquire))
     }
 
     /// A typed view of the start of the mapping.
@@ -68,11 +100,184 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
+        // The handler stops matching the range before it is unmapped.
+        if let Some(i) = self.guard {
+            GUARDS[i].state.store(SLOT_BUSY, Ordering::Release);
+        }
         // SAFETY: ptr/len came from a successful mmap and are unmapped once.
         unsafe {
             libc::munmap(self.ptr, self.len);
         }
+        if let Some(i) = self.guard {
+            GUARDS[i].state.store(SLOT_FREE, Ordering::Release);
+        }
     }
+}
+
+// The truncation guard.
+//
+// A file mapped `MAP_SHARED` that another process truncates makes every
+// access past its new end raise `SIGBUS`, which kills the process. The usage
+// file is writable by every process of its slice, so without a guard any of
+// them could stop `egpud` (whose sweep reads every record). Seals
+// (`F_SEAL_SHRINK`) exist only for memfds, which have no path a workload or
+// a container mount could open, so the agent instead catches the fault: the
+// handler finds the mapping that holds the faulting address, extends the file
+// back to the mapping's length with `ftruncate` (async-signal-safe), and
+// returns; the faulting instruction runs again and reads zeros where the cut
+// pages were. A file that is cut again and again (a process truncating in a
+// loop could otherwise win the race every time) is given up after
+// `MAX_REPAIRS`: its range is replaced with private zeros, so the agent stops
+// faulting on it and sees an empty table. Faults elsewhere go to the previous
+// handler (Rust's stack-overflow handler, or the default action).
+
+const GUARD_SLOTS: usize = 4096;
+/// Repairs of one mapping before the guard gives up on its file.
+pub const MAX_REPAIRS: u32 = 64;
+const SLOT_FREE: u8 = 0;
+const SLOT_BUSY: u8 = 1;
+const SLOT_LIVE: u8 = 2;
+
+struct GuardSlot {
+    state: AtomicU8,
+    start: AtomicUsize,
+    len: AtomicUsize,
+    fd: AtomicI32,
+    repairs: AtomicU32,
+    detached: AtomicBool,
+}
+
+static GUARDS: [GuardSlot; GUARD_SLOTS] = [const {
+    GuardSlot {
+        state: AtomicU8::new(SLOT_FREE),
+        start: AtomicUsize::new(0),
+        len: AtomicUsize::new(0),
+        fd: AtomicI32::new(-1),
+        repairs: AtomicU32::new(0),
+        detached: AtomicBool::new(false),
+    }
+}; GUARD_SLOTS];
+/// One past the highest slot ever used: the handler scans no further.
+static GUARD_HIGH: AtomicUsize = AtomicUsize::new(0);
+static GUARD_INSTALLED: AtomicBool = AtomicBool::new(false);
+
+/// The `SIGBUS` disposition before the guard's, written once before the
+/// guard's handler is installed and only read after.
+struct Previous(std::cell::UnsafeCell<std::mem::MaybeUninit<libc::sigaction>>);
+// SAFETY: written once, by the thread that wins `GUARD_INSTALLED`, before the
+// handler that reads it exists; never written again.
+unsafe impl Sync for Previous {}
+static PREVIOUS: Previous = Previous(std::cell::UnsafeCell::new(std::mem::MaybeUninit::uninit()));
+
+/// Installs the process-wide `SIGBUS` handler of the truncation guard, for
+/// mappings made from now on with [`Mapping::map_guarded`]. For the node
+/// agent; a workload's hook never installs it (the signal dispositions are
+/// the application's). Idempotent.
+pub fn install_truncation_guard() -> io::Result<()> {
+    static INSTALLING: AtomicBool = AtomicBool::new(false);
+    if GUARD_INSTALLED.load(Ordering::Acquire) || INSTALLING.swap(true, Ordering::AcqRel) {
+        return Ok(());
+    }
+    // SAFETY: sigaction reads and writes plain C structs that outlive the
+    // calls; PREVIOUS is written here only (INSTALLING admits one thread),
+    // before the handler that reads it is installed.
+    unsafe {
+        let prev = (*PREVIOUS.0.get()).as_mut_ptr();
+        if libc::sigaction(libc::SIGBUS, std::ptr::null(), prev) != 0 {
+            INSTALLING.store(false, Ordering::Release);
+            return Err(io::Error::last_os_error());
+        }
+        let mut act: libc::sigaction = std::mem::zeroed();
+        act.sa_sigaction = on_sigbus as *const () as usize;
+        act.sa_flags = libc::SA_SIGINFO | libc::SA_ONSTACK;
+        libc::sigemptyset(&mut act.sa_mask);
+        if libc::sigaction(libc::SIGBUS, &act, std::ptr::null_mut()) != 0 {
+            INSTALLING.store(false, Ordering::Release);
+            return Err(io::Error::last_os_error());
+        }
+    }
+    GUARD_INSTALLED.store(true, Ordering::Release);
+    Ok(())
+}
+
+fn register_guard(start: usize, len: usize, fd: i32) -> io::Result<usize> {
+    for (i, g) in GUARDS.iter().enumerate() {
+        if g.state.compare_exchange(SLOT_FREE, SLOT_BUSY, Ordering::AcqRel, Ordering::Relaxed).is_ok() {
+            g.start.store(start, Ordering::Relaxed);
+            g.len.store(len, Ordering::Relaxed);
+            g.fd.store(fd, Ordering::Relaxed);
+            g.repairs.store(0, Ordering::Relaxed);
+            g.detached.store(false, Ordering::Relaxed);
+            GUARD_HIGH.fetch_max(i + 1, Ordering::AcqRel);
+            g.state.store(SLOT_LIVE, Ordering::Release);
+            return Ok(i);
+        }
+    }
+    Err(io::Error::other(format!("more than {GUARD_SLOTS} usage files mapped at once; delete unused slices")))
+}
+
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo_t to an SA_SIGINFO handler.
+    let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
+    // si_code > 0: raised by a fault (BUS_ADRERR for a page past the end of
+    // a file), not sent by kill(2), so si_addr is the faulting address.
+    if code > 0 {
+        let high = GUARD_HIGH.load(Ordering::Acquire).min(GUARD_SLOTS);
+        for g in &GUARDS[..high] {
+            if g.state.load(Ordering::Acquire) != SLOT_LIVE {
+                continue;
+            }
+            let (start, len) = (g.start.load(Ordering::Relaxed), g.len.load(Ordering::Relaxed));
+            if addr >= start && addr - start < len {
+                repair(g, start, len);
+                return;
+            }
+        }
+    }
+    // Not ours: the previous disposition handles the fault when the
+    // instruction runs again (or, for a sent signal, when it is raised
+    // again on return from this handler).
+    // SAFETY: PREVIOUS was initialised before this handler was installed;
+    // sigaction and raise are async-signal-safe.
+    unsafe {
+        libc::sigaction(sig, (*PREVIOUS.0.get()).as_ptr(), std::ptr::null_mut());
+        if code <= 0 {
+            libc::raise(sig);
+        }
+    }
+}
+
+/// In the signal handler: only async-signal-safe calls.
+fn repair(g: &GuardSlot, start: usize, len: usize) {
+    let fd = g.fd.load(Ordering::Relaxed);
+    if g.repairs.fetch_add(1, Ordering::AcqRel) < MAX_REPAIRS && !g.detached.load(Ordering::Acquire) {
+        // SAFETY: an all-zero stat is valid; fstat and ftruncate are
+        // async-signal-safe and touch no memory of ours but `st`.
+        let outcome = unsafe {
+            let mut st: libc::stat = std::mem::zeroed();
+            if libc::fstat(fd, &mut st) != 0 {
+                None
+            } else if (st.st_size as u64) < len as u64 {
+                (libc::ftruncate(fd, len as libc::off_t) == 0).then_some(())
+            } else {
+                // Already long enough: another thread's fault restored it
+                // first, or this is no truncation (no room for the page on a
+                // full tmpfs, an I/O error). Run the access again; the count
+                // bounds how often a fault that retrying cannot cure comes back.
+                Some(())
+            }
+        };
+        if outcome.is_some() {
+            return;
+        }
+    }
+    // SAFETY: replaces exactly the range of this live mapping (its Mapping
+    // cannot be dropped while one of its accesses faults) with private
+    // anonymous zeros; mmap is a plain system call.
+    unsafe {
+        libc::mmap(start as *mut libc::c_void, len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED, -1, 0);
+    }
+    g.detached.store(true, Ordering::Release);
 }
 
 fn flock_struct(kind: libc::c_short, offset: u64) -> libc::flock {

@@ -162,6 +162,8 @@ fn region_len() -> usize {
 
 /// A mapped usage file.
 pub struct UsageFile {
+    /// Declared before `file`: the truncation guard holds `file`'s
+    /// descriptor number, so the mapping must go first.
     map: Mapping,
     file: File,
     path: PathBuf,
@@ -174,6 +176,32 @@ pub struct UsageFile {
     /// never read again: workloads may write the whole region, and a count
     /// they changed must not send `egpud` past the end of a per-device array.
     n_devices: usize,
+    /// The guard's fault count at the last [`UsageFile::restore_length`].
+    faults_seen: AtomicU32,
+    /// Whether [`UsageFile::restore_length`] has reported the guard giving up.
+    detached_seen: AtomicBool,
+}
+
+/// What [`UsageFile::restore_length`] put right.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Restored {
+    /// The length the file was found cut to, if it was still short.
+    pub cut_to: Option<u64>,
+    /// Faults past the end of the file the guard caught since the last call.
+    pub faults: u32,
+    /// Whether the header had to be written again.
+    pub header: bool,
+    /// Whether the guard has just given up on the file (reported once).
+    pub detached: bool,
+}
+
+/// The 16 header bytes of a usage file of this ABI version.
+fn header_bytes() -> [u8; 16] {
+    let mut h = [0u8; 16];
+    h[..8].copy_from_slice(&USAGE_MAGIC.to_le_bytes());
+    h[8..12].copy_from_slice(&ABI_VERSION.to_le_bytes());
+    h[12..].copy_from_slice(&(std::mem::size_of::<UsageRegion>() as u32).to_le_bytes());
+    h
 }
 
 impl UsageFile {
@@ -193,6 +221,91 @@ impl UsageFile {
         Self::open(path)
     }
 
+    /// For the node agent at adoption: opens `path` like [`UsageFile::open`],
+    /// but a file shorter than its region (a process of the slice truncated
+    /// it) is first extended back, and its header written again from
+    /// `n_devices` if the cut reached it, so the processes still attached
+    /// keep their records and their record locks. Returns the length the
+    /// file was cut to, if it was. A file of full length with a bad header is
+    /// still an error (the caller recreates it).
+    pub fn open_restoring(path: &Path, n_devices: usize) -> Result<(UsageFile, Option<u64>), AbiError> {
+        use std::os::unix::fs::FileExt;
+        if n_devices == 0 || n_devices > MAX_DEVICES {
+            return Err(AbiError::BadDevice(n_devices));
+        }
+        let io = |e| AbiError::Io(path.into(), e);
+        let file = std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => AbiError::Missing(path.into()),
+            _ => AbiError::Io(path.into(), e),
+        })?;
+        let len = file.metadata().map_err(io)?.len();
+        if len >= region_len() as u64 {
+            return Self::open(path).map(|u| (u, None));
+        }
+        if len >= 16 {
+            // The header survived the cut: it must still be a usage file of this version.
+            let mut h = [0u8; 16];
+            file.read_exact_at(&mut h, 0).map_err(io)?;
+            if h[..] != header_bytes()[..] {
+                return Err(AbiError::Corrupt(path.into(), "a truncated file whose header is not a usage file's of this ABI version"));
+            }
+        }
+        file.set_len(region_len() as u64).map_err(io)?;
+        if len < 16 {
+            file.write_all_at(&(n_devices as u32).to_le_bytes(), std::mem::offset_of!(UsageRegion, n_devices) as u64).map_err(io)?;
+            file.write_all_at(&header_bytes(), 0).map_err(io)?;
+        }
+        let u = Self::open(path)?;
+        u.region().high_water.store(MAX_PROCS as u32, Ordering::Release);
+        Ok((u, Some(len)))
+    }
+
+    /// For the node agent, at every sweep: puts right a usage file that a
+    /// process of the slice truncated since the last call. The file is
+    /// extended back to the mapping's length if it is short (the guard's
+    /// `SIGBUS` handler, [`map::install_truncation_guard`], does the same
+    /// when an access finds it short first), the header is written again if
+    /// the cut reached it, and scans cover every record from then on (the
+    /// high-water mark may have been cut too). What the cut pages held, the
+    /// charges of the records there among them, is lost: like any write of a
+    /// slice's processes to their own file, it can only make the slice look
+    /// smaller. `None` when nothing happened since the last call.
+    pub fn restore_length(&self) -> Result<Option<Restored>, AbiError> {
+        let io = |e| AbiError::Io(self.path.clone(), e);
+        let len = self.file.metadata().map_err(io)?.len();
+        let mapped = self.map.len() as u64;
+        let cut_to = if len < mapped {
+            self.file.set_len(mapped).map_err(io)?;
+            Some(len)
+        } else {
+            None
+        };
+        let faults = self.map.guard_faults();
+        let new_faults = faults.saturating_sub(self.faults_seen.swap(faults, Ordering::AcqRel));
+        let r = self.region();
+        let header = r.magic.load(Ordering::Acquire) != USAGE_MAGIC
+            || r.abi_version.load(Ordering::Relaxed) != ABI_VERSION
+            || r.region_size.load(Ordering::Relaxed) != std::mem::size_of::<UsageRegion>() as u32;
+        let detached = self.map.guard_detached() && !self.detached_seen.swap(true, Ordering::AcqRel);
+        if cut_to.is_none() && new_faults == 0 && !header && !detached {
+            return Ok(None);
+        }
+        if header {
+            r.n_devices.store(self.n_devices as u32, Ordering::Relaxed);
+            r.region_size.store(std::mem::size_of::<UsageRegion>() as u32, Ordering::Relaxed);
+            r.abi_version.store(ABI_VERSION, Ordering::Relaxed);
+            r.magic.store(USAGE_MAGIC, Ordering::Release);
+        }
+        r.high_water.store(MAX_PROCS as u32, Ordering::Release);
+        Ok(Some(Restored { cut_to, faults: new_faults, header, detached }))
+    }
+
+    /// Whether the truncation guard gave up on this file (it was cut
+    /// [`map::MAX_REPAIRS`] times): this handle then reads private zeros.
+    pub fn detached(&self) -> bool {
+        self.map.guard_detached()
+    }
+
     /// Opens and validates an existing usage file, read-write.
     pub fn open(path: &Path) -> Result<UsageFile, AbiError> {
         let file = std::fs::OpenOptions::new().read(true).write(true).open(path).map_err(|e| match e.kind() {
@@ -203,7 +316,7 @@ impl UsageFile {
         if len < 16 {
             return Err(AbiError::Corrupt(path.into(), "file shorter than its header"));
         }
-        let map = Mapping::map(&file, len, true).map_err(|e| AbiError::Io(path.into(), e))?;
+        let map = Mapping::map_guarded(&file, len).map_err(|e| AbiError::Io(path.into(), e))?;
         let b = map.bytes();
         if u64::from_le_bytes(b[0..8].try_into().expect("8 bytes")) != USAGE_MAGIC {
             return Err(AbiError::Corrupt(path.into(), "not a usage file: bad magic number"));
@@ -220,7 +333,15 @@ impl UsageFile {
         if n == 0 || n > MAX_DEVICES {
             return Err(AbiError::Corrupt(path.into(), "device count out of range"));
         }
-        Ok(UsageFile { map, file, path: path.into(), own: [const { AtomicU64::new(0) }; MAX_PROCS / 64], n_devices: n })
+        Ok(UsageFile {
+            map,
+            file,
+            path: path.into(),
+            own: [const { AtomicU64::new(0) }; MAX_PROCS / 64],
+            n_devices: n,
+            faults_seen: AtomicU32::new(0),
+            detached_seen: AtomicBool::new(false),
+        })
     }
 
     pub fn region(&self) -> &UsageRegion {

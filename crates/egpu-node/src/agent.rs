@@ -123,6 +123,11 @@ impl Agent {
             return Err(AgentError::HookLib { path: config.hook_lib.clone() });
         }
         let lock = lock_run_dir(&config.run_dir)?;
+        // Before any usage file is mapped: a workload that truncates its
+        // usage file must not kill egpud with SIGBUS (docs/threat-model.md).
+        if let Err(e) = egpu_abi::map::install_truncation_guard() {
+            tracing::warn!(error = %e, "cannot install the SIGBUS handler: a workload that truncates its usage file can stop egpud");
+        }
         let (lib, sm_counts) = match &config.simulate {
             Some(spec) => {
                 let parsed: egpu_core::SimSpec = spec.parse().map_err(AgentError::SimSpec)?;

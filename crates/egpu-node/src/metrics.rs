@@ -73,6 +73,7 @@ fn families(node: &Node) -> Vec<Family<'static>> {
     let mut info = Family::new("egpu_slice_info", "A slice (value 1) with its id and priority class.", Gauge);
     let mut procs = Family::new("egpu_slice_processes", "Live processes attached to the slice.", Gauge);
     let mut resizes = Family::new("egpu_slice_resizes", "Resizes of the slice since egpud started.", Counter);
+    let mut repairs = Family::new("egpu_slice_usage_file_repairs", "Times egpud found the slice's usage file truncated (by a process of the slice) and extended it back, since egpud started.", Counter);
     let mut mem_limit = Family::new("egpu_slice_memory_limit_bytes", "Guaranteed memory of the slice on the device (its hard limit unless it bursts), bytes.", Gauge);
     let mut mem_burst = Family::new("egpu_slice_memory_burst_bytes", "Burst cap of the slice on the device, bytes (0: the slice does not burst).", Gauge);
     let mut mem_granted = Family::new("egpu_slice_memory_granted_bytes", "Memory lent to the slice now from the device's burst pool, above its guarantee, bytes.", Gauge);
@@ -104,7 +105,8 @@ fn families(node: &Node) -> Vec<Family<'static>> {
         let sl = vec![("slice", name.clone())];
         info.push(vec![("slice", name.clone()), ("id", s.record.id.clone()), ("priority", s.record.spec.priority.to_string())], 1.0);
         procs.push(sl.clone(), s.live_pids().len() as f64);
-        resizes.push(sl, s.resizes as f64);
+        resizes.push(sl.clone(), s.resizes as f64);
+        repairs.push(sl, s.usage_repairs as f64);
         let c = compute.slices.get(&name);
         for (i, u) in s.device_usage().iter().enumerate() {
             let l = vec![("slice", name.clone()), ("device", u.share.device.to_string())];
@@ -140,7 +142,7 @@ fn families(node: &Node) -> Vec<Family<'static>> {
     let mut cpu = Family::new("egpu_arbiter_cpu_seconds", "CPU time of the arbiter thread.", Counter);
     cpu.push(Vec::new(), compute.cpu_s);
     vec![
-        dev_mem, dev_alloc, dev_share, info, procs, resizes, mem_limit, mem_burst, mem_granted, mem_used, refused, share, limit, usage, used, measured, throttled, waits,
+        dev_mem, dev_alloc, dev_share, info, procs, resizes, repairs, mem_limit, mem_burst, mem_granted, mem_used, refused, share, limit, usage, used, measured, throttled, waits,
         budget, allowance, hungry, scale, period, achieved, ticks, missed, cpu,
     ]
 }

@@ -49,6 +49,9 @@ pub struct Slice {
     pub usage: UsageFile,
     /// Resizes since this egpud started (for metrics).
     pub resizes: u64,
+    /// Times this egpud found the usage file truncated by a process of the
+    /// slice and put it right (for metrics; [`SliceManager::sweep`]).
+    pub usage_repairs: u64,
     /// Per slice device: memory lent above the guarantee from the device's
     /// burst pool (see [`crate::burst`]); the published limit is the
     /// guarantee plus this.
@@ -349,15 +352,23 @@ impl SliceManager {
             },
         };
         let upath = paths::usage_path(&dir);
-        let usage = match UsageFile::open(&upath) {
-            Ok(u) if u.n_devices() == n => u,
+        // A file a process of the slice truncated is extended back, not
+        // recreated, so the processes still attached keep their records.
+        let (usage, cut_to) = match UsageFile::open_restoring(&upath, n) {
+            Ok((u, cut_to)) if u.n_devices() == n => {
+                if let Some(len) = cut_to {
+                    tracing::warn!(file = %upath.display(), cut_to = len,
+                        "usage file was truncated (by a process of the slice); extended it back (charges recorded in the cut part are lost)");
+                }
+                (u, cut_to)
+            }
             other => {
                 let why = match other {
                     Ok(_) => "device count differs from the store".to_string(),
                     Err(e) => recreate_reason(&e).ok_or(SliceOpError::Abi(e))?,
                 };
                 log_recreate(&upath, &why, report);
-                UsageFile::create(&upath, n).map_err(SliceOpError::Abi)?
+                (UsageFile::create(&upath, n).map_err(SliceOpError::Abi)?, None)
             }
         };
         // A restarted egpud takes the grants back from the limits file.
@@ -369,7 +380,7 @@ impl SliceManager {
             .zip(file.devices())
             .map(|(d, l)| l.mem_limit.min(d.memory_cap().0).saturating_sub(d.memory.0))
             .collect();
-        Ok(Slice { record, dir, limits, usage, resizes: 0, granted })
+        Ok(Slice { record, dir, limits, usage, resizes: 0, usage_repairs: u64::from(cut_to.is_some()), granted })
     }
 
     fn recreate_limits(&self, record: &SliceRecord, path: &Path, why: String, report: &mut AdoptReport) -> Result<LimitsWriter, SliceOpError> {
@@ -478,7 +489,7 @@ impl SliceManager {
         limits.heartbeat();
         tracing::info!(slice = %name, id = %record.id, spec = ?record.spec, "created slice");
         let granted = vec![0; record.spec.devices.len()];
-        self.slices.insert(name.clone(), Slice { record, dir, limits, usage, resizes: 0, granted });
+        self.slices.insert(name.clone(), Slice { record, dir, limits, usage, resizes: 0, usage_repairs: 0, granted });
         // A slice no container could join is not created (`--cdi-dir`);
         // another slice's spec failing is that slice's problem (logged).
         let synced = self.sync_cdi();
@@ -641,7 +652,8 @@ impl SliceManager {
         self.remove_orphan_dirs();
         self.publish_cdi();
         let mut n = 0;
-        for s in self.slices.values() {
+        for s in self.slices.values_mut() {
+            restore_usage(s);
             for r in s.usage.sweep(None) {
                 tracing::debug!(slice = %s.name(), pid = r.pid, charged = ?r.charged, "reclaimed dead process");
                 n += 1;
@@ -689,6 +701,26 @@ impl SliceManager {
                 }
             })
             .collect()
+    }
+}
+
+/// Puts right a usage file that a process of the slice truncated (the
+/// truncation guard's handler extends it at the first fault; this finds a
+/// cut nothing has touched yet, writes the header again and reports).
+fn restore_usage(s: &mut Slice) {
+    match s.usage.restore_length() {
+        Ok(None) => {}
+        Ok(Some(r)) => {
+            s.usage_repairs += 1;
+            if r.detached {
+                tracing::error!(slice = %s.name(), file = %s.usage.path().display(),
+                    "usage file truncated again and again by a process of the slice; egpud no longer reads it (the slice's usage reads as zero): delete the slice and make it again");
+            } else {
+                tracing::warn!(slice = %s.name(), file = %s.usage.path().display(), cut_to = ?r.cut_to, faults = r.faults, header = r.header,
+                    "usage file was truncated by a process of the slice; extended it back (charges recorded in the cut part are lost)");
+            }
+        }
+        Err(e) => tracing::warn!(slice = %s.name(), error = %e, "cannot check the usage file's length"),
     }
 }
 

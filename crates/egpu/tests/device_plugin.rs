@@ -1015,7 +1015,7 @@ fn a_kubelet_without_the_api_server_keeps_the_slices_its_checkpoint_names() {
         }
         (a, b)
     });
-    let (slice_a, slice_b) = (egpu_k8s::tokens::slice_name(&a), egpu_k8s::tokens::slice_name(&b));
+    let slice_a = egpu_k8s::tokens::slice_name(&a);
     let log_path = rig.tmp.path().join("plugin.log");
     let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
     let synced = || sample(&scrape_logged(log), "egpu_device_plugin_kubelet_synced");
@@ -1059,7 +1059,7 @@ fn a_kubelet_without_the_api_server_keeps_the_slices_its_checkpoint_names() {
     assert!(unhealthy(&d).iter().all(|id| id.starts_with(&gpu1)), "{:?}", unhealthy(&d));
     rig.rt.block_on(until(&mut stream, "b's reserve lifted", |d| unhealthy(d).is_empty()));
     let names: Vec<String> = rig.node.slices().iter().map(|s| s["name"].as_str().unwrap().to_string()).collect();
-    assert_eq!(names, [slice_a.clone()], "b's slice swept, a's kept; plugin log:\n{}", log());
+    assert_eq!(names, [slice_a], "b's slice swept, a's kept; plugin log:\n{}", log());
     assert!(wait_until(WAIT, || log().contains("has not listed this plugin's pod egpu-system/egpu-node-x")), "{}", log());
     // (The sweep counts a slice once egpud has answered its delete: wait.)
     let swept = || sample(&scrape_logged(log), "egpu_device_plugin_swept_slices_total");
