@@ -181,13 +181,20 @@ async fn run_ephemeral(socket: &Path, name: Option<String>, limits: &LimitArgs, 
     .await;
     // Remove the slice whatever happened; egpud also collects it if we die first.
     // By id: if the slice was removed meanwhile and another took its name,
-    // that one is not ours to remove.
-    let removed = c.delete_slice(proto::DeleteSliceRequest { name: slice.id.clone(), force: true }).await;
-    // Not found: somebody removed it already.
-    if let Err(s) = removed
-        && s.code() != tonic::Code::NotFound
-    {
-        eprintln!("egpu: could not remove slice {}: {} (egpud removes it once this process is gone)", slice.name, s.message());
+    // that one is not ours to remove. Not forced: processes PROG left
+    // running in the background keep the slice, and its reservation, until
+    // they exit; egpud's sweeper removes it then (this command, its owner,
+    // is gone by then).
+    let removed = c.delete_slice(proto::DeleteSliceRequest { name: slice.id.clone(), force: false }).await;
+    match removed {
+        Ok(_) => {}
+        // Somebody removed it already.
+        Err(s) if s.code() == tonic::Code::NotFound => {}
+        Err(s) if s.code() == tonic::Code::FailedPrecondition => eprintln!(
+            "egpu: {} exited, but processes it started are still attached to slice {}; the slice keeps its limits until they exit, then egpud removes it (`egpu rm --force {}` removes it now)",
+            cmd[0], slice.name, slice.name
+        ),
+        Err(s) => eprintln!("egpu: could not remove slice {}: {} (egpud removes it once this process is gone)", slice.name, s.message()),
     }
     result
 }

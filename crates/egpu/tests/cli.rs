@@ -93,6 +93,42 @@ fn wait_two_sweeps(node: &Node, slice: &str) {
 }
 
 #[test]
+fn run_leaves_a_slice_its_program_left_processes_in_to_the_sweeper() {
+    let node = Node::start("1x8GiB");
+    let out = node.dir.path().join("probe.out");
+    // PROG starts a probe in the background, on PROG's own stdin (a
+    // background job's is /dev/null otherwise), waits until it holds its
+    // memory, and exits.
+    let script = format!(
+        "exec 3<&0; {} grow --step 256MiB --until 256MiB --hold <&3 >{out} 2>&1 & until grep -q holding {out} 2>/dev/null; do sleep 0.05; done",
+        probe_path().display(),
+        out = out.display()
+    );
+    let mut cli = node
+        .cli()
+        .args(["run", "--name", "bg", "--gpu-memory", "1GiB", "--", "sh", "-c", &script])
+        .stdin(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdin = cli.stdin.take().unwrap();
+    let o = cli.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(0), "{err}");
+    assert!(err.contains("still attached to slice bg"), "{err}");
+    // PROG and the CLI are gone; the probe still holds its memory in its slice.
+    let s = node.slice("bg");
+    assert_eq!(live_pids(std::slice::from_ref(&s)).len(), 1, "{s}");
+    assert!(s["devices"][0]["used_bytes"].as_u64().unwrap() >= 256 << 20, "{s}");
+    assert_eq!(s["devices"][0]["memory_limit_bytes"], 1u64 << 30, "the reservation stays");
+    wait_two_sweeps(&node, "bg");
+    assert_eq!(node.slices().len(), 1, "slice removed under a live process");
+    // The probe exits when its stdin closes; then the sweeper removes the slice.
+    drop(stdin);
+    assert!(wait_until(Duration::from_secs(20), || node.slices().is_empty()), "slice not collected after its last process exited: {:?}", node.slices());
+}
+
+#[test]
 fn ephemeral_slice_of_a_killed_cli_lives_until_its_program_exits() {
     let node = Node::start("1x8GiB");
     let pidfile = node.dir.path().join("child.pid");
