@@ -177,7 +177,7 @@ impl Agent {
             mgr.set_cdi(publisher);
             tracing::info!(dir = %dir.display(), kind = crate::cdi::KIND, "keeping a CDI spec per slice");
         }
-        tracing::info!(slices = report.adopted.len(), recreated_files = report.recreated.len(),
+        tracing::info!(slices = report.adopted.len(), recreated_files = report.recreated.len(), not_adopted = report.failed.len(),
             reclaimed_processes = report.reclaimed_processes, "adopted stored slices");
         let sweeper = Sweeper { period: config.sweep_period() };
         let node = Arc::new(Node { config, gpus, inventory, compute: Default::default(), slices: Mutex::new(mgr) });

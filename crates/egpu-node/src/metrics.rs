@@ -130,6 +130,8 @@ fn families(node: &Node) -> Vec<Family<'static>> {
             }
         }
     }
+    let mut unadopted = Family::new("egpu_slices_unadopted", "Stored slices egpud could not adopt (their slice-table files cannot be opened); their memory stays reserved and every sweep tries again.", Gauge);
+    unadopted.push(Vec::new(), m.unadopted().count() as f64);
     drop(m);
     let mut period = Family::new("egpu_arbiter_period_seconds", "Configured compute arbiter period.", Gauge);
     period.push(Vec::new(), compute.period_ns as f64 / 1e9);
@@ -143,7 +145,7 @@ fn families(node: &Node) -> Vec<Family<'static>> {
     cpu.push(Vec::new(), compute.cpu_s);
     vec![
         dev_mem, dev_alloc, dev_share, info, procs, resizes, repairs, mem_limit, mem_burst, mem_granted, mem_used, refused, share, limit, usage, used, measured, throttled, waits,
-        budget, allowance, hungry, scale, period, achieved, ticks, missed, cpu,
+        budget, allowance, hungry, scale, unadopted, period, achieved, ticks, missed, cpu,
     ]
 }
 

@@ -25,6 +25,8 @@ pub enum SliceOpError {
     Exists(String),
     #[error("slice '{name}' has live processes attached (pids {pids:?}); stop them first, or pass --force to remove it anyway (they keep running but can no longer allocate)")]
     Busy { name: String, pids: Vec<u32> },
+    #[error("slice '{name}' is stored but egpud could not open its slice-table files at start-up: {error}. Its processes keep running with their last limits and its memory stays reserved; fix the cause (permissions, a full file system) and egpud adopts it at its next sweep")]
+    Unadopted { name: String, error: String },
     #[error("{0}")]
     BadRequest(String),
     #[error(transparent)]
@@ -185,6 +187,31 @@ pub struct AdoptReport {
     /// counted against another GPU, and a resize of the slice says the
     /// device is not there.
     pub missing_devices: Vec<(String, u32, String)>,
+    /// (slice, error): stored slices whose files could not be opened (an
+    /// I/O error such as EACCES or ENOSPC). They stay stored and reserved,
+    /// and every sweep tries them again ([`SliceManager::unadopted`]).
+    pub failed: Vec<(String, String)>,
+}
+
+/// A stored slice whose slice-table files could not be opened at adoption.
+#[derive(Debug, Clone)]
+pub struct Unadopted {
+    pub record: SliceRecord,
+    /// The last error, with its cause chain.
+    pub error: String,
+}
+
+impl Unadopted {
+    /// What the slice may hold, for admission: its processes run on with
+    /// their last limits, which may include burst grants egpud cannot read
+    /// back, so each device counts at the slice's burst cap.
+    fn held_spec(&self) -> SliceSpec {
+        let mut spec = self.record.spec.clone();
+        for d in &mut spec.devices {
+            d.memory = d.memory_cap();
+        }
+        spec
+    }
 }
 
 pub struct SliceManager {
@@ -192,6 +219,9 @@ pub struct SliceManager {
     devices: Vec<DeviceInfo>,
     store: Store,
     slices: BTreeMap<String, Slice>,
+    /// Stored slices not adopted yet (their files could not be opened);
+    /// retried by [`SliceManager::sweep`].
+    unadopted: BTreeMap<String, Unadopted>,
     /// Slice directories of no slice, still attached to live processes; removed by [`SliceManager::sweep`].
     orphan_dirs: Vec<PathBuf>,
     /// Burst-memory state ([`crate::burst`]).
@@ -233,7 +263,16 @@ impl SliceManager {
     pub fn adopt(run_dir: &Path, devices: Vec<DeviceInfo>, store: Store) -> Result<(SliceManager, AdoptReport), SliceOpError> {
         let slices_dir = paths::slices_dir(run_dir);
         std::fs::create_dir_all(&slices_dir).map_err(|source| SliceOpError::Io { path: slices_dir.clone(), source })?;
-        let mut mgr = SliceManager { run_dir: run_dir.into(), devices, store, slices: BTreeMap::new(), orphan_dirs: Vec::new(), burst: crate::burst::Burst::default(), cdi: None };
+        let mut mgr = SliceManager {
+            run_dir: run_dir.into(),
+            devices,
+            store,
+            slices: BTreeMap::new(),
+            unadopted: BTreeMap::new(),
+            orphan_dirs: Vec::new(),
+            burst: crate::burst::Burst::default(),
+            cdi: None,
+        };
         let mut report = AdoptReport::default();
         for mut record in mgr.store.load_all()? {
             // Admission, bursts and shares count a slice at its device index;
@@ -268,22 +307,85 @@ impl SliceManager {
                 tracing::warn!(slice = %record.spec.name, error = %e, "cannot store the slice's new device indices; they are worked out again at the next start");
             }
             let name = record.spec.name.clone();
-            let slice = mgr.open_files(record, &mut report)?;
-            if slice.granted.iter().any(|&g| g > 0) {
-                tracing::info!(slice = %name, granted = ?slice.granted, "adopted burst grants from the limits file");
+            // One slice whose files cannot be opened does not stop the
+            // others, nor egpud: it stays stored and reserved, and is tried
+            // again at every sweep.
+            match mgr.adopt_one(record.clone(), &mut report) {
+                Ok(slice) => {
+                    report.adopted.push(name.clone());
+                    mgr.slices.insert(name, slice);
+                }
+                Err(e) => {
+                    let error = crate::wire::chain(&e);
+                    tracing::error!(slice = %name, error = %error,
+                        "cannot adopt the slice; its processes keep their last limits and its memory stays reserved; fix the cause and egpud adopts it at its next sweep");
+                    report.failed.push((name.clone(), error.clone()));
+                    mgr.unadopted.insert(name, Unadopted { record, error });
+                }
             }
-            slice.publish()?;
-            slice.limits.heartbeat();
-            report.reclaimed_processes += slice.usage.sweep(None).len();
-            tracing::info!(slice = %name, processes = slice.live_pids().len(), "adopted slice");
-            report.adopted.push(name.clone());
-            mgr.slices.insert(name, slice);
         }
         mgr.adopt_orphan_dirs(&slices_dir, &mut report);
         for (device, over) in crate::burst::overlent(&mgr) {
             tracing::warn!(device, over_bytes = over, "adopted guarantees and burst grants exceed the device's memory; no new grant there until enough is freed");
         }
         Ok((mgr, report))
+    }
+
+    /// Opens one stored slice's files, republishes its limits and sweeps it.
+    fn adopt_one(&self, record: SliceRecord, report: &mut AdoptReport) -> Result<Slice, SliceOpError> {
+        let name = record.spec.name.clone();
+        let slice = self.open_files(record, report)?;
+        if slice.granted.iter().any(|&g| g > 0) {
+            tracing::info!(slice = %name, granted = ?slice.granted, "adopted burst grants from the limits file");
+        }
+        slice.publish()?;
+        slice.limits.heartbeat();
+        report.reclaimed_processes += slice.usage.sweep(None).len();
+        tracing::info!(slice = %name, processes = slice.live_pids().len(), "adopted slice");
+        Ok(slice)
+    }
+
+    /// Tries the slices not adopted at start-up again; returns those adopted now.
+    fn retry_unadopted(&mut self) -> Vec<String> {
+        let mut done = Vec::new();
+        let names: Vec<String> = self.unadopted.keys().cloned().collect();
+        for name in names {
+            let record = self.unadopted[&name].record.clone();
+            let mut report = AdoptReport::default();
+            match self.adopt_one(record, &mut report) {
+                Ok(slice) => {
+                    self.unadopted.remove(&name);
+                    self.slices.insert(name.clone(), slice);
+                    tracing::info!(slice = %name, "adopted the slice that could not be adopted before");
+                    done.push(name);
+                }
+                Err(e) => {
+                    let error = crate::wire::chain(&e);
+                    let u = self.unadopted.get_mut(&name).expect("listed above");
+                    if u.error != error {
+                        tracing::warn!(slice = %name, error = %error, "still cannot adopt the slice");
+                        u.error = error;
+                    }
+                }
+            }
+        }
+        done
+    }
+
+    /// Stored slices whose files could not be opened yet.
+    pub fn unadopted(&self) -> impl Iterator<Item = &Unadopted> {
+        self.unadopted.values()
+    }
+
+    /// The specs admission counts next to a new or resized slice: every
+    /// slice but `except`, the unadopted ones at their burst caps.
+    fn held_specs(&self, except: Option<&str>) -> Vec<SliceSpec> {
+        self.slices
+            .values()
+            .filter(|s| Some(s.name()) != except)
+            .map(|s| s.record.spec.clone())
+            .chain(self.unadopted.values().map(Unadopted::held_spec))
+            .collect()
     }
 
     /// Directories under `slices/` that no stored slice owns are what a crash in the
@@ -300,7 +402,7 @@ impl SliceManager {
         };
         for entry in entries.flatten() {
             let name = entry.file_name().to_string_lossy().into_owned();
-            if self.slices.contains_key(&name) || !entry.file_type().is_ok_and(|t| t.is_dir()) {
+            if self.slices.contains_key(&name) || self.unadopted.contains_key(&name) || !entry.file_type().is_ok_and(|t| t.is_dir()) {
                 continue;
             }
             let dir = entry.path();
@@ -429,12 +531,15 @@ impl SliceManager {
         self.slices
             .get(name_or_id)
             .or_else(|| self.slices.values().find(|s| s.record.id == name_or_id))
-            .ok_or_else(|| SliceOpError::NotFound(egpu_core::slice::shown(name_or_id)))
+            .ok_or_else(|| match self.unadopted.values().find(|u| u.record.spec.name == name_or_id || u.record.id == name_or_id) {
+                Some(u) => SliceOpError::Unadopted { name: u.record.spec.name.clone(), error: u.error.clone() },
+                None => SliceOpError::NotFound(egpu_core::slice::shown(name_or_id)),
+            })
     }
 
-    /// Per-device sums over all slices.
+    /// Per-device sums over all slices (the unadopted ones at their burst caps).
     pub fn allocated(&self) -> Vec<capacity::Allocated> {
-        capacity::allocated(self.devices.len(), self.slices.values().map(|s| &s.record.spec))
+        capacity::allocated(self.devices.len(), &self.held_specs(None))
     }
 
     pub fn create(&mut self, req: CreateRequest) -> Result<&Slice, SliceOpError> {
@@ -447,7 +552,10 @@ impl SliceManager {
         if self.slices.contains_key(&name) {
             return Err(SliceOpError::Exists(name));
         }
-        capacity::check(&self.devices, self.slices.values().map(|s| &s.record.spec), &req.spec)?;
+        if let Some(u) = self.unadopted.get(&name) {
+            return Err(SliceOpError::Unadopted { name, error: u.error.clone() });
+        }
+        capacity::check(&self.devices, &self.held_specs(None), &req.spec)?;
         crate::burst::check_lent(self, None, &req.spec)?;
         // With no owner the collector could never tell when an ephemeral
         // slice is done with, and it would stay for ever.
@@ -542,7 +650,7 @@ impl SliceManager {
         // (its device shrank across a restart) can still be shrunk.
         let grows = spec.devices.iter().zip(&old.devices).any(|(n, o)| n.memory > o.memory || n.memory_burst > o.memory_burst || n.compute_share > o.compute_share);
         if grows {
-            capacity::check(&self.devices, self.slices.values().filter(|s| s.name() != name).map(|s| &s.record.spec), &spec)?;
+            capacity::check(&self.devices, &self.held_specs(Some(&name)), &spec)?;
             crate::burst::check_lent(self, Some(&name), &spec)?;
         } else {
             spec.validate().map_err(capacity::CapacityError::Spec)?;
@@ -649,6 +757,7 @@ impl SliceManager {
     /// Reclaims dead processes' records in every slice, refreshes the heartbeat, and
     /// removes orphaned slice directories that no live process uses any more.
     pub fn sweep(&mut self) -> usize {
+        self.retry_unadopted();
         self.remove_orphan_dirs();
         self.publish_cdi();
         let mut n = 0;

@@ -177,6 +177,7 @@ impl From<SliceOpError> for Status {
             SliceOpError::NotFound(_) => Code::NotFound,
             SliceOpError::Exists(_) => Code::AlreadyExists,
             SliceOpError::Busy { .. } => Code::FailedPrecondition,
+            SliceOpError::Unadopted { .. } => Code::Unavailable,
             SliceOpError::Store(_) | SliceOpError::Abi(_) | SliceOpError::Io { .. } | SliceOpError::Cdi(_) => Code::Internal,
         };
         Status::new(code, chain(&e))

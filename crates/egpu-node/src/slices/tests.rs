@@ -224,3 +224,47 @@ fn a_slice_whose_cdi_spec_cannot_be_written_is_not_created() {
     m.create(req("more", vec![share(0, 1)])).unwrap();
     assert!(cdi.path().join("egpu.io-slice_more.json").is_file());
 }
+
+#[test]
+fn a_slice_whose_files_cannot_be_opened_stays_reserved_and_is_adopted_once_they_can() {
+    let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    {
+        let (mut m, _) = manager(run.path(), state.path());
+        m.create(req("a", vec![share(0, 2)])).unwrap();
+        let mut b = req("b", vec![share(0, 3)]);
+        b.spec.devices[0].memory_burst = Bytes::gib(5);
+        m.create(b).unwrap();
+    }
+    // An I/O error on one slice's files (a directory where its limits file
+    // was: EISDIR, which no recreate cures; root is not stopped by EACCES).
+    let limits = paths::limits_path(&paths::slice_dir(run.path(), "b"));
+    std::fs::remove_file(&limits).unwrap();
+    std::fs::create_dir(&limits).unwrap();
+    let (mut m, report) = manager(run.path(), state.path());
+    assert_eq!(report.adopted, vec!["a".to_string()], "the other slice is adopted");
+    assert_eq!(report.failed.len(), 1);
+    assert_eq!(report.failed[0].0, "b");
+    assert!(report.failed[0].1.contains("limits"), "{:?}", report.failed);
+    assert!(paths::slice_dir(run.path(), "b").exists(), "its directory is not taken for an orphan");
+    let e = m.get("b").err().unwrap();
+    assert!(matches!(e, SliceOpError::Unadopted { .. }), "{e}");
+    assert!(e.to_string().contains("fix the cause"), "{e}");
+    assert!(matches!(m.create(req("b", vec![share(0, 1)])), Err(SliceOpError::Unadopted { .. })));
+    assert!(matches!(m.delete("b", true), Err(SliceOpError::Unadopted { .. })));
+    // Its memory stays reserved, at its burst cap: 16 - 2 - 5 GiB are free.
+    assert_eq!(m.allocated()[0].memory, 7 * Bytes::GIB);
+    let e = m.create(req("c", vec![share(0, 10)])).err().unwrap();
+    assert!(e.to_string().contains("only 9GiB of 16GiB is free"), "{e}");
+    m.resize("a", ResizeRequest { memory: Some(Bytes::gib(12)), ..Default::default() }).err().expect("a resize counts it too");
+    assert_eq!(m.sweep(), 0);
+    assert_eq!(m.unadopted().count(), 1, "still failing");
+
+    // Cured: the next sweep adopts it.
+    std::fs::remove_dir(&limits).unwrap();
+    m.sweep();
+    assert_eq!(m.unadopted().count(), 0);
+    let b = m.get("b").unwrap();
+    assert_eq!(b.record.spec.devices[0].memory, Bytes::gib(3));
+    assert_eq!(LimitsReader::open(&limits).unwrap().snapshot().devices()[0].mem_limit, 3 * Bytes::GIB);
+    assert_eq!(m.allocated()[0].memory, 5 * Bytes::GIB);
+}
