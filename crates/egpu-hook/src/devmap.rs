@@ -64,6 +64,13 @@ pub fn slice_dev(ordinal: CUdevice) -> Result<usize, CUresult> {
     }
 }
 
+/// A CUDA ordinal of slice device `dev`, among those already matched by
+/// [`slice_dev`] (every charge on a device went through it first).
+pub fn ordinal_of(dev: usize) -> Option<CUdevice> {
+    let k = i32::try_from(dev).ok()?.checked_add(1)?;
+    ORDINALS.iter().position(|c| c.load(Ordering::Relaxed) == k).and_then(|o| CUdevice::try_from(o).ok())
+}
+
 /// The current context's device: (CUDA ordinal, slice device index).
 pub fn current() -> Result<(CUdevice, usize), CUresult> {
     let f = real::cuCtxGetDevice.get().ok_or(CUDA_ERROR_NOT_SUPPORTED)?;

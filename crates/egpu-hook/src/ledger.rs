@@ -85,6 +85,52 @@ pub struct Ledger {
     pub graph_execs: BTreeMap<usize, Vec<Charge>>,
     /// Graph → memory-alloc nodes added with cuGraphAddMemAllocNode.
     pub graph_nodes: BTreeMap<usize, Vec<Charge>>,
+    /// Slice device → graph memory accounting (the device's graph memory pool).
+    pub graph_mem: BTreeMap<usize, GraphAcct>,
+}
+
+/// Graph memory on one slice device. The driver keeps what graphs
+/// allocated in the device's graph memory pool after their executables are
+/// destroyed, until `cuDeviceGraphMemTrim`, and a later graph reuses it; so
+/// the slice is charged the larger of what live executables need and what
+/// the pool may still hold.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GraphAcct {
+    /// Sum of the charges of live executables (instantiated, not destroyed).
+    pub live: u64,
+    /// Bytes charged for graph memory on the device (never below `live`).
+    pub charged: u64,
+}
+
+impl GraphAcct {
+    /// An instantiation needing `need`: the part of it the pool does not
+    /// already cover, which the caller must charge.
+    pub fn instantiate(&mut self, need: u64) -> u64 {
+        self.live = self.live.saturating_add(need);
+        let extra = self.live.saturating_sub(self.charged);
+        self.charged += extra;
+        extra
+    }
+
+    /// Undoes [`GraphAcct::instantiate`] (the charge or the real call failed).
+    pub fn undo_instantiate(&mut self, need: u64, extra: u64) {
+        self.live = self.live.saturating_sub(need);
+        self.charged = self.charged.saturating_sub(extra).max(self.live);
+    }
+
+    /// An executable needing `need` was destroyed, or the pool was trimmed
+    /// (`need` 0): settles the charge at what the pool holds, `reserved`
+    /// (the driver's `CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`; `None` where
+    /// it cannot say, which keeps the charge), never below the live
+    /// executables' need nor above what was charged. Returns the bytes to
+    /// uncharge.
+    pub fn settle(&mut self, need: u64, reserved: Option<u64>) -> u64 {
+        self.live = self.live.saturating_sub(need);
+        let target = reserved.map_or(self.charged, |r| r.min(self.charged)).max(self.live);
+        let freed = self.charged.saturating_sub(target);
+        self.charged = target;
+        freed
+    }
 }
 
 impl Ledger {
@@ -99,6 +145,7 @@ impl Ledger {
             primary: BTreeMap::new(),
             graph_execs: BTreeMap::new(),
             graph_nodes: BTreeMap::new(),
+            graph_mem: BTreeMap::new(),
         }
     }
 
@@ -175,4 +222,49 @@ pub fn reset_after_fork() {
     // dropped: another thread of the parent may have been inside a map
     // operation at the fork, and walking a half-updated tree could crash.
     std::mem::forget(old);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GraphAcct;
+
+    #[test]
+    fn the_graph_charge_follows_the_pool_not_the_executables() {
+        let mut a = GraphAcct::default();
+        assert_eq!(a.instantiate(100), 100);
+        // A second live graph is charged in full.
+        assert_eq!(a.instantiate(50), 50);
+        assert_eq!((a.live, a.charged), (150, 150));
+        // Destroyed, but the pool still holds 150: nothing is given back.
+        assert_eq!(a.settle(100, Some(150)), 0);
+        assert_eq!((a.live, a.charged), (50, 150));
+        // The next graph reuses the pool: charged only past it.
+        assert_eq!(a.instantiate(120), 20);
+        assert_eq!((a.live, a.charged), (170, 170));
+        // A driver that cannot say what the pool holds keeps the charge.
+        assert_eq!(a.settle(120, None), 0);
+        assert_eq!(a.charged, 170);
+        // A trim leaves the pool at 10 bytes, but the live graph needs 50:
+        // the charge never drops below what live executables need.
+        assert_eq!(a.settle(0, Some(10)), 120);
+        assert_eq!((a.live, a.charged), (50, 50));
+        // The pool reporting more than was charged never raises the charge.
+        assert_eq!(a.settle(0, Some(1 << 40)), 0);
+        assert_eq!(a.charged, 50);
+    }
+
+    #[test]
+    fn an_undone_instantiation_leaves_the_accounting_as_it_was() {
+        let mut a = GraphAcct { live: 10, charged: 100 };
+        let extra = a.instantiate(200);
+        assert_eq!(extra, 110);
+        a.undo_instantiate(200, extra);
+        assert_eq!(a, GraphAcct { live: 10, charged: 100 });
+        // Two at once, the first undone after the second: each keeps its part.
+        let mut a = GraphAcct::default();
+        let e1 = a.instantiate(64);
+        let e2 = a.instantiate(64);
+        a.undo_instantiate(64, e1);
+        assert_eq!((a.live, a.charged, e2), (64, 64, 64));
+    }
 }

@@ -14,6 +14,14 @@ const WAYS: &[&str] = &["direct", "dlopen", "procaddr"];
 /// Context cost of the simulated driver (EGPU_SIM_CTX_BYTES default).
 const CTX: u64 = 32 * MIB;
 
+/// What stays charged to an exited probe whose allocations of `size` were
+/// all freed: for graphs, the device's graph memory pool keeps what the
+/// largest launch used (each graph allocates and frees `size`) until a trim
+/// or the process's record is swept.
+fn pool_kept(family: &str, size: u64) -> u64 {
+    if family.starts_with("graph") { size } else { 0 }
+}
+
 fn alloc_args<'a>(way: &'a str, family: &'a str, size: &'a str) -> Vec<&'a str> {
     vec!["--via", way, "alloc", "--family", family, "--size", size, "--until-oom", "--hold"]
 }
@@ -40,8 +48,46 @@ fn every_family_every_way_stays_within_the_limit() {
             assert_eq!(free, limit - used, "{family}/{way}: cuMemGetInfo free");
             let (code, rest) = p.finish();
             assert_eq!(code, 0, "{family}/{way}: {rest:?}");
-            assert_eq!(s.used(0), 0, "{family}/{way}: usage must return to zero after frees: {rest:?}");
+            assert_eq!(s.used(0), pool_kept(family, 64 * MIB), "{family}/{way}: usage must return to zero after frees: {rest:?}");
+            s.usage.sweep(None);
         }
+    }
+}
+
+/// The driver keeps a destroyed graph's memory in the device's graph memory
+/// pool until `cuDeviceGraphMemTrim`, and reuses it for the next graph. So
+/// destroying the executable must not give the memory back to the slice
+/// (else it could be allocated a second time, past the limit), a trim must,
+/// and a new graph that fits in the pool must not be charged again.
+#[test]
+fn graph_memory_kept_by_the_pool_stays_charged_until_a_trim() {
+    let w = World::new("1x4GiB");
+    let limit = 512 * MIB;
+    let s = w.slice("gpool", &[(0, limit)]);
+    for way in WAYS {
+        let d = run(w.probe(&s, &["--via", way, "alloc", "--family", "graph", "--size", "384MiB", "--after", "mem"]));
+        assert_eq!(d.code, 0, "{way}: {}", d.stderr);
+        let after = d.event("after");
+        assert_eq!(after["ok"], false, "{way}: the pool still holds the graph's 384MiB, so 384MiB more would pass the limit: {after}");
+        assert_eq!(after["code"], egpu_cuda::CUDA_ERROR_OUT_OF_MEMORY, "{way}: {after}");
+        assert_eq!(after["mem"]["free"], limit - CTX - 384 * MIB, "{way}: the slice view counts the pool: {after}");
+
+        let d = run(w.probe(&s, &["--via", way, "alloc", "--family", "graph", "--size", "384MiB", "--trim", "--after", "mem"]));
+        assert_eq!(d.code, 0, "{way}: {}", d.stderr);
+        let t = d.event("trimmed");
+        assert_eq!(t["code"], 0, "{way}: {t}");
+        assert_eq!(t["mem"]["free"], limit - CTX, "{way}: the trim gave the pool's memory back: {t}");
+        assert_eq!(d.event("after")["ok"], true, "{way}: {:?}", d.lines);
+
+        // A new graph of the same size reuses the pool: not charged twice.
+        let d = run(w.probe(&s, &["--via", way, "alloc", "--family", "graph", "--size", "384MiB", "--after", "graph"]));
+        assert_eq!(d.code, 0, "{way}: {}", d.stderr);
+        assert_eq!(d.event("after")["ok"], true, "{way}: a graph the pool already holds was refused: {:?}", d.lines);
+        // What the pool held when the process exited stays on its record
+        // until a sweep (egpud's, every 200 ms) takes the dead record back.
+        assert_eq!(s.used(0), 384 * MIB, "{way}");
+        assert_eq!(s.usage.sweep(None).len(), 1);
+        assert_eq!(s.used(0), 0, "{way}");
     }
 }
 
@@ -174,7 +220,8 @@ fn per_thread_stream_variants_are_charged_too() {
             assert!(used <= limit && used + 64 * MIB > limit, "{family}/{way} --ptds: charged {used}");
             assert!(w.sim_used(0) <= limit);
             assert_eq!(p.finish().0, 0);
-            assert_eq!(s.used(0), 0, "{family}/{way} --ptds");
+            assert_eq!(s.used(0), pool_kept(family, 64 * MIB), "{family}/{way} --ptds");
+            s.usage.sweep(None);
         }
     }
 }

@@ -100,6 +100,7 @@ api! {
     cuGraphInstantiate = "cuGraphInstantiate" @ 10000: fn(*mut CUgraphExec, CUgraph, *mut CUgraphNode, *mut c_char, usize);
     cuGraphExecDestroy = "cuGraphExecDestroy" @ 10000: fn(CUgraphExec);
     cuGraphLaunch = "cuGraphLaunch" @ 10000: fn(CUgraphExec, CUstream);
+    cuDeviceGraphMemTrim = "cuDeviceGraphMemTrim" @ 11040: fn(CUdevice);
     cuIpcGetMemHandle = "cuIpcGetMemHandle" @ 4010: fn(*mut CUipcMemHandle, CUdeviceptr);
     cuIpcOpenMemHandle_v2 = "cuIpcOpenMemHandle" @ 11000: fn(*mut CUdeviceptr, CUipcMemHandle, c_uint);
     cuIpcCloseMemHandle = "cuIpcCloseMemHandle" @ 4010: fn(CUdeviceptr);

@@ -2,11 +2,17 @@
 //!
 //! Choice: a graph's memory-alloc nodes are charged when the graph is
 //! *instantiated* (the sum of their sizes, per device), before the real
-//! instantiation, and uncharged when the executable graph is destroyed. A
-//! graph that does not fit fails to instantiate with
+//! instantiation. A graph that does not fit fails to instantiate with
 //! `CUDA_ERROR_OUT_OF_MEMORY`, so nothing has to be refused on the launch
-//! path (which stays free of system calls). The driver may reuse physical
-//! memory between graphs, so this over-charges rather than under-charges.
+//! path (which stays free of system calls). The driver keeps graph memory
+//! in the device's graph memory pool after the executable is destroyed,
+//! until `cuDeviceGraphMemTrim`, and reuses it for later graphs: per device
+//! the slice is charged the larger of what live executables need and what
+//! the pool still holds (`GraphAcct`; the driver's reserved size, asked at
+//! every destroy and trim), so an instantiation charges only what the pool
+//! does not already cover, and destroying a graph frees only what the pool
+//! gave back. Live graphs that could share physical memory are charged
+//! each in full (an over-charge).
 //!
 //! The nodes are found by walking the graph (`cuGraphGetNodes`, child graphs
 //! included), which covers nodes made by stream capture as well as by
@@ -19,7 +25,10 @@ use crate::detour::Outcome;
 use crate::devmap;
 use crate::ledger::{Charge, LEDGER};
 use crate::state::{charge, uncharge};
-use egpu_cuda::{CU_GRAPH_NODE_TYPE_GRAPH, CU_GRAPH_NODE_TYPE_MEM_ALLOC, CU_MEM_LOCATION_TYPE_DEVICE, CUDA_MEM_ALLOC_NODE_PARAMS, CUgraph, CUgraphExec, CUgraphNode, CUresult};
+use egpu_cuda::{
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, CU_GRAPH_NODE_TYPE_GRAPH, CU_GRAPH_NODE_TYPE_MEM_ALLOC, CU_MEM_LOCATION_TYPE_DEVICE, CUDA_MEM_ALLOC_NODE_PARAMS, CUdevice, CUgraph, CUgraphExec,
+    CUgraphNode, CUresult,
+};
 use std::ffi::{c_char, c_void};
 
 fn node_charge(p: &CUDA_MEM_ALLOC_NODE_PARAMS) -> Result<Charge, CUresult> {
@@ -87,24 +96,56 @@ fn graph_charges(graph: CUgraph) -> Result<Vec<Charge>, CUresult> {
     }
 }
 
+/// Per slice device, the bytes of `charges`.
+fn per_device(charges: &[Charge]) -> Vec<Charge> {
+    let mut out: Vec<Charge> = Vec::new();
+    for c in charges {
+        match out.iter_mut().find(|o| o.dev == c.dev) {
+            Some(o) => o.bytes = o.bytes.saturating_add(c.bytes),
+            None => out.push(*c),
+        }
+    }
+    out
+}
+
+/// Takes back `need`'s instantiation on every device in `done` (the extras
+/// that were charged are uncharged).
+fn undo(done: &[(Charge, u64)]) {
+    let mut l = LEDGER.lock();
+    for (need, extra) in done {
+        l.graph_mem.entry(need.dev).or_default().undo_instantiate(need.bytes, *extra);
+    }
+    drop(l);
+    for (need, extra) in done {
+        uncharge(need.dev, *extra);
+    }
+}
+
 fn instantiate(exec: *mut CUgraphExec, graph: CUgraph, real: impl FnOnce() -> u32) -> Outcome {
     let charges = match graph_charges(graph) {
         Ok(c) => c,
         Err(e) => return Outcome::Error(e),
     };
-    for (i, c) in charges.iter().enumerate() {
-        if let Err(e) = charge(c.dev, c.bytes) {
-            for d in &charges[..i] {
-                uncharge(d.dev, d.bytes);
-            }
+    // Only what the device's graph memory pool does not already hold for
+    // this process is charged (a destroyed graph's memory stays there and
+    // is reused). The accounting moves first, under the ledger's lock, so
+    // concurrent instantiations each charge their own part.
+    let mut done: Vec<(Charge, u64)> = Vec::new();
+    for need in per_device(&charges) {
+        let extra = LEDGER.lock().graph_mem.entry(need.dev).or_default().instantiate(need.bytes);
+        if extra > 0
+            && let Err(e) = charge(need.dev, extra)
+        {
+            // Not charged here: only the accounting is undone on this device.
+            LEDGER.lock().graph_mem.entry(need.dev).or_default().undo_instantiate(need.bytes, extra);
+            undo(&done);
             return Outcome::Error(e);
         }
+        done.push((need, extra));
     }
     let r = real();
     if r != 0 || exec.is_null() {
-        for d in &charges {
-            uncharge(d.dev, d.bytes);
-        }
+        undo(&done);
         return Outcome::from_code(r);
     }
     // SAFETY: on success the driver wrote the exec handle.
@@ -113,6 +154,24 @@ fn instantiate(exec: *mut CUgraphExec, graph: CUgraph, real: impl FnOnce() -> u3
         LEDGER.lock().graph_execs.insert(e, charges);
     }
     Outcome::Success
+}
+
+/// What the device's graph memory pool holds now, from the driver
+/// (`None` if it cannot say, or the device is not known).
+fn pool_reserved(dev: usize) -> Option<u64> {
+    let ordinal = devmap::ordinal_of(dev)?;
+    let f = drv::cuDeviceGetGraphMemAttribute.get()?;
+    let mut v: u64 = 0;
+    // SAFETY: the attribute is a 64-bit value written into `v`.
+    (unsafe { f(ordinal, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, (&mut v as *mut u64).cast()) } == 0).then_some(v)
+}
+
+/// Settles the graph memory charge of `dev` after `need` bytes of live
+/// executables went (0 for a trim).
+fn settle(dev: usize, need: u64) {
+    let reserved = pool_reserved(dev);
+    let freed = LEDGER.lock().graph_mem.entry(dev).or_default().settle(need, reserved);
+    uncharge(dev, freed);
 }
 
 /// `cuGraphInstantiateWithFlags`.
@@ -136,10 +195,13 @@ pub(crate) fn instantiate_with_params(real: sig::cuGraphInstantiateWithParams, e
     instantiate(exec, graph, || unsafe { real(exec, graph, params) })
 }
 
-/// `cuGraphExecDestroy`: uncharges what instantiation charged. The entry
-/// leaves the ledger before the real call (the exec handle may be reused by
-/// another thread's instantiation as soon as it is destroyed) and is put back
-/// if the call fails.
+/// `cuGraphExecDestroy`: the executable's graph memory is no longer needed
+/// by it, but the driver keeps it in the device's graph memory pool; the
+/// charge follows what the pool holds (the driver's reserved size), so
+/// destroying and re-creating graphs cannot take memory past the limit. The
+/// entry leaves the ledger before the real call (the exec handle may be
+/// reused by another thread's instantiation as soon as it is destroyed) and
+/// is put back if the call fails.
 #[doc(alias = "cuGraphExecDestroy")]
 pub(crate) fn exec_destroy(real: sig::cuGraphExecDestroy, exec: CUgraphExec) -> Outcome {
     let charges = LEDGER.lock().graph_execs.remove(&(exec as usize));
@@ -147,14 +209,28 @@ pub(crate) fn exec_destroy(real: sig::cuGraphExecDestroy, exec: CUgraphExec) -> 
     let r = unsafe { real(exec) };
     match charges {
         Some(cs) if r == 0 => {
-            for c in cs {
-                uncharge(c.dev, c.bytes);
+            for need in per_device(&cs) {
+                settle(need.dev, need.bytes);
             }
         }
         Some(cs) => {
             LEDGER.lock().graph_execs.insert(exec as usize, cs);
         }
         None => {}
+    }
+    Outcome::from_code(r)
+}
+
+/// `cuDeviceGraphMemTrim`: the pool gives back what no graph uses; the
+/// charge follows it down.
+#[doc(alias = "cuDeviceGraphMemTrim")]
+pub(crate) fn trim(real: sig::cuDeviceGraphMemTrim, device: CUdevice) -> Outcome {
+    // SAFETY: the real function with the caller's argument.
+    let r = unsafe { real(device) };
+    if r == 0
+        && let Ok(dev) = devmap::slice_dev(device)
+    {
+        settle(dev, 0);
     }
     Outcome::from_code(r)
 }

@@ -67,6 +67,7 @@ crate::detour::hooks! {
     fn cuGraphInstantiateWithParams_ptsz(exec: *mut CUgraphExec, graph: CUgraph, params: *mut c_void) => graph::instantiate_with_params;
     fn cuGraphExecDestroy(exec: CUgraphExec) => graph::exec_destroy;
     fn cuGraphDestroy(graph: CUgraph) => graph::destroy;
+    fn cuDeviceGraphMemTrim(device: CUdevice) => graph::trim;
     // Contexts.
     fn cuCtxCreate_v2(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) => ctx::create_v2;
     fn cuCtxCreate(ctx: *mut CUcontext, flags: c_uint, dev: CUdevice) => ctx::create_v2;
@@ -132,5 +133,6 @@ pub mod drv {
         fn cuGraphNodeGetType(node: CUgraphNode, t: *mut u32) -> CUresult;
         fn cuGraphMemAllocNodeGetParams(node: CUgraphNode, params: *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult;
         fn cuGraphChildGraphNodeGetGraph(node: CUgraphNode, graph: *mut CUgraph) -> CUresult;
+        fn cuDeviceGetGraphMemAttribute(dev: CUdevice, attr: u32, value: *mut c_void) -> CUresult;
     }
 }

@@ -52,6 +52,15 @@ pub struct AllocArgs {
     /// `defaultpool`: the default pool of device N (default: --device's).
     #[arg(long, value_name = "N")]
     pool_device: Option<i32>,
+    /// After freeing (graph executables destroyed included), allocate once
+    /// more, FAMILY of --size, and report it (event "after": ok, or the
+    /// error code): what freeing really gave back to the slice.
+    #[arg(long, value_name = "FAMILY")]
+    after: Option<Family>,
+    /// Before --after: cuDeviceGraphMemTrim on --device (the graph memory
+    /// pool gives back what no graph uses); event "trimmed".
+    #[arg(long)]
+    trim: bool,
 }
 
 /// `--drop-ctx`: ends the context that holds the allocations.
@@ -135,6 +144,21 @@ pub fn run(api: Api, g: &Global, a: AllocArgs, racer: Option<std::thread::JoinHa
     for h in held {
         if let Err(e) = family::free(&cu, &st, h) {
             free_err = Some(e);
+        }
+    }
+    if a.trim {
+        let r = egpu_workloads::call!(cu.api, cuDeviceGraphMemTrim(cu.dev));
+        emit(json!({"event": "trimmed", "code": r.as_ref().err().map_or(0, |e| e.code), "mem": cu.mem_info()}));
+    }
+    if let Some(f) = a.after {
+        match family::alloc(&cu, &mut st, f, a.size as usize) {
+            Ok(h) => {
+                emit(json!({"event": "after", "family": f.name(), "ok": true, "mem": cu.mem_info()}));
+                if let Err(e) = family::free(&cu, &st, h) {
+                    free_err = Some(e);
+                }
+            }
+            Err(e) => emit(json!({"event": "after", "family": f.name(), "ok": false, "call": e.call, "code": e.code, "mem": cu.mem_info()})),
         }
     }
     family::finish(&cu, &mut st);
