@@ -23,6 +23,8 @@ pub struct Driver {
     event_sync: unsafe extern "C" fn(CUevent) -> CUresult,
     event_elapsed: unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult,
     launch: Launch,
+    begin_capture: unsafe extern "C" fn(CUstream, c_uint) -> CUresult,
+    end_capture: unsafe extern "C" fn(CUstream, *mut egpu_cuda::CUgraph) -> CUresult,
     error_name: unsafe extern "C" fn(CUresult, *mut *const c_char) -> CUresult,
     _lib: libloading::Library,
 }
@@ -59,6 +61,8 @@ impl Driver {
             event_sync: sym!(lib, "cuEventSynchronize"),
             event_elapsed: sym!(lib, "cuEventElapsedTime"),
             launch: sym!(lib, "cuLaunchKernel"),
+            begin_capture: sym!(lib, "cuStreamBeginCapture_v2"),
+            end_capture: sym!(lib, "cuStreamEndCapture"),
             error_name: sym!(lib, "cuGetErrorName"),
             _lib: lib,
         })
@@ -129,6 +133,23 @@ impl<'d> Burner<'d> {
         // (the driver copies arguments at launch).
         let r = unsafe { (self.d.launch)(self.func, grid, 1, 1, block, 1, 1, 0, self.stream, params.as_mut_ptr(), std::ptr::null_mut()) };
         self.d.check(r, "cuLaunchKernel")
+    }
+
+    /// Begins a stream capture on a stream of its own and ends it with a
+    /// null graph pointer, which the driver refuses (`--failed-capture`):
+    /// returns the end's status, which is not success.
+    pub fn failed_capture(&self) -> Result<CUresult> {
+        let mut s: CUstream = std::ptr::null_mut();
+        // SAFETY: plain driver call; its out-pointer is a live local of the matching type.
+        self.d.check(unsafe { (self.d.stream_create)(&mut s, egpu_cuda::CU_STREAM_NON_BLOCKING) }, "cuStreamCreate")?;
+        // SAFETY: a stream created above; mode 0 (global).
+        self.d.check(unsafe { (self.d.begin_capture)(s, 0) }, "cuStreamBeginCapture_v2")?;
+        // SAFETY: a null graph pointer is invalid input the driver answers with an error.
+        let r = unsafe { (self.d.end_capture)(s, std::ptr::null_mut()) };
+        if r == CUDA_SUCCESS {
+            bail!("cuStreamEndCapture accepted a null graph pointer");
+        }
+        Ok(r)
     }
 
     pub fn new_event(&self) -> Result<CUevent> {

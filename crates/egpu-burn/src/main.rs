@@ -63,12 +63,21 @@ struct Args {
     report_every: Duration,
     #[arg(short = 'o', long, value_enum, default_value_t = Output::Text)]
     output: Output,
+    /// Before burning, begin a stream capture on another stream and end it
+    /// with an invalid argument (the driver refuses it): the launches that
+    /// follow must still be gated.
+    #[arg(long)]
+    failed_capture: bool,
 }
 
 fn main() -> Result<()> {
     let args = Args::parse();
     let d = driver::Driver::load()?;
     let b = driver::Burner::new(&d, args.device, ptx::PTX, ptx::ENTRY)?;
+    if args.failed_capture {
+        let r = b.failed_capture()?;
+        eprintln!("egpu-burn: a stream capture ended with error {r}");
+    }
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(args.seconds);
     let mode = match args.mode {

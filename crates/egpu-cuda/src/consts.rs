@@ -147,6 +147,14 @@ pub const CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH: c_uint = 6;
 pub const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: c_uint = 7;
 pub const CU_MEMPOOL_ATTR_USED_MEM_HIGH: c_uint = 8;
 
+// --- CUstreamCaptureStatus ----------------------------------------------
+/// `CUstreamCaptureStatus`: not capturing.
+pub const CU_STREAM_CAPTURE_STATUS_NONE: c_uint = 0;
+/// `CUstreamCaptureStatus`: capturing.
+pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: c_uint = 1;
+/// `CUstreamCaptureStatus`: capturing, but invalidated (must be ended).
+pub const CU_STREAM_CAPTURE_STATUS_INVALIDATED: c_uint = 2;
+
 // --- CUgraphMem_attribute -------------------------------------------------
 pub const CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: c_uint = 0;
 pub const CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: c_uint = 1;

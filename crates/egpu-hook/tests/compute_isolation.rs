@@ -123,3 +123,26 @@ fn a_silent_agent_leaves_the_slice_at_its_limit() {
     eprintln!("silent agent, 30% limit -> {f}%");
     assert!((f - 30.0).abs() <= 5.0, "with egpud gone the slice ran at {f}%, not its 30% limit");
 }
+
+#[test]
+fn a_failed_end_of_capture_does_not_leave_launches_ungated() {
+    // Launches are let through while a stream capture is in progress (they
+    // are recorded, not run). A cuStreamEndCapture that fails with another
+    // error than an invalidated capture, after the driver ended the capture
+    // (the simulated driver takes the capture, then cannot write the graph
+    // out through a null pointer), must not leave the process counted as
+    // capturing for ever.
+    let m = Machine::new("1x16GiB");
+    let s = m.slice("capt", 0, 30, 30, Priority::Normal);
+    let egpud = Egpud::start(&m, std::slice::from_ref(&s));
+    let b = m.burn(&s, &["--seconds", "3", "--failed-capture"]);
+    wait_running(&m, &[&b], Duration::from_secs(20));
+    let f = pct(fractions(&m, &[&b], Duration::from_millis(2000))[0]);
+    let (code, _, stderr) = b.finish();
+    egpud.stop();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains("a stream capture ended with error"), "{stderr}");
+    eprintln!("after a failed end of capture, 30% limit -> {f}%");
+    assert!((f - 30.0).abs() <= 5.0, "after a failed end of capture the slice ran at {f}%, not its 30% limit");
+    assert!(s.usage.region().throttle_waits[0].load(Ordering::Relaxed) > 0, "the gate never held a launch back");
+}

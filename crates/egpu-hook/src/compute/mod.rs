@@ -36,7 +36,7 @@ pub mod streams;
 use crate::state::Slice;
 use egpu_abi::{MAX_DEVICES, ProcRecord};
 use egpu_arbiter::{Decision, GateView, ProcGate};
-use egpu_cuda::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, CUresult, CUstream};
+use egpu_cuda::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, CUresult, CUstream};
 use std::cell::RefCell;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64};
@@ -281,9 +281,9 @@ pub fn capture_began(ok: bool) {
     }
 }
 
-/// A stream capture ended with status `r`.
-pub fn capture_ended(r: CUresult) {
-    if r == 0 || r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED {
+/// A `cuStreamEndCapture` returned; `ended`: the stream's capture is over.
+pub fn capture_ended(ended: bool) {
+    if ended {
         let _ = CAPTURES.fetch_update(Relaxed, Relaxed, |c| Some((c - 1).max(0)));
     }
 }

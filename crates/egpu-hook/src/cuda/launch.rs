@@ -8,6 +8,7 @@
 //! the per-thread default stream, and the completion event must go to the
 //! same stream as the launch.
 
+use super::drv::real as drv;
 use super::sig;
 use crate::compute;
 use crate::detour::Outcome;
@@ -186,10 +187,27 @@ begin_capture!(begin_capture_v2_ptsz, cuStreamBeginCapture_v2_ptsz(s: CUstream, 
 /// `cuStreamEndCapture` / `_ptsz`.
 #[doc(alias = "cuStreamEndCapture")]
 pub(crate) fn end_capture(real: sig::cuStreamEndCapture, s: CUstream, graph: *mut egpu_cuda::CUgraph) -> Outcome {
+    let before = capture_status(s);
     // SAFETY: the real function with the caller's arguments.
     let r = unsafe { real(s, graph) };
-    compute::capture_ended(r);
+    // Whether the capture ended is the stream's to say: a call that failed
+    // for another reason than an invalidated capture may or may not have
+    // ended it (a driver that took the capture and then could not write the
+    // graph out). Where the stream cannot be asked, the status decides.
+    let ended = match (before, capture_status(s)) {
+        (Some(was), Some(now)) => was != egpu_cuda::CU_STREAM_CAPTURE_STATUS_NONE && now == egpu_cuda::CU_STREAM_CAPTURE_STATUS_NONE,
+        _ => r == 0 || r == egpu_cuda::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+    };
+    compute::capture_ended(ended);
     Outcome::from_code(r)
+}
+
+/// The capture status of stream `s` (`cuStreamIsCapturing`), if the driver says.
+fn capture_status(s: CUstream) -> Option<u32> {
+    let f = drv::cuStreamIsCapturing.get()?;
+    let mut st: u32 = 0;
+    // SAFETY: writes one capture status into `st`.
+    (unsafe { f(s, &mut st) } == 0).then_some(st)
 }
 
 /// `cuEventSynchronize`: the caller waited; reap the gate's completed events.

@@ -134,5 +134,6 @@ pub mod drv {
         fn cuGraphMemAllocNodeGetParams(node: CUgraphNode, params: *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult;
         fn cuGraphChildGraphNodeGetGraph(node: CUgraphNode, graph: *mut CUgraph) -> CUresult;
         fn cuDeviceGetGraphMemAttribute(dev: CUdevice, attr: u32, value: *mut c_void) -> CUresult;
+        fn cuStreamIsCapturing(stream: CUstream, status: *mut u32) -> CUresult;
     }
 }
