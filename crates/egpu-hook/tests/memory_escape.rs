@@ -91,6 +91,39 @@ fn graph_memory_kept_by_the_pool_stays_charged_until_a_trim() {
     }
 }
 
+/// A `cuMemPoolDestroy` the driver refuses (a device's default pool) changes
+/// nothing: the pool and its allocations stay charged as before, and what
+/// follows (frees, a new allocation from the pool) is charged as in a run
+/// without it.
+#[test]
+fn a_refused_pool_destroy_changes_no_charge() {
+    let w = World::new("1x4GiB");
+    let s = w.slice("pooldestroy", &[(0, 512 * MIB)]);
+    for way in WAYS {
+        let mut seen = Vec::new();
+        for destroy in [false, true] {
+            let mut a = vec!["--via", way, "alloc", "--family", "async", "--size", "64MiB", "--count", "2", "--hold", "--after", "async"];
+            if destroy {
+                a.push("--destroy-default-pool");
+            }
+            let mut p = Running::start(w.probe(&s, &a));
+            if destroy {
+                let d = p.wait_for("pool-destroy");
+                assert_ne!(d["code"], 0, "{way}: the driver destroyed a default pool: {d}");
+            }
+            let h = p.wait_for("holding");
+            let held = s.used(0);
+            let (code, rest) = p.finish();
+            assert_eq!(code, 0, "{way}: {rest:?}");
+            let after = rest.iter().find(|e| e["event"] == "after").cloned().unwrap_or_default();
+            assert_eq!(after["ok"], true, "{way}: {rest:?}");
+            seen.push((held, h["mem"]["free"].clone(), after["mem"]["free"].clone(), s.used(0)));
+        }
+        assert_eq!(seen[0], seen[1], "{way}: (held, free while held, free after, after exit) without and with a refused destroy");
+        assert_eq!(seen[0].0, CTX + 128 * MIB, "{way}");
+    }
+}
+
 #[test]
 fn several_processes_of_one_slice_never_exceed_the_limit() {
     let w = World::new("1x4GiB");

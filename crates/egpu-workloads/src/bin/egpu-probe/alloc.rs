@@ -57,6 +57,10 @@ pub struct AllocArgs {
     /// error code): what freeing really gave back to the slice.
     #[arg(long, value_name = "FAMILY")]
     after: Option<Family>,
+    /// After allocating, cuMemPoolDestroy the default pool of --device
+    /// (which the driver refuses); event "pool-destroy" with the code.
+    #[arg(long)]
+    destroy_default_pool: bool,
     /// Before --after: cuDeviceGraphMemTrim on --device (the graph memory
     /// pool gives back what no graph uses); event "trimmed".
     #[arg(long)]
@@ -131,6 +135,12 @@ pub fn run(api: Api, g: &Global, a: AllocArgs, racer: Option<std::thread::JoinHa
     }
     if let Some(t) = racer {
         emit(json!({"event": "racer-done", "ok": t.join().unwrap_or(false)}));
+    }
+    if a.destroy_default_pool {
+        use egpu_workloads::call;
+        let mut pool: egpu_cuda::CUmemoryPool = std::ptr::null_mut();
+        let r = call!(cu.api, cuDeviceGetDefaultMemPool(&mut pool, cu.dev)).and_then(|_| call!(cu.api, cuMemPoolDestroy(pool)));
+        emit(json!({"event": "pool-destroy", "code": r.as_ref().err().map_or(0, |e| e.code)}));
     }
     if a.hold {
         emit(json!({"event": "holding", "allocated": n, "pid": std::process::id(), "mem": cu.mem_info()}));
