@@ -124,6 +124,27 @@ fn a_refused_pool_destroy_changes_no_charge() {
     }
 }
 
+/// Threads that make a process's first `cuDevicePrimaryCtxRetain` of a
+/// device at the same moment retain one context: it is charged once while
+/// they hold it, and nothing stays charged once they all released it.
+#[test]
+fn racing_first_primary_retains_charge_one_context() {
+    let w = World::new("1x4GiB");
+    let s = w.slice("retain", &[(0, 1024 * MIB)]);
+    for way in WAYS {
+        let d = run(w.probe(&s, &["--via", way, "retain-race", "--threads", "4", "--rounds", "25"]));
+        assert_eq!(d.code, 0, "{way}: {}", d.stderr);
+        let rounds: Vec<_> = d.lines.iter().filter(|e| e["event"] == "round").collect();
+        assert_eq!(rounds.len(), 25, "{way}");
+        for r in rounds {
+            assert_eq!(r["codes"], serde_json::json!([0, 0, 0, 0]), "{way}: {r}");
+            assert_eq!(r["base"], 0, "{way}: {r}");
+            assert_eq!(r["held"], CTX, "{way}: one context, charged once: {r}");
+            assert_eq!(r["after"], 0, "{way}: released: {r}");
+        }
+    }
+}
+
 #[test]
 fn several_processes_of_one_slice_never_exceed_the_limit() {
     let w = World::new("1x4GiB");

@@ -257,13 +257,31 @@ pub(crate) fn primary_retain(real: sig::cuDevicePrimaryCtxRetain, pctx: *mut CUc
     // SAFETY: the real function with the caller's arguments.
     match charged_create(dev, || (unsafe { real(pctx, dev) }, out(pctx)), undo) {
         Ok((ctx, c)) => {
-            // An entry with no references is a context being released by another
-            // thread; it was not active any more, so that release has destroyed it
-            // (the new generation tells that release so: it uncharges what was
-            // allocated in the old context).
-            let old = LEDGER.lock().primary.insert(dev, Primary { refs: 1, charge: c, handle: ctx as usize, generation: new_generation() });
-            if let Some(o) = old.filter(|o| o.refs == 0) {
-                uncharge(o.charge.dev, o.charge.bytes);
+            let mut l = LEDGER.lock();
+            match l.primary.get_mut(&dev) {
+                // Another thread's retain of the same context got its entry in
+                // first (both found the device without a context and both
+                // charged; or it found the context this one had just made
+                // active). One context: one reference more, and one charge,
+                // the larger of the two; the other is given back.
+                Some(p) if p.refs > 0 && p.handle == ctx as usize => {
+                    p.refs += 1;
+                    let give_back = p.charge.bytes.min(c.bytes);
+                    p.charge.bytes = p.charge.bytes.max(c.bytes);
+                    drop(l);
+                    uncharge(c.dev, give_back);
+                }
+                _ => {
+                    // An entry with no references is a context being released by another
+                    // thread; it was not active any more, so that release has destroyed it
+                    // (the new generation tells that release so: it uncharges what was
+                    // allocated in the old context).
+                    let old = l.primary.insert(dev, Primary { refs: 1, charge: c, handle: ctx as usize, generation: new_generation() });
+                    drop(l);
+                    if let Some(o) = old.filter(|o| o.refs == 0) {
+                        uncharge(o.charge.dev, o.charge.bytes);
+                    }
+                }
             }
             Outcome::Success
         }

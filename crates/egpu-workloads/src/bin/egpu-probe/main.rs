@@ -13,6 +13,7 @@ mod family;
 mod info;
 mod ipc;
 mod loops;
+mod race;
 mod reserve;
 
 use clap::{Args, Parser, Subcommand};
@@ -66,6 +67,9 @@ enum Cmd {
     /// (cuMemGetInfo) around cuCtxSetLimit of the malloc heap and the stack,
     /// a kernel launch, and loading a module with a large __device__ global.
     Reserve(reserve::ReserveArgs),
+    /// Threads make the process's first cuDevicePrimaryCtxRetain at once,
+    /// --rounds times; the slice's usage (NVML) before, held and released.
+    RetainRace(race::RaceArgs),
 }
 
 fn main() {
@@ -91,6 +95,7 @@ fn main() {
         Cmd::Fork(_) => unreachable!("handled above"),
         Cmd::Bench(a) => bench::run(api, &cli.g, a),
         Cmd::Reserve(a) => reserve::run(api, &cli.g, a),
+        Cmd::RetainRace(a) => race::run(api, &cli.g, a),
     };
     std::process::exit(code);
 }
