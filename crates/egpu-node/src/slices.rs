@@ -416,6 +416,25 @@ impl SliceManager {
         self.remove_orphan_dirs();
     }
 
+    /// Removes the directory of a slice that is gone from the store; one that
+    /// cannot be removed now is marked deleted and left to the sweep, like
+    /// the directory of an interrupted delete.
+    fn remove_slice_dir(&mut self, dir: &Path) {
+        match std::fs::remove_dir_all(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                tracing::warn!(dir = %dir.display(), error = %e, "could not remove the slice directory; the sweep tries again");
+                if let Ok(limits) = LimitsWriter::open(&paths::limits_path(dir)) {
+                    limits.mark_deleted();
+                }
+                if !self.orphan_dirs.iter().any(|d| d == dir) {
+                    self.orphan_dirs.push(dir.to_path_buf());
+                }
+            }
+        }
+    }
+
     /// Removes the orphaned slice directories that no live process is attached to any more.
     fn remove_orphan_dirs(&mut self) {
         self.orphan_dirs.retain(|dir| {
@@ -582,15 +601,34 @@ impl SliceManager {
         let _ = std::fs::remove_dir_all(&dir);
         self.orphan_dirs.retain(|d| *d != dir);
         std::fs::create_dir_all(&dir).map_err(|source| SliceOpError::Io { path: dir.clone(), source })?;
-        let usage = UsageFile::create(&paths::usage_path(&dir), record.spec.devices.len()).map_err(SliceOpError::Abi)?;
+        let usage = match UsageFile::create(&paths::usage_path(&dir), record.spec.devices.len()) {
+            Ok(u) => u,
+            Err(e) => {
+                self.remove_slice_dir(&dir);
+                return Err(SliceOpError::Abi(e));
+            }
+        };
         // Store before the limits file appears: a crash in between leaves a stored slice
         // whose files adoption recreates, never files without a slice.
-        self.store.put(&record)?;
+        if let Err(e) = self.store.put(&record) {
+            drop(usage);
+            self.remove_slice_dir(&dir);
+            return Err(e.into());
+        }
         let limits = match self.create_limits(&record, &paths::limits_path(&dir)) {
             Ok(l) => l,
             Err(e) => {
-                let _ = self.store.remove(&name);
-                let _ = std::fs::remove_dir_all(&dir);
+                drop(usage);
+                if let Err(gone) = self.store.remove(&name) {
+                    // Still stored, so it would come back at the next start:
+                    // it is kept as a slice whose files could not be opened
+                    // (reserved, tried again at every sweep), and the error says so.
+                    let error = format!("{}; and it could not be taken out of the store again ({})", crate::wire::chain(&e), crate::wire::chain(&gone));
+                    tracing::error!(slice = %name, error = %error, "a failed create left the slice stored; egpud keeps it and tries its files again at every sweep");
+                    self.unadopted.insert(name.clone(), Unadopted { record, error: error.clone() });
+                    return Err(SliceOpError::Unadopted { name, error });
+                }
+                self.remove_slice_dir(&dir);
                 return Err(e);
             }
         };
@@ -706,10 +744,9 @@ impl SliceManager {
             return Err(e.into());
         }
         let slice = self.slices.remove(&name).expect("looked up above");
-        // Attached processes keep their mappings; the directory entry goes.
-        if let Err(e) = std::fs::remove_dir_all(&slice.dir) {
-            tracing::warn!(slice = %name, dir = %slice.dir.display(), error = %e, "could not remove slice directory");
-        }
+        // Attached processes keep their mappings; the directory entry goes
+        // (or, if it cannot now, at a later sweep, like an interrupted delete's).
+        self.remove_slice_dir(&slice.dir);
         tracing::info!(slice = %name, attached = ?pids, "deleted slice");
         self.publish_cdi();
         Ok(pids)

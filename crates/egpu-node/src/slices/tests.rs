@@ -268,3 +268,23 @@ fn a_slice_whose_files_cannot_be_opened_stays_reserved_and_is_adopted_once_they_
     assert_eq!(LimitsReader::open(&limits).unwrap().snapshot().devices()[0].mem_limit, 3 * Bytes::GIB);
     assert_eq!(m.allocated()[0].memory, 5 * Bytes::GIB);
 }
+
+#[test]
+fn a_slice_directory_that_cannot_be_removed_is_left_to_the_sweep() {
+    let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut m, _) = manager(run.path(), state.path());
+    // A directory not even root may remove (procfs), standing in for one
+    // with an I/O error; the removal is tried again at every sweep.
+    let stuck = Path::new("/proc/self/task");
+    m.remove_slice_dir(stuck);
+    m.remove_slice_dir(stuck);
+    assert_eq!(m.orphan_dirs, vec![stuck.to_path_buf()], "kept once, for the sweep");
+    m.sweep();
+    assert_eq!(m.orphan_dirs, vec![stuck.to_path_buf()], "still there: still kept");
+    // One that can be removed is simply removed.
+    let dir = run.path().join("slices/gone");
+    std::fs::create_dir_all(&dir).unwrap();
+    m.remove_slice_dir(&dir);
+    assert!(!dir.exists());
+    assert_eq!(m.orphan_dirs.len(), 1);
+}
