@@ -57,7 +57,7 @@ impl Mapping {
     /// How many faults past the end of this mapping's file the truncation
     /// guard caught (0 for an unguarded mapping).
     pub fn guard_faults(&self) -> u32 {
-        self.guard.map_or(0, |i| GUARDS[i].repairs.load(Ordering::Acquire))
+        self.guard.map_or(0, |i| GUARDS[i].faults.load(Ordering::Acquire))
     }
 
     /// Whether the guard gave up on this mapping's file (it was truncated
@@ -143,7 +143,8 @@ struct GuardSlot {
     start: AtomicUsize,
     len: AtomicUsize,
     fd: AtomicI32,
-    repairs: AtomicU32,
+    /// Faults caught past the end of the file.
+    faults: AtomicU32,
     detached: AtomicBool,
 }
 
@@ -153,7 +154,7 @@ static GUARDS: [GuardSlot; GUARD_SLOTS] = [const {
         start: AtomicUsize::new(0),
         len: AtomicUsize::new(0),
         fd: AtomicI32::new(-1),
-        repairs: AtomicU32::new(0),
+        faults: AtomicU32::new(0),
         detached: AtomicBool::new(false),
     }
 }; GUARD_SLOTS];
@@ -206,7 +207,7 @@ fn register_guard(start: usize, len: usize, fd: i32) -> io::Result<usize> {
             g.start.store(start, Ordering::Relaxed);
             g.len.store(len, Ordering::Relaxed);
             g.fd.store(fd, Ordering::Relaxed);
-            g.repairs.store(0, Ordering::Relaxed);
+            g.faults.store(0, Ordering::Relaxed);
             g.detached.store(false, Ordering::Relaxed);
             GUARD_HIGH.fetch_max(i + 1, Ordering::AcqRel);
             g.state.store(SLOT_LIVE, Ordering::Release);
@@ -250,7 +251,7 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut
 /// In the signal handler: only async-signal-safe calls.
 fn repair(g: &GuardSlot, start: usize, len: usize) {
     let fd = g.fd.load(Ordering::Relaxed);
-    if g.repairs.fetch_add(1, Ordering::AcqRel) < MAX_REPAIRS && !g.detached.load(Ordering::Acquire) {
+    if g.faults.fetch_add(1, Ordering::AcqRel) < MAX_REPAIRS && !g.detached.load(Ordering::Acquire) {
         // SAFETY: an all-zero stat is valid; fstat and ftruncate are
         // async-signal-safe and touch no memory of ours but `st`.
         let outcome = unsafe {

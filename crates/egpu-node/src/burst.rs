@@ -130,6 +130,16 @@ fn views(m: &SliceManager) -> Vec<View> {
             });
         }
     }
+    // A slice whose files could not be opened is taken to hold its burst
+    // cap (its processes run with their last limits, which egpud cannot
+    // read): nothing is lent out of it, and it is never granted nor taken
+    // back (it is not in `m.slices()`).
+    for u in m.unadopted() {
+        for (i, d) in u.record.spec.devices.iter().enumerate() {
+            let cap = d.memory_cap().0;
+            out.push(View { slice: u.record.spec.name.clone(), dev: i, device: d.device as usize, guarantee: d.memory.0, cap, limit: cap, used: cap, held: 0 });
+        }
+    }
     out
 }
 

@@ -251,8 +251,10 @@ fn a_slice_whose_files_cannot_be_opened_stays_reserved_and_is_adopted_once_they_
     assert!(e.to_string().contains("fix the cause"), "{e}");
     assert!(matches!(m.create(req("b", vec![share(0, 1)])), Err(SliceOpError::Unadopted { .. })));
     assert!(matches!(m.delete("b", true), Err(SliceOpError::Unadopted { .. })));
-    // Its memory stays reserved, at its burst cap: 16 - 2 - 5 GiB are free.
+    // Its memory stays reserved, at its burst cap: 16 - 2 - 5 GiB are free,
+    // and the burst pool counts its 2 GiB above the guarantee as lent.
     assert_eq!(m.allocated()[0].memory, 7 * Bytes::GIB);
+    assert_eq!(crate::burst::lent(&m)[0], 2 * Bytes::GIB);
     let e = m.create(req("c", vec![share(0, 10)])).err().unwrap();
     assert!(e.to_string().contains("only 9GiB of 16GiB is free"), "{e}");
     m.resize("a", ResizeRequest { memory: Some(Bytes::gib(12)), ..Default::default() }).err().expect("a resize counts it too");
@@ -267,6 +269,7 @@ fn a_slice_whose_files_cannot_be_opened_stays_reserved_and_is_adopted_once_they_
     assert_eq!(b.record.spec.devices[0].memory, Bytes::gib(3));
     assert_eq!(LimitsReader::open(&limits).unwrap().snapshot().devices()[0].mem_limit, 3 * Bytes::GIB);
     assert_eq!(m.allocated()[0].memory, 5 * Bytes::GIB);
+    assert_eq!(crate::burst::lent(&m)[0], 0, "adopted, it holds what its usage says");
 }
 
 #[test]
