@@ -217,7 +217,7 @@ fn register_guard(start: usize, len: usize, fd: i32) -> io::Result<usize> {
     Err(io::Error::other(format!("more than {GUARD_SLOTS} usage files mapped at once; delete unused slices")))
 }
 
-extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut libc::c_void) {
+extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, ctx: *mut libc::c_void) {
     // SAFETY: the kernel passes a valid siginfo_t to an SA_SIGINFO handler.
     let (addr, code) = unsafe { ((*info).si_addr() as usize, (*info).si_code) };
     // si_code > 0: raised by a fault (BUS_ADRERR for a page past the end of
@@ -235,15 +235,40 @@ extern "C" fn on_sigbus(sig: libc::c_int, info: *mut libc::siginfo_t, _ctx: *mut
             }
         }
     }
-    // Not ours: the previous disposition handles the fault when the
-    // instruction runs again (or, for a sent signal, when it is raised
-    // again on return from this handler).
-    // SAFETY: PREVIOUS was initialised before this handler was installed;
-    // sigaction and raise are async-signal-safe.
-    unsafe {
-        libc::sigaction(sig, (*PREVIOUS.0.get()).as_ptr(), std::ptr::null_mut());
-        if code <= 0 {
+    // SAFETY: PREVIOUS was initialised before this handler was installed.
+    let prev = unsafe { (*PREVIOUS.0.get()).assume_init_ref() };
+    if code <= 0 {
+        // Sent (kill(2)), not a fault: the default action, termination,
+        // whatever handler was there before (Rust's stack-overflow handler
+        // would reset the disposition and return, leaving the process
+        // running without this guard).
+        // SAFETY: an all-zero sigaction is SIG_DFL with no flags; sigaction
+        // and raise are async-signal-safe.
+        unsafe {
+            let dfl: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(sig, &dfl, std::ptr::null_mut());
             libc::raise(sig);
+        }
+        return;
+    }
+    // A fault outside every guarded mapping: the previous handler's to
+    // handle, called here (this guard stays installed); the default action
+    // is taken by restoring it, and the faulting instruction runs again.
+    match prev.sa_sigaction {
+        libc::SIG_IGN => {}
+        libc::SIG_DFL => {
+            // SAFETY: sigaction is async-signal-safe; `prev` is a valid disposition.
+            unsafe { libc::sigaction(sig, prev, std::ptr::null_mut()) };
+        }
+        h if prev.sa_flags & libc::SA_SIGINFO != 0 => {
+            // SAFETY: an SA_SIGINFO handler installed by this process takes these three arguments.
+            let f: extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void) = unsafe { std::mem::transmute(h) };
+            f(sig, info, ctx);
+        }
+        h => {
+            // SAFETY: a plain handler installed by this process takes the signal number.
+            let f: extern "C" fn(libc::c_int) = unsafe { std::mem::transmute(h) };
+            f(sig);
         }
     }
 }
@@ -275,8 +300,17 @@ fn repair(g: &GuardSlot, start: usize, len: usize) {
     // SAFETY: replaces exactly the range of this live mapping (its Mapping
     // cannot be dropped while one of its accesses faults) with private
     // anonymous zeros; mmap is a plain system call.
-    unsafe {
-        libc::mmap(start as *mut libc::c_void, len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED, -1, 0);
+    let p = unsafe { libc::mmap(start as *mut libc::c_void, len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED, -1, 0) };
+    if p == libc::MAP_FAILED {
+        // Nothing left to make the access succeed: the default action
+        // (the faulting instruction runs again and the process dies), not
+        // a loop of faults.
+        // SAFETY: an all-zero sigaction is SIG_DFL; sigaction is async-signal-safe.
+        unsafe {
+            let dfl: libc::sigaction = std::mem::zeroed();
+            libc::sigaction(libc::SIGBUS, &dfl, std::ptr::null_mut());
+        }
+        return;
     }
     g.detached.store(true, Ordering::Release);
 }
@@ -360,7 +394,9 @@ pub(crate) fn create_atomically(path: &std::path::Path, len: usize, mode: u32, i
         // set_len respects the umask-free mode only at creation; make it explicit.
         use std::os::unix::fs::PermissionsExt;
         file.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        let m = Mapping::map(&file, len, true)?;
+        // Guarded: a usage file's temporary is writable by everyone (0666)
+        // while it is filled, and must not bring `egpud` down either.
+        let m = Mapping::map_guarded(&file, len)?;
         init(&m);
         file.sync_all()?;
         std::fs::rename(&tmp, path)

@@ -221,13 +221,15 @@ impl UsageFile {
         Self::open(path)
     }
 
-    /// For the node agent at adoption: opens `path` like [`UsageFile::open`],
-    /// but a file shorter than its region (a process of the slice truncated
-    /// it) is first extended back, and its header written again from
-    /// `n_devices` if the cut reached it, so the processes still attached
-    /// keep their records and their record locks. Returns the length the
-    /// file was cut to, if it was. A file of full length with a bad header is
-    /// still an error (the caller recreates it).
+    /// For the node agent (at adoption, and to map anew a file the
+    /// truncation guard gave up on): opens `path` like [`UsageFile::open`],
+    /// but puts right first what a process of the slice that truncated the
+    /// file left: a file shorter than its region is extended back, and a
+    /// header and device count that read as zeros (cut away, then extended
+    /// with zeros) are written again from `n_devices`, so the processes still
+    /// attached keep their records and their record locks. Returns the length
+    /// the file was cut to, if it was. A header that is neither this
+    /// version's nor zeros is still an error (the caller recreates the file).
     pub fn open_restoring(path: &Path, n_devices: usize) -> Result<(UsageFile, Option<u64>), AbiError> {
         use std::os::unix::fs::FileExt;
         if n_devices == 0 || n_devices > MAX_DEVICES {
@@ -239,25 +241,33 @@ impl UsageFile {
             _ => AbiError::Io(path.into(), e),
         })?;
         let len = file.metadata().map_err(io)?.len();
-        if len >= region_len() as u64 {
-            return Self::open(path).map(|u| (u, None));
+        let count_at = std::mem::offset_of!(UsageRegion, n_devices) as u64;
+        // The header and the device count, as far as the file still holds them.
+        let mut h = [0u8; 20];
+        let have = len.min(h.len() as u64) as usize;
+        file.read_exact_at(&mut h[..have], 0).map_err(io)?;
+        let header_ok = have >= 16 && h[..16] == header_bytes()[..];
+        let kept = have.min(16);
+        if !header_ok && h[..kept] != header_bytes()[..kept] && h[..kept].iter().any(|&b| b != 0) {
+            return Err(AbiError::Corrupt(path.into(), "a cut or zeroed usage file whose header is not a usage file's of this ABI version"));
         }
-        if len >= 16 {
-            // The header survived the cut: it must still be a usage file of this version.
-            let mut h = [0u8; 16];
-            file.read_exact_at(&mut h, 0).map_err(io)?;
-            if h[..] != header_bytes()[..] {
-                return Err(AbiError::Corrupt(path.into(), "a truncated file whose header is not a usage file's of this ABI version"));
-            }
+        let count_gone = have < 20 || h[count_at as usize..count_at as usize + 4] == [0; 4];
+        let cut = len < region_len() as u64;
+        if cut {
+            file.set_len(region_len() as u64).map_err(io)?;
         }
-        file.set_len(region_len() as u64).map_err(io)?;
-        if len < 16 {
-            file.write_all_at(&(n_devices as u32).to_le_bytes(), std::mem::offset_of!(UsageRegion, n_devices) as u64).map_err(io)?;
+        if count_gone {
+            file.write_all_at(&(n_devices as u32).to_le_bytes(), count_at).map_err(io)?;
+        }
+        if !header_ok {
             file.write_all_at(&header_bytes(), 0).map_err(io)?;
         }
+        drop(file);
         let u = Self::open(path)?;
-        u.region().high_water.store(MAX_PROCS as u32, Ordering::Release);
-        Ok((u, Some(len)))
+        if cut || count_gone || !header_ok {
+            u.region().high_water.store(MAX_PROCS as u32, Ordering::Release);
+        }
+        Ok((u, cut.then_some(len)))
     }
 
     /// For the node agent, at every sweep: puts right a usage file that a
@@ -285,7 +295,8 @@ impl UsageFile {
         let r = self.region();
         let header = r.magic.load(Ordering::Acquire) != USAGE_MAGIC
             || r.abi_version.load(Ordering::Relaxed) != ABI_VERSION
-            || r.region_size.load(Ordering::Relaxed) != std::mem::size_of::<UsageRegion>() as u32;
+            || r.region_size.load(Ordering::Relaxed) != std::mem::size_of::<UsageRegion>() as u32
+            || r.n_devices.load(Ordering::Relaxed) != self.n_devices as u32;
         let detached = self.map.guard_detached() && !self.detached_seen.swap(true, Ordering::AcqRel);
         if cut_to.is_none() && new_faults == 0 && !header && !detached {
             return Ok(None);

@@ -40,6 +40,9 @@ fn a_truncated_usage_file_is_restored_instead_of_raising_sigbus() {
     assert!(!r.detached);
     assert_eq!(u.restore_length().unwrap(), None, "reported once");
 
+    // A device count overwritten (no cut) is put back too.
+    u.region().n_devices.store(0, std::sync::atomic::Ordering::Relaxed);
+    assert!(u.restore_length().unwrap().expect("found").header);
     // A new process can open and attach again: the header is back.
     let again = UsageFile::open(&path).unwrap();
     assert_eq!(again.n_devices(), 2);
@@ -120,6 +123,12 @@ fn adoption_extends_a_cut_file_and_keeps_what_was_not_cut() {
     assert_eq!(u.used(2), 0);
     assert!(UsageFile::open(&path).is_ok());
 
+    // Cut between the header and the device count: the count is written again.
+    drop(u);
+    cut(&path, 18);
+    let (u, cut_to) = UsageFile::open_restoring(&path, 3).unwrap();
+    assert_eq!((cut_to, u.n_devices()), (Some(18), 3));
+
     // A whole file is opened as it is.
     drop(u);
     let (_, cut_to) = UsageFile::open_restoring(&path, 3).unwrap();
@@ -169,5 +178,26 @@ fn a_fault_outside_every_guarded_mapping_still_kills_the_process() {
     // SAFETY: waits for the child forked above.
     assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
     assert!(libc::WIFSIGNALED(status), "the child exited normally: {status:#x}");
+    assert_eq!(libc::WTERMSIG(status), libc::SIGBUS);
+}
+
+#[test]
+fn a_sigbus_sent_with_kill_takes_the_default_action() {
+    map::install_truncation_guard().unwrap();
+    // SAFETY: fork in a test process; the child only raises a signal and
+    // calls _exit, both async-signal-safe.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0);
+    if pid == 0 {
+        // SAFETY: raise and _exit are async-signal-safe.
+        unsafe {
+            libc::raise(libc::SIGBUS);
+            libc::_exit(7);
+        }
+    }
+    let mut status = 0;
+    // SAFETY: waits for the child forked above.
+    assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+    assert!(libc::WIFSIGNALED(status), "the child survived a SIGBUS: {status:#x}");
     assert_eq!(libc::WTERMSIG(status), libc::SIGBUS);
 }

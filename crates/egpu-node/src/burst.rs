@@ -117,15 +117,19 @@ fn views(m: &SliceManager) -> Vec<View> {
     let mut out = Vec::new();
     for s in m.slices() {
         let limits = s.mem_limits();
+        // A usage file the truncation guard gave up on reads as zeros:
+        // until egpud maps it anew, the slice is taken to use its burst cap.
+        let blind = s.usage.detached();
         for (i, d) in s.record.spec.devices.iter().enumerate() {
+            let cap = d.memory_cap().0;
             out.push(View {
                 slice: s.name().to_string(),
                 dev: i,
                 device: d.device as usize,
                 guarantee: d.memory.0,
-                cap: d.memory_cap().0,
-                limit: limits[i],
-                used: s.usage.used(i),
+                cap,
+                limit: if blind { limits[i].max(cap) } else { limits[i] },
+                used: if blind { cap.max(limits[i]) } else { s.usage.used(i) },
                 held: m.burst.held.get(&(s.name().to_string(), i)).copied().unwrap_or(0),
             });
         }

@@ -25,6 +25,8 @@ pub enum SliceOpError {
     Exists(String),
     #[error("slice '{name}' has live processes attached (pids {pids:?}); stop them first, or pass --force to remove it anyway (they keep running but can no longer allocate)")]
     Busy { name: String, pids: Vec<u32> },
+    #[error("slice '{name}': egpud cannot read its usage file now (a process of the slice truncates it again and again), so it cannot tell whether processes are attached; try again, or pass --force to remove it anyway")]
+    Unknown { name: String },
     #[error("slice '{name}' is stored but egpud could not open its slice-table files at start-up: {error}. Its processes keep running with their last limits and its memory stays reserved; fix the cause (permissions, a full file system) and egpud adopts it at its next sweep")]
     Unadopted { name: String, error: String },
     #[error("{0}")]
@@ -718,6 +720,9 @@ impl SliceManager {
     pub fn delete(&mut self, name_or_id: &str, force: bool) -> Result<Vec<u32>, SliceOpError> {
         let slice = self.get(name_or_id)?;
         let name = slice.name().to_string();
+        if slice.usage.detached() && !force {
+            return Err(SliceOpError::Unknown { name });
+        }
         slice.usage.sweep(None);
         let pids = slice.live_pids();
         if !pids.is_empty() && !force {
@@ -832,7 +837,7 @@ impl SliceManager {
         let dead: Vec<String> = self
             .slices
             .values()
-            .filter(|s| s.record.ephemeral && s.record.owner.is_some() && gone(&s.record.owner) && gone(&s.record.workload) && s.live_pids().is_empty())
+            .filter(|s| s.record.ephemeral && s.record.owner.is_some() && gone(&s.record.owner) && gone(&s.record.workload) && !s.usage.detached() && s.live_pids().is_empty())
             .map(|s| s.name().to_string())
             .collect();
         dead.into_iter()
@@ -860,13 +865,21 @@ fn restore_usage(s: &mut Slice) {
             s.usage_repairs += 1;
             if r.detached {
                 tracing::error!(slice = %s.name(), file = %s.usage.path().display(),
-                    "usage file truncated again and again by a process of the slice; egpud no longer reads it (the slice's usage reads as zero): delete the slice and make it again");
+                    "usage file truncated again and again by a process of the slice; egpud maps it anew at every sweep, and until then counts the slice at its burst cap");
             } else {
                 tracing::warn!(slice = %s.name(), file = %s.usage.path().display(), cut_to = ?r.cut_to, faults = r.faults, header = r.header,
-                    "usage file was truncated by a process of the slice; extended it back (charges recorded in the cut part are lost)");
+                    "usage file was truncated (or its header overwritten) by a process of the slice; put it right (charges recorded in a cut part are lost)");
             }
         }
         Err(e) => tracing::warn!(slice = %s.name(), error = %e, "cannot check the usage file's length"),
+    }
+    // Given up by the guard (cut again and again): a new mapping of the
+    // file, now put right, reads the records again.
+    if s.usage.detached() {
+        match UsageFile::open_restoring(s.usage.path(), s.record.spec.devices.len()) {
+            Ok((u, _)) => s.usage = u,
+            Err(e) => tracing::warn!(slice = %s.name(), error = %e, "cannot map the usage file anew"),
+        }
     }
 }
 

@@ -176,7 +176,7 @@ impl From<SliceOpError> for Status {
             SliceOpError::Capacity(_) | SliceOpError::BadRequest(_) => Code::InvalidArgument,
             SliceOpError::NotFound(_) => Code::NotFound,
             SliceOpError::Exists(_) => Code::AlreadyExists,
-            SliceOpError::Busy { .. } => Code::FailedPrecondition,
+            SliceOpError::Busy { .. } | SliceOpError::Unknown { .. } => Code::FailedPrecondition,
             SliceOpError::Unadopted { .. } => Code::Unavailable,
             SliceOpError::Store(_) | SliceOpError::Abi(_) | SliceOpError::Io { .. } | SliceOpError::Cdi(_) => Code::Internal,
         };

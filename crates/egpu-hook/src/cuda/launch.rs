@@ -187,17 +187,26 @@ begin_capture!(begin_capture_v2_ptsz, cuStreamBeginCapture_v2_ptsz(s: CUstream, 
 /// `cuStreamEndCapture` / `_ptsz`.
 #[doc(alias = "cuStreamEndCapture")]
 pub(crate) fn end_capture(real: sig::cuStreamEndCapture, s: CUstream, graph: *mut egpu_cuda::CUgraph) -> Outcome {
-    let before = capture_status(s);
+    end_capture_on(real, s, graph, s)
+}
+
+/// `cuStreamEndCapture_ptsz`: a null stream is the calling thread's default stream.
+pub(crate) fn end_capture_ptsz(real: sig::cuStreamEndCapture, s: CUstream, graph: *mut egpu_cuda::CUgraph) -> Outcome {
+    let asked = if s.is_null() { egpu_cuda::CU_STREAM_PER_THREAD as CUstream } else { s };
+    end_capture_on(real, s, graph, asked)
+}
+
+/// Ends the capture on `s`; `asked` is the same stream as `cuStreamIsCapturing` names it.
+fn end_capture_on(real: sig::cuStreamEndCapture, s: CUstream, graph: *mut egpu_cuda::CUgraph, asked: CUstream) -> Outcome {
+    let before = capture_status(asked);
     // SAFETY: the real function with the caller's arguments.
     let r = unsafe { real(s, graph) };
-    // Whether the capture ended is the stream's to say: a call that failed
-    // for another reason than an invalidated capture may or may not have
-    // ended it (a driver that took the capture and then could not write the
-    // graph out). Where the stream cannot be asked, the status decides.
-    let ended = match (before, capture_status(s)) {
-        (Some(was), Some(now)) => was != egpu_cuda::CU_STREAM_CAPTURE_STATUS_NONE && now == egpu_cuda::CU_STREAM_CAPTURE_STATUS_NONE,
-        _ => r == 0 || r == egpu_cuda::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
-    };
+    // Success and an invalidated capture end it. Another failure may or
+    // may not have (a driver that took the capture and then could not write
+    // the graph out): the stream says, when it can; else it did not.
+    let ended = r == 0
+        || r == egpu_cuda::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
+        || matches!((before, capture_status(asked)), (Some(was), Some(now)) if was != egpu_cuda::CU_STREAM_CAPTURE_STATUS_NONE && now == egpu_cuda::CU_STREAM_CAPTURE_STATUS_NONE);
     compute::capture_ended(ended);
     Outcome::from_code(r)
 }

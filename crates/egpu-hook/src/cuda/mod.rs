@@ -99,7 +99,7 @@ crate::detour::hooks! {
     fn cuStreamBeginCapture_v2(s: CUstream, mode: c_uint) => launch::begin_capture_v2;
     fn cuStreamBeginCapture_v2_ptsz(s: CUstream, mode: c_uint) => launch::begin_capture_v2_ptsz;
     fn cuStreamEndCapture(s: CUstream, graph: *mut CUgraph) => launch::end_capture;
-    fn cuStreamEndCapture_ptsz(s: CUstream, graph: *mut CUgraph) => launch::end_capture;
+    fn cuStreamEndCapture_ptsz(s: CUstream, graph: *mut CUgraph) => launch::end_capture_ptsz;
     fn cuEventSynchronize(e: CUevent) => launch::event_synchronize;
     // Legacy 32-bit (v1) entry points: refused or answered with the slice view.
     fn cuMemAlloc(dptr: *mut c_uint, bytesize: c_uint) => legacy::refuse_alloc;

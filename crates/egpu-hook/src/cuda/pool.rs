@@ -288,41 +288,49 @@ pub(crate) fn create(real: sig::cuMemPoolCreate, pool: *mut CUmemoryPool, props:
 }
 
 /// `cuMemPoolDestroy`: uncharges the pool, except for allocations still
-/// outstanding, which keep their own size charged until freed. The entry
-/// leaves the ledger before the real call, as on the other release paths:
-/// once the driver has destroyed the pool, another thread's
+/// outstanding, which keep their own size charged until freed. The pool's
+/// entry leaves the ledger before the real call, as on the other release
+/// paths: once the driver has destroyed the pool, another thread's
 /// `cuMemPoolCreate` may be handed the same handle, and a removal after the
-/// call would take that pool's entry. It is put back if the call fails.
+/// call would take that pool's entry. Its pointers keep naming the pool
+/// until the call succeeded: a free meanwhile finds no pool entry and
+/// uncharges nothing (the bytes stay in the pool's charge), so a refused
+/// destroy changes no charge.
 #[doc(alias = "cuMemPoolDestroy")]
 pub(crate) fn destroy(real: sig::cuMemPoolDestroy, pool: CUmemoryPool) -> Outcome {
     let p = pool as usize;
-    let taken = {
-        let mut l = LEDGER.lock();
-        l.pools.remove(&p).map(|a| {
-            let mut moved = Vec::new();
-            for (k, v) in l.ptrs.iter_mut().filter(|(_, v)| v.pool == p) {
-                // Outstanding pointers now carry their own size until freed.
-                v.pool = 0;
-                moved.push((*k, v.charge));
-            }
-            (a, moved)
-        })
-    };
+    let taken = LEDGER.lock().pools.remove(&p);
     // SAFETY: the real function with the caller's argument.
     let r = unsafe { real(pool) };
-    let Some((a, moved)) = taken else { return Outcome::from_code(r) };
+    let Some(a) = taken else { return Outcome::from_code(r) };
     if r != 0 {
         let mut l = LEDGER.lock();
-        l.pools.entry(p).or_insert(a);
-        for (k, c) in moved {
-            // Unless the pointer was freed meanwhile (and its address handed out again).
-            if let Some(v) = l.ptrs.get_mut(&k).filter(|v| v.pool == 0 && v.charge == c) {
-                v.pool = p;
+        // An allocation from the pool meanwhile made a fresh entry and
+        // charged the pool's reservation again: the fresh entry (settled to
+        // what the pool reserves now) stays, the old charge goes.
+        let doubled = match l.pools.entry(p) {
+            std::collections::btree_map::Entry::Occupied(_) => a.charged,
+            std::collections::btree_map::Entry::Vacant(e) => {
+                e.insert(a);
+                0
             }
+        };
+        drop(l);
+        if a.dev != HOST {
+            uncharge(a.dev, doubled);
         }
         return Outcome::Error(r);
     }
-    let keep: u64 = moved.iter().map(|(_, c)| c.bytes).sum();
+    let keep = {
+        let mut l = LEDGER.lock();
+        let mut keep = 0u64;
+        for v in l.ptrs.values_mut().filter(|v| v.pool == p) {
+            // Outstanding pointers now carry their own size until freed.
+            v.pool = 0;
+            keep += v.charge.bytes;
+        }
+        keep
+    };
     if a.dev != HOST {
         uncharge(a.dev, a.charged - keep.min(a.charged));
     }

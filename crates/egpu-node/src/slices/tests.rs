@@ -291,3 +291,30 @@ fn a_slice_directory_that_cannot_be_removed_is_left_to_the_sweep() {
     assert!(!dir.exists());
     assert_eq!(m.orphan_dirs.len(), 1);
 }
+
+#[test]
+fn a_usage_file_given_up_by_the_guard_counts_at_its_cap_until_the_sweep_maps_it_anew() {
+    egpu_abi::map::install_truncation_guard().unwrap();
+    let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (mut m, _) = manager(run.path(), state.path());
+    let mut b = req("cut", vec![share(0, 3)]);
+    b.spec.devices[0].memory_burst = Bytes::gib(5);
+    m.create(b).unwrap();
+    let path = paths::usage_path(&m.get("cut").unwrap().dir);
+    for _ in 0..=egpu_abi::map::MAX_REPAIRS {
+        std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(0).unwrap();
+        let _ = m.get("cut").unwrap().usage.used(0);
+    }
+    assert!(m.get("cut").unwrap().usage.detached());
+    // Blind: taken to hold its burst cap, and not deleted without --force.
+    assert_eq!(crate::burst::lent(&m)[0], 2 * Bytes::GIB);
+    assert!(matches!(m.delete("cut", false), Err(SliceOpError::Unknown { .. })));
+    // The sweep puts the file right and maps it anew.
+    m.sweep();
+    let s = m.get("cut").unwrap();
+    assert!(!s.usage.detached());
+    assert!(s.usage_repairs >= 1);
+    assert!(UsageFile::open(&path).is_ok(), "the file is whole again");
+    assert_eq!(crate::burst::lent(&m)[0], 0);
+    m.delete("cut", false).unwrap();
+}
