@@ -176,8 +176,7 @@ impl From<SliceOpError> for Status {
             SliceOpError::Capacity(_) | SliceOpError::BadRequest(_) => Code::InvalidArgument,
             SliceOpError::NotFound(_) => Code::NotFound,
             SliceOpError::Exists(_) => Code::AlreadyExists,
-            SliceOpError::Busy { .. } | SliceOpError::Unknown { .. } => Code::FailedPrecondition,
-            SliceOpError::Unadopted { .. } => Code::Unavailable,
+            SliceOpError::Busy { .. } | SliceOpError::Unknown { .. } | SliceOpError::Unadopted { .. } => Code::FailedPrecondition,
             SliceOpError::Store(_) | SliceOpError::Abi(_) | SliceOpError::Io { .. } | SliceOpError::Cdi(_) => Code::Internal,
         };
         Status::new(code, chain(&e))
