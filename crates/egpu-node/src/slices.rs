@@ -27,7 +27,7 @@ pub enum SliceOpError {
     Busy { name: String, pids: Vec<u32> },
     #[error("slice '{name}': egpud cannot read its usage file now (a process of the slice truncates it again and again), so it cannot tell whether processes are attached; try again, or pass --force to remove it anyway")]
     Unknown { name: String },
-    #[error("slice '{name}' is stored but egpud could not open its slice-table files at start-up: {error}. Its processes keep running with their last limits and its memory stays reserved; fix the cause (permissions, a full file system) and egpud adopts it at its next sweep")]
+    #[error("slice '{name}' is stored but egpud could not open its slice-table files: {error}. Its processes keep running with their last limits and its memory stays reserved; fix the cause (permissions, a full file system) and egpud adopts it at its next sweep")]
     Unadopted { name: String, error: String },
     #[error("{0}")]
     BadRequest(String),
@@ -347,9 +347,8 @@ impl SliceManager {
         Ok(slice)
     }
 
-    /// Tries the slices not adopted at start-up again; returns those adopted now.
-    fn retry_unadopted(&mut self) -> Vec<String> {
-        let mut done = Vec::new();
+    /// Tries the slices not adopted yet again.
+    fn retry_unadopted(&mut self) {
         let names: Vec<String> = self.unadopted.keys().cloned().collect();
         for name in names {
             let record = self.unadopted[&name].record.clone();
@@ -359,7 +358,6 @@ impl SliceManager {
                     self.unadopted.remove(&name);
                     self.slices.insert(name.clone(), slice);
                     tracing::info!(slice = %name, "adopted the slice that could not be adopted before");
-                    done.push(name);
                 }
                 Err(e) => {
                     let error = crate::wire::chain(&e);
@@ -371,7 +369,6 @@ impl SliceManager {
                 }
             }
         }
-        done
     }
 
     /// Stored slices whose files could not be opened yet.
@@ -408,14 +405,23 @@ impl SliceManager {
                 continue;
             }
             let dir = entry.path();
-            if let Ok(limits) = LimitsWriter::open(&paths::limits_path(&dir)) {
-                limits.mark_deleted();
-            }
+            self.keep_orphan_dir(&dir);
             tracing::warn!(dir = %dir.display(), "slice directory without a stored slice (a delete was interrupted); marked it deleted");
-            report.orphan_dirs.push(dir.clone());
-            self.orphan_dirs.push(dir);
+            report.orphan_dirs.push(dir);
         }
         self.remove_orphan_dirs();
+    }
+
+    /// Marks the limits of a slice directory no stored slice owns deleted
+    /// (attached processes stop allocating) and hands the directory to the
+    /// sweep, which removes it once no live process is attached.
+    fn keep_orphan_dir(&mut self, dir: &Path) {
+        if let Ok(limits) = LimitsWriter::open(&paths::limits_path(dir)) {
+            limits.mark_deleted();
+        }
+        if !self.orphan_dirs.iter().any(|d| d == dir) {
+            self.orphan_dirs.push(dir.to_path_buf());
+        }
     }
 
     /// Removes the directory of a slice that is gone from the store; one that
@@ -427,12 +433,7 @@ impl SliceManager {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
                 tracing::warn!(dir = %dir.display(), error = %e, "could not remove the slice directory; the sweep tries again");
-                if let Ok(limits) = LimitsWriter::open(&paths::limits_path(dir)) {
-                    limits.mark_deleted();
-                }
-                if !self.orphan_dirs.iter().any(|d| d == dir) {
-                    self.orphan_dirs.push(dir.to_path_buf());
-                }
+                self.keep_orphan_dir(dir);
             }
         }
     }
