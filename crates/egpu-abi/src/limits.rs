@@ -64,8 +64,15 @@ pub struct DeviceLimits {
     /// it to decide whether asking for a grant can help (`egpud` checks every
     /// grant itself). Carved out of reserved space: zero in older tables.
     pub mem_burst: AtomicU64,
+    /// Memory the driver reports for the slice's processes on this device
+    /// beyond what their usage records charge (bytes; `egpud`'s memory audit
+    /// with `--memory-audit charge`, else 0). The hook counts it as used: in
+    /// admission (inside the charge lock) and in the memory it reports.
+    /// Written by `egpud` alone, not seqlocked. Carved out of reserved space:
+    /// zero in older tables.
+    pub mem_untracked: AtomicU64,
     /// Reserved; zero in ABI v1.
-    pub reserved: [AtomicU64; 2],
+    pub reserved: [AtomicU64; 1],
 }
 
 /// The whole limits file.
@@ -405,6 +412,12 @@ impl LimitsWriter {
     /// [`DeviceLimits::mem_burst`]).
     pub fn set_mem_burst(&self, dev: usize, bytes: u64) {
         self.region().devices[dev].mem_burst.store(bytes, Ordering::Release);
+    }
+
+    /// Publishes the memory the audit found untracked on slice device `dev`
+    /// (see [`DeviceLimits::mem_untracked`]).
+    pub fn set_mem_untracked(&self, dev: usize, bytes: u64) {
+        self.region().devices[dev].mem_untracked.store(bytes, Ordering::Release);
     }
 
     /// Publishes the arbiter's budget for slice device `dev` in period `epoch`.

@@ -183,9 +183,17 @@ impl Slice {
         }
     }
 
-    /// Slice usage on device `dev` (sum of all records).
+    /// Slice usage on device `dev`: the sum of all records, plus what
+    /// `egpud`'s memory audit found the driver holding for the slice's
+    /// processes beyond it ([`Slice::untracked`]).
     pub fn used(&self, dev: usize) -> u64 {
-        self.usage.used(dev)
+        self.usage.used(dev).saturating_add(self.untracked(dev))
+    }
+
+    /// Memory `egpud`'s audit counts against device `dev` beyond the records
+    /// (0 unless it runs with `--memory-audit charge`).
+    pub fn untracked(&self, dev: usize) -> u64 {
+        self.limits.region().devices.get(dev).map_or(0, |d| d.mem_untracked.load(Ordering::Acquire))
     }
 
     /// The burst cap of device `dev` (0: the slice does not burst).
@@ -223,6 +231,7 @@ impl Slice {
 pub const BURST_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 static SAID_DELETED: AtomicBool = AtomicBool::new(false);
+static SAID_UNTRACKED: AtomicBool = AtomicBool::new(false);
 
 /// Whether a slice seen deleted just as this process attached becomes
 /// active again within 50 ms: `egpud` found the attaching process and kept
@@ -263,8 +272,10 @@ pub fn charge(dev: usize, bytes: u64) -> Result<(), CUresult> {
         return Err(CUDA_ERROR_OUT_OF_MEMORY);
     }
     // The limit is read inside the charge lock (see `try_charge_with`), so a
-    // limit `egpud` lowers to take back burst memory is never overrun.
-    let limit = || s.limit(dev);
+    // limit `egpud` lowers to take back burst memory is never overrun. What
+    // the memory audit found untracked is memory the slice holds: it leaves
+    // that much less of the limit to charge.
+    let limit = || s.limit(dev).saturating_sub(s.untracked(dev));
     let (mut swept, mut asked) = (false, false);
     loop {
         match s.usage.try_charge_with(&slot, dev, bytes, &limit) {
@@ -283,7 +294,8 @@ pub fn charge(dev: usize, bytes: u64) -> Result<(), CUresult> {
                     crate::cuda::pool::release_unused();
                     continue;
                 }
-                let want = used.saturating_add(requested);
+                let untracked = s.untracked(dev);
+                let want = used.saturating_add(requested).saturating_add(untracked);
                 if !asked && want <= s.mem_burst(dev) {
                     asked = true;
                     if s.ask_for_burst(dev, want) {
@@ -291,6 +303,15 @@ pub fn charge(dev: usize, bytes: u64) -> Result<(), CUresult> {
                     }
                 }
                 crate::util::debug!("refuse dev {dev} +{requested}: used {used} limit {limit}");
+                if untracked > 0 {
+                    say_once(&SAID_UNTRACKED, || {
+                        format!(
+                            "slice '{}': the driver holds {} MiB for this slice's processes that they were not charged (memory egpu could not follow, such as an exported allocation imported back); egpud counts it against the limit, so allocations are refused sooner",
+                            s.name,
+                            untracked >> 20
+                        )
+                    });
+                }
                 s.usage.count_refusal(dev);
                 return Err(CUDA_ERROR_OUT_OF_MEMORY);
             }

@@ -179,9 +179,15 @@ impl Agent {
         }
         tracing::info!(slices = report.adopted.len(), recreated_files = report.recreated.len(), not_adopted = report.failed.len(),
             reclaimed_processes = report.reclaimed_processes, "adopted stored slices");
-        let sweeper = Sweeper { period: config.sweep_period() };
+        let audit = config.memory_audit;
+        mgr.set_audit(audit == crate::audit::AuditMode::Charge);
+        let mut tasks: Vec<Box<dyn NodeTask>> = vec![Box::new(Sweeper { period: config.sweep_period() })];
+        if audit != crate::audit::AuditMode::Off {
+            tracing::info!(mode = %audit, slack = %egpu_core::Bytes(config.memory_audit_slack), "memory audit: the driver's per-process memory against the slices' charges, once a second");
+            tasks.push(Box::new(crate::audit::MemoryAudit::new(config.memory_audit_slack)));
+        }
         let node = Arc::new(Node { config, gpus, inventory, compute: Default::default(), slices: Mutex::new(mgr) });
-        Ok(Agent { node, _lock: lock, tasks: vec![Box::new(sweeper)] })
+        Ok(Agent { node, _lock: lock, tasks })
     }
 
     pub fn node(&self) -> &Arc<Node> {

@@ -129,7 +129,9 @@ fn views(m: &SliceManager) -> Vec<View> {
                 guarantee: d.memory.0,
                 cap,
                 limit: if blind { limits[i].max(cap) } else { limits[i] },
-                used: if blind { cap.max(limits[i]) } else { s.usage.used(i) },
+                // Memory the audit found the driver holding beyond the
+                // records is occupied too (whatever --memory-audit does).
+                used: if blind { cap.max(limits[i]) } else { s.usage.used(i).saturating_add(s.audit.get(i).map_or(0, |a| a.untracked)) },
                 held: m.burst.held.get(&(s.name().to_string(), i)).copied().unwrap_or(0),
             });
         }

@@ -36,6 +36,17 @@ pub struct NodeConfig {
     /// `egpu-cdi-hook`, the check every slice's CDI spec runs before a container starts.
     #[serde(default)]
     pub cdi_hook: PathBuf,
+    /// What the memory audit does (`egpud --memory-audit`, [`crate::audit`]).
+    #[serde(default)]
+    pub memory_audit: crate::audit::AuditMode,
+    /// What the driver may hold per slice device beyond the charges
+    /// without it counting as untracked, bytes.
+    #[serde(default = "default_audit_slack")]
+    pub memory_audit_slack: u64,
+}
+
+fn default_audit_slack() -> u64 {
+    crate::audit::DEFAULT_SLACK
 }
 
 impl NodeConfig {

@@ -56,6 +56,22 @@ pub trait Gpus: Send + Sync {
         let _ = (index, last_seen_us);
         Ok(None)
     }
+    /// Device memory each process holds on device `index`, as the driver
+    /// reports it (`nvmlDeviceGetComputeRunningProcesses` and the graphics
+    /// list; a process in both counted once, at the larger figure), or
+    /// `None` when the driver cannot say. The memory audit compares it with
+    /// what the hook charged ([`crate::audit`]).
+    fn process_memory(&self, index: u32) -> Result<Option<Vec<ProcMemory>>, DeviceError> {
+        let _ = index;
+        Ok(None)
+    }
+}
+
+/// One process's device memory as the driver reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcMemory {
+    pub pid: u32,
+    pub bytes: u64,
 }
 
 /// One process's SM utilisation over the sample interval ending at `timestamp_us`.
@@ -128,12 +144,42 @@ impl Gpus for NvmlGpus {
             Err(source) => Err(DeviceError::Nvml { call: "nvmlDeviceGetProcessUtilization", source }),
         }
     }
+
+    fn process_memory(&self, index: u32) -> Result<Option<Vec<ProcMemory>>, DeviceError> {
+        use nvml_wrapper::enums::device::UsedGpuMemory;
+        use nvml_wrapper::error::NvmlError;
+        let d = nv("nvmlDeviceGetHandleByIndex", self.nvml.device_by_index(index))?;
+        let lists = [("nvmlDeviceGetComputeRunningProcesses", d.running_compute_processes()), ("nvmlDeviceGetGraphicsRunningProcesses", d.running_graphics_processes())];
+        let mut out: Vec<ProcMemory> = Vec::new();
+        let mut any = false;
+        for (call, list) in lists {
+            let list = match list {
+                Ok(v) => v,
+                Err(NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_) | NvmlError::FunctionNotFound | NvmlError::NoPermission) => continue,
+                Err(source) => return Err(DeviceError::Nvml { call, source }),
+            };
+            any = true;
+            for p in list {
+                // Not available: a driver that does not account per process
+                // (e.g. in some virtual machines); nothing to compare.
+                let UsedGpuMemory::Used(bytes) = p.used_gpu_memory else { continue };
+                match out.iter_mut().find(|o| o.pid == p.pid) {
+                    Some(o) => o.bytes = o.bytes.max(bytes),
+                    None => out.push(ProcMemory { pid: p.pid, bytes }),
+                }
+            }
+        }
+        Ok(any.then_some(out))
+    }
 }
 
 /// A fixed set of devices, for unit tests.
 pub struct FakeGpus {
     pub devices: Vec<DeviceInfo>,
     pub used: Mutex<Vec<u64>>,
+    /// Per device, what [`Gpus::process_memory`] answers (`None`: the
+    /// driver cannot say).
+    pub procs: Mutex<Vec<Option<Vec<ProcMemory>>>>,
 }
 
 impl FakeGpus {
@@ -148,7 +194,7 @@ impl FakeGpus {
                 sm_count: 108,
             })
             .collect();
-        FakeGpus { devices, used: Mutex::new(vec![0; n as usize]) }
+        FakeGpus { devices, used: Mutex::new(vec![0; n as usize]), procs: Mutex::new(vec![None; n as usize]) }
     }
 }
 
@@ -160,5 +206,10 @@ impl Gpus for FakeGpus {
     fn used_bytes(&self, index: u32) -> Result<u64, DeviceError> {
         let used = self.used.lock().unwrap_or_else(|e| e.into_inner());
         used.get(index as usize).copied().ok_or(DeviceError::NoSuchDevice(index))
+    }
+
+    fn process_memory(&self, index: u32) -> Result<Option<Vec<ProcMemory>>, DeviceError> {
+        let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
+        procs.get(index as usize).cloned().ok_or(DeviceError::NoSuchDevice(index))
     }
 }

@@ -16,6 +16,7 @@
 
 pub mod agent;
 pub mod arbiter_loop;
+pub mod audit;
 pub mod burst;
 pub mod capacity;
 pub mod cdi;

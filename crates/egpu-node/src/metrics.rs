@@ -78,6 +78,9 @@ fn families(node: &Node) -> Vec<Family<'static>> {
     let mut mem_burst = Family::new("egpu_slice_memory_burst_bytes", "Burst cap of the slice on the device, bytes (0: the slice does not burst).", Gauge);
     let mut mem_granted = Family::new("egpu_slice_memory_granted_bytes", "Memory lent to the slice now from the device's burst pool, above its guarantee, bytes.", Gauge);
     let mut mem_used = Family::new("egpu_slice_memory_used_bytes", "Memory the slice's processes hold on the device, bytes.", Gauge);
+    let mut mem_driver = Family::new("egpu_slice_memory_driver_used_bytes", "Memory the driver reports for the slice's live processes on the device, at the memory audit's last reading, bytes (absent when not audited).", Gauge);
+    let mut mem_untracked = Family::new("egpu_slice_memory_untracked_bytes", "Memory the driver holds for the slice's processes beyond what they were charged and the audit's slack, in three audits in a row, bytes (counted against the limit with --memory-audit charge).", Gauge);
+    let mut dev_unmanaged = Family::new("egpu_device_memory_unmanaged_bytes", "Memory the driver reports on the device for processes in no slice, at the memory audit's last reading, bytes (absent when not audited).", Gauge);
     let mut refused = Family::new("egpu_slice_refused_allocations", "Allocations refused on the device because of the slice's limit.", Counter);
     let mut share = Family::new("egpu_slice_compute_share_ratio", "Guaranteed compute share of the slice on the device (0-1).", Gauge);
     let mut limit = Family::new("egpu_slice_compute_limit_ratio", "Compute cap of the slice on the device (0-1).", Gauge);
@@ -97,6 +100,9 @@ fn families(node: &Node) -> Vec<Family<'static>> {
         dev_mem.push(l.clone(), d.memory_bytes as f64);
         let a = alloc.get(d.index as usize).copied().unwrap_or_default();
         dev_alloc.push(l.clone(), a.memory as f64);
+        if let Some(b) = m.unmanaged(d.index) {
+            dev_unmanaged.push(l.clone(), b as f64);
+        }
         dev_share.push(l, f64::from(a.compute_share_bps) / 1e4);
     }
     let compute = node.compute.snapshot();
@@ -114,6 +120,10 @@ fn families(node: &Node) -> Vec<Family<'static>> {
             mem_burst.push(l.clone(), u.share.memory_burst.0 as f64);
             mem_granted.push(l.clone(), u.granted as f64);
             mem_used.push(l.clone(), u.used as f64);
+            if let Some(b) = u.driver_used {
+                mem_driver.push(l.clone(), b as f64);
+            }
+            mem_untracked.push(l.clone(), u.untracked as f64);
             refused.push(l.clone(), u.refused as f64);
             share.push(l.clone(), f64::from(u.share.compute_share.0) / 1e4);
             limit.push(l.clone(), f64::from(u.share.compute_limit.0) / 1e4);
@@ -144,7 +154,7 @@ fn families(node: &Node) -> Vec<Family<'static>> {
     let mut cpu = Family::new("egpu_arbiter_cpu_seconds", "CPU time of the arbiter thread.", Counter);
     cpu.push(Vec::new(), compute.cpu_s);
     vec![
-        dev_mem, dev_alloc, dev_share, info, procs, resizes, repairs, mem_limit, mem_burst, mem_granted, mem_used, refused, share, limit, usage, used, measured, throttled, waits,
+        dev_mem, dev_alloc, dev_share, dev_unmanaged, info, procs, resizes, repairs, mem_limit, mem_burst, mem_granted, mem_used, mem_driver, mem_untracked, refused, share, limit, usage, used, measured, throttled, waits,
         budget, allowance, hungry, scale, unadopted, period, achieved, ticks, missed, cpu,
     ]
 }

@@ -33,9 +33,10 @@ fn hostname() -> String {
 impl node_server::Node for NodeService {
     async fn get_node(&self, _: Request<proto::GetNodeRequest>) -> Result<Response<proto::GetNodeResponse>, Status> {
         self.blocking(|node| {
-            let (alloc, count, lent) = {
+            let (alloc, count, lent, unmanaged) = {
                 let m = node.slices();
-                (m.allocated(), m.slices().count(), crate::burst::lent(&m))
+                let unmanaged: Vec<Option<u64>> = node.inventory.devices.iter().map(|d| m.unmanaged(d.index)).collect();
+                (m.allocated(), m.slices().count(), crate::burst::lent(&m), unmanaged)
             };
             let devices = node
                 .inventory
@@ -53,6 +54,7 @@ impl node_server::Node for NodeService {
                         allocated_compute_bps: a.compute_share_bps,
                         driver_used_bytes: node.gpus.used_bytes(d.index).unwrap_or(0),
                         lent_memory_bytes: lent.get(d.index as usize).copied().unwrap_or(0),
+                        unmanaged_bytes: unmanaged.get(d.index as usize).copied().flatten(),
                     }
                 })
                 .collect();

@@ -60,6 +60,8 @@ pub struct Slice {
     /// burst pool (see [`crate::burst`]); the published limit is the
     /// guarantee plus this.
     pub granted: Vec<u64>,
+    /// Per slice device: the memory audit's state ([`crate::audit`]).
+    pub audit: Vec<crate::audit::DeviceAudit>,
 }
 
 /// Usage of one slice device, for listings.
@@ -71,6 +73,12 @@ pub struct DeviceUsage {
     pub refused: u64,
     /// Burst memory lent now, above the guarantee.
     pub granted: u64,
+    /// What the driver reports the slice's live processes hold on the
+    /// device (the memory audit's last reading; `None` when not audited).
+    pub driver_used: Option<u64>,
+    /// What of it no usage record charges, beyond the slack
+    /// ([`crate::audit`]).
+    pub untracked: u64,
 }
 
 /// One attached process, for listings.
@@ -99,6 +107,8 @@ impl Slice {
                 used: self.usage.used(i),
                 refused: r.refused[i].load(Ordering::Relaxed),
                 granted: self.granted.get(i).copied().unwrap_or(0),
+                driver_used: self.audit.get(i).and_then(|a| a.driver),
+                untracked: self.audit.get(i).map_or(0, |a| a.untracked),
             })
             .collect()
     }
@@ -228,6 +238,11 @@ pub struct SliceManager {
     orphan_dirs: Vec<PathBuf>,
     /// Burst-memory state ([`crate::burst`]).
     pub(crate) burst: crate::burst::Burst,
+    /// Per host device: memory the driver reports for processes of no
+    /// slice (the memory audit's last reading).
+    unmanaged: BTreeMap<u32, u64>,
+    /// Whether the memory audit publishes untracked memory to the hook.
+    audit_charges: bool,
     /// Keeps a CDI spec per slice (`--cdi-dir`).
     cdi: Option<crate::cdi::CdiPublisher>,
 }
@@ -273,6 +288,8 @@ impl SliceManager {
             unadopted: BTreeMap::new(),
             orphan_dirs: Vec::new(),
             burst: crate::burst::Burst::default(),
+            unmanaged: BTreeMap::new(),
+            audit_charges: false,
             cdi: None,
         };
         let mut report = AdoptReport::default();
@@ -504,7 +521,10 @@ impl SliceManager {
             .zip(file.devices())
             .map(|(d, l)| l.mem_limit.min(d.memory_cap().0).saturating_sub(d.memory.0))
             .collect();
-        Ok(Slice { record, dir, limits, usage, resizes: 0, usage_repairs: u64::from(cut_to.is_some()), granted })
+        // What an earlier egpud counted as untracked holds until this one
+        // has audited the slice (see `SliceManager::set_audit`).
+        let audit = (0..n).map(|i| crate::audit::DeviceAudit::carried(limits.region().devices[i].mem_untracked.load(Ordering::Acquire))).collect();
+        Ok(Slice { record, dir, limits, usage, resizes: 0, usage_repairs: u64::from(cut_to.is_some()), granted, audit })
     }
 
     fn recreate_limits(&self, record: &SliceRecord, path: &Path, why: String, report: &mut AdoptReport) -> Result<LimitsWriter, SliceOpError> {
@@ -638,7 +658,8 @@ impl SliceManager {
         limits.heartbeat();
         tracing::info!(slice = %name, id = %record.id, spec = ?record.spec, "created slice");
         let granted = vec![0; record.spec.devices.len()];
-        self.slices.insert(name.clone(), Slice { record, dir, limits, usage, resizes: 0, usage_repairs: 0, granted });
+        let audit = vec![crate::audit::DeviceAudit::default(); record.spec.devices.len()];
+        self.slices.insert(name.clone(), Slice { record, dir, limits, usage, resizes: 0, usage_repairs: 0, granted, audit });
         // A slice no container could join is not created (`--cdi-dir`);
         // another slice's spec failing is that slice's problem (logged).
         let synced = self.sync_cdi();
@@ -890,5 +911,6 @@ fn log_recreate(path: &Path, why: &str, report: &mut AdoptReport) {
     report.recreated.push((path.into(), why.into()));
 }
 
+mod audit;
 #[cfg(test)]
 mod tests;

@@ -108,6 +108,8 @@ pub fn slice_to_wire(s: &Slice) -> proto::Slice {
                 refused: u.refused,
                 memory_burst_bytes: u.share.memory_burst.0,
                 memory_granted_bytes: u.granted,
+                driver_used_bytes: u.driver_used,
+                untracked_bytes: u.untracked,
                 ..Default::default()
             })
             .collect(),

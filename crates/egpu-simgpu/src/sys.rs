@@ -47,6 +47,15 @@ pub fn fd_size(fd: i32) -> Option<u64> {
     (unsafe { libc::fstat(fd, &mut st) } == 0).then_some(st.st_size as u64)
 }
 
+/// The (device, inode) of the file behind `fd`: one memfd whatever
+/// descriptor of it a process holds.
+pub fn fd_inode(fd: i32) -> Option<(u64, u64)> {
+    // SAFETY: all-zero is a valid stat.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: st is a valid out-pointer; a bad fd just fails.
+    (unsafe { libc::fstat(fd, &mut st) } == 0).then_some((st.st_dev as u64, st.st_ino as u64))
+}
+
 /// Maps `len` bytes of `fd` at `offset` shared read-write, at `fixed` if
 /// given (which must lie in a range this process reserved).
 pub fn map_fd(fd: i32, len: u64, offset: u64, fixed: Option<u64>) -> Result<u64, CUresult> {

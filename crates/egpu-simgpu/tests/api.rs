@@ -130,6 +130,32 @@ fn child() {
             assert_eq!(s.cuMemRelease(h), CUDA_SUCCESS);
             say("released", s.nvml0().0);
         }
+        "vmm_reimport" => {
+            s.ctx0();
+            let prop = CUmemAllocationProp {
+                type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+                requestedHandleTypes: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+                location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
+                win32HandleMetaData: std::ptr::null_mut(),
+                allocFlags: Default::default(),
+            };
+            let size = 4 * MIB as usize;
+            let (mut h, mut other) = (0, 0);
+            assert_eq!(s.cuMemCreate(&mut h, size, &prop, 0), CUDA_SUCCESS);
+            // An unrelated allocation with its own memfd: the charge must not move to it.
+            assert_eq!(s.cuMemCreate(&mut other, 2 * MIB as usize, &prop, 0), CUDA_SUCCESS);
+            let mut fd = -1i32;
+            assert_eq!(s.cuMemExportToShareableHandle(&mut fd as *mut i32 as *mut c_void, h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0), CUDA_SUCCESS);
+            let mut imported = 0;
+            assert_eq!(s.cuMemImportFromShareableHandle(&mut imported, fd as usize as *mut c_void, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR), CUDA_SUCCESS);
+            say("imported", s.nvml0().0);
+            assert_eq!(s.cuMemRelease(h), CUDA_SUCCESS);
+            say("original_released", s.nvml0().0);
+            assert_eq!(s.cuMemRelease(imported), CUDA_SUCCESS);
+            say("import_released", s.nvml0().0);
+            assert_eq!(s.cuMemRelease(other), CUDA_SUCCESS);
+            say("all_released", s.nvml0().0);
+        }
         "vmm_import" => {
             s.ctx0();
             let src = std::env::var("SRC").unwrap();
@@ -317,6 +343,19 @@ fn vmm_memory_exported_as_fd_is_shared_and_charged_once() {
     a.tell("go");
     assert_eq!(a.expect("released"), (32 * MIB).to_string());
     a.finish();
+}
+
+#[test]
+fn memory_a_process_holds_through_its_own_reimported_export_stays_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = state_path(&dir);
+    let mut k = run("vmm_reimport", &[("EGPU_SIM_STATE", &st)]);
+    let ctx = 32 * MIB;
+    assert_eq!(k.expect("imported"), (ctx + 6 * MIB).to_string(), "an import is not charged again");
+    assert_eq!(k.expect("original_released"), (ctx + 6 * MIB).to_string(), "the import still holds the 4 MiB");
+    assert_eq!(k.expect("import_released"), (ctx + 2 * MIB).to_string());
+    assert_eq!(k.expect("all_released"), ctx.to_string());
+    k.finish();
 }
 
 #[test]

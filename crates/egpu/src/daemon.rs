@@ -41,12 +41,30 @@ pub struct DaemonArgs {
     /// The check a slice's CDI spec runs before a container starts [default: egpu-cdi-hook next to egpud].
     #[arg(long, value_name = "PATH")]
     pub cdi_hook: Option<PathBuf>,
+    /// Once a second, compare what the driver says each slice's processes
+    /// hold with what they were charged: off; report (listings, metrics,
+    /// log); or charge, which also counts untracked memory against the
+    /// slice's limit (see docs/node.md, "Memory audit").
+    #[arg(long, value_name = "MODE", default_value = "report", value_parser = parse_audit)]
+    pub memory_audit: egpu_node::audit::AuditMode,
+    /// What the driver may hold per slice device beyond the charges before
+    /// the memory audit counts it (page rounding), e.g. 64MiB.
+    #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = parse_slack)]
+    pub memory_audit_slack: egpu_core::Bytes,
     /// Sweep period in milliseconds (dead-process reclaim, heartbeat).
     #[arg(long, default_value_t = 200, hide = true)]
     pub sweep_ms: u64,
 }
 
 use egpu_node::logging::log_filter;
+
+fn parse_audit(s: &str) -> Result<egpu_node::audit::AuditMode, String> {
+    s.parse()
+}
+
+fn parse_slack(s: &str) -> Result<egpu_core::Bytes, String> {
+    s.parse::<egpu_core::Bytes>().map_err(|e| e.to_string())
+}
 
 fn next_to_exe(name: &str) -> PathBuf {
     std::env::current_exe()
@@ -72,6 +90,8 @@ impl DaemonArgs {
             sweep_period_ms: self.sweep_ms,
             cdi_dir: self.cdi_dir.as_deref().map(absolute),
             cdi_hook: absolute(&self.cdi_hook.clone().unwrap_or_else(|| next_to_exe("egpu-cdi-hook"))),
+            memory_audit: self.memory_audit,
+            memory_audit_slack: self.memory_audit_slack.0,
         }
     }
 }

@@ -30,6 +30,10 @@ pub struct DeviceOut {
     pub free_memory_bytes: u64,
     pub allocated_compute_percent: f64,
     pub driver_used_bytes: u64,
+    /// Held by processes in no slice, as the driver reports it (absent
+    /// when egpud does not audit memory).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub unmanaged_bytes: Option<u64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -56,6 +60,12 @@ pub struct SliceDeviceOut {
     /// Memory lent to the slice now above its guarantee (its limit is the sum).
     pub memory_granted_bytes: u64,
     pub used_bytes: u64,
+    /// What the driver reports the slice's processes hold (the memory
+    /// audit's last reading; absent when egpud does not audit).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub driver_used_bytes: Option<u64>,
+    /// What of it no charge covers: memory the hook could not follow.
+    pub untracked_bytes: u64,
     pub compute_share_percent: f64,
     pub compute_limit_percent: f64,
     pub refused_allocations: u64,
@@ -117,6 +127,7 @@ pub fn node_out(n: proto::GetNodeResponse) -> NodeOut {
                 sm_count: d.sm_count,
                 allocated_memory_bytes: d.allocated_memory_bytes,
                 driver_used_bytes: d.driver_used_bytes,
+                unmanaged_bytes: d.unmanaged_bytes,
             })
             .collect(),
         hostname: n.hostname,
@@ -143,6 +154,8 @@ pub fn slice_out(s: proto::Slice) -> SliceOut {
                 memory_burst_bytes: d.memory_burst_bytes,
                 memory_granted_bytes: d.memory_granted_bytes,
                 used_bytes: d.used_bytes,
+                driver_used_bytes: d.driver_used_bytes,
+                untracked_bytes: d.untracked_bytes,
                 compute_share_percent: pct(d.compute_share_bps),
                 compute_limit_percent: pct(d.compute_limit_bps),
                 refused_allocations: d.refused,
@@ -222,7 +235,7 @@ pub fn slices_table(slices: &[SliceOut]) -> String {
                 if first { s.name.clone() } else { String::new() },
                 d.device.to_string(),
                 memory_cell(d),
-                Bytes(d.used_bytes).to_string(),
+                used_cell(d),
                 format!("{}/{}", Percent((d.compute_share_percent * 100.0) as u32), Percent((d.compute_limit_percent * 100.0) as u32)),
                 if first { s.priority.clone() } else { String::new() },
                 if first { live.to_string() } else { String::new() },
@@ -231,6 +244,15 @@ pub fn slices_table(slices: &[SliceOut]) -> String {
         }
     }
     table(&["NAME", "DEVICE", "LIMIT", "USED", "COMPUTE", "PRIORITY", "PROCS", "ID"], &rows)
+}
+
+/// The USED cell: what the records charge, and what the memory audit found
+/// the driver holding beyond it, e.g. `1GiB (+512MiB untracked)`.
+fn used_cell(d: &SliceDeviceOut) -> String {
+    if d.untracked_bytes == 0 {
+        return Bytes(d.used_bytes).to_string();
+    }
+    format!("{} (+{} untracked)", Bytes(d.used_bytes), Bytes(d.untracked_bytes))
 }
 
 /// The LIMIT cell: the guarantee, and for a bursting slice what it has

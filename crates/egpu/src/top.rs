@@ -314,6 +314,8 @@ mod tests {
                 memory_burst_bytes: 0,
                 memory_granted_bytes: 0,
                 used_bytes: used,
+                driver_used_bytes: None,
+                untracked_bytes: 0,
                 compute_share_percent: share,
                 compute_limit_percent: cap,
                 refused_allocations: 0,
@@ -346,6 +348,7 @@ mod tests {
                 free_memory_bytes: 13 << 30,
                 allocated_compute_percent: 100.0,
                 driver_used_bytes: 1 << 30,
+                unmanaged_bytes: None,
             }],
         };
         Snapshot {

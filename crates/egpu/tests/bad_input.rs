@@ -223,6 +223,11 @@ fn zero_caps_short_intervals_and_a_missing_interposer_are_refused() {
     // A log filter tracing cannot read is refused, not replaced by another level.
     let o = std::process::Command::new(EGPUD).args(["--simulate", "1x1GiB", "--log", "info,a=b=c"]).output().unwrap();
     assert_fails(&o, 2, &["--log", "give a level"]);
+    // The memory audit's flags.
+    let o = std::process::Command::new(EGPUD).args(["--simulate", "1x1GiB", "--memory-audit", "on"]).output().unwrap();
+    assert_fails(&o, 2, &["--memory-audit", "use off, report or charge"]);
+    let o = std::process::Command::new(EGPUD).args(["--simulate", "1x1GiB", "--memory-audit-slack", "64XB"]).output().unwrap();
+    assert_fails(&o, 2, &["--memory-audit-slack", "64XB"]);
 }
 
 #[test]

@@ -55,6 +55,7 @@ fn churn_kills_and_agent_crash_keep_accounting_exact() {
     let mut finished: Vec<(usize, std::process::ExitStatus, std::path::PathBuf)> = Vec::new();
     let (mut rng, mut kills, mut crashed) = (0x2545_f491_4f6c_dd1du64, 0, false);
     let mut next_kill = start + Duration::from_secs(1);
+    let mut max_untracked = 0u64;
     while start.elapsed() < LOAD {
         // Reap the ones that finished on their own.
         live.retain_mut(|c| match c.child.try_wait().unwrap() {
@@ -66,6 +67,10 @@ fn churn_kills_and_agent_crash_keep_accounting_exact() {
         });
         if Instant::now() >= next_kill && !live.is_empty() {
             next_kill += Duration::from_secs(1);
+            // egpud's memory audit (on by default) reads the driver against
+            // the records once a second: churn and kills are no untracked memory.
+            let untracked: u64 = node.slices().iter().map(|s| s["devices"][0]["untracked_bytes"].as_u64().unwrap()).sum();
+            max_untracked = max_untracked.max(untracked);
             rng ^= rng << 13;
             rng ^= rng >> 7;
             rng ^= rng << 17;
@@ -103,6 +108,7 @@ fn churn_kills_and_agent_crash_keep_accounting_exact() {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert!(crashed && kills >= 25, "kills={kills}");
+    assert_eq!(max_untracked, 0, "the memory audit counted churn or kills as untracked memory; log:\n{}", node.log());
 
     // Nothing hangs: every churner ends within a bounded time, cleanly.
     let deadline = Instant::now() + Duration::from_secs(90);

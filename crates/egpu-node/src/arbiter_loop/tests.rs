@@ -17,6 +17,8 @@ fn agent(dir: &std::path::Path) -> Agent {
         sweep_period_ms: 200,
         cdi_dir: None,
         cdi_hook: "/t/egpu-cdi-hook".into(),
+        memory_audit: Default::default(),
+        memory_audit_slack: crate::audit::DEFAULT_SLACK,
     };
     Agent::start_with(cfg, Box::new(FakeGpus::new(1, 16 * Bytes::GIB))).unwrap()
 }

@@ -291,6 +291,8 @@ mod tests {
             sweep_period_ms: 200,
             cdi_dir: None,
             cdi_hook: "/opt/egpu/egpu-cdi-hook".into(),
+            memory_audit: Default::default(),
+            memory_audit_slack: crate::audit::DEFAULT_SLACK,
         }
     }
 

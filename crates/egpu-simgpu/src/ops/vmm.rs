@@ -6,7 +6,10 @@
 //! import) or mappings; the charge is returned when both reach zero.
 //! Exporting gives a real, dup'ed memfd that another process can receive
 //! over a unix socket or open through `/proc/<pid>/fd/<n>`; importing it is
-//! never charged. A multicast object is charged its size, to the current
+//! never charged, but when the last reference of a handle goes while the
+//! same process still holds the memory through an imported handle of it,
+//! the charge moves to that handle (the driver keeps the memory counted to
+//! the process). A multicast object is charged its size, to the current
 //! context's device, from `cuMulticastCreate` to its last `cuMemRelease`.
 
 use crate::cptr::{R, read, read_at, write};
@@ -27,7 +30,18 @@ fn drop_if_unused(p: &Proc, g: &mut Inner, h: u64) {
     {
         let ph = g.phys.remove(&h).expect("present");
         if let Some(d) = ph.charged_phys {
-            p.shm.uncharge(p.slot, d, ph.charged);
+            // The process still holds the physical memory through another
+            // handle of it (its own export imported back): the charge moves
+            // there, as a driver keeps the memory counted to the process
+            // while any of its handles refers to it.
+            let same = sys::fd_inode(ph.fd);
+            match g.phys.values_mut().find(|o| o.charged_phys.is_none() && same.is_some() && sys::fd_inode(o.fd) == same) {
+                Some(o) => {
+                    o.charged_phys = Some(d);
+                    o.charged = ph.charged;
+                }
+                None => p.shm.uncharge(p.slot, d, ph.charged),
+            }
         }
         sys::close(ph.fd);
     }

@@ -311,6 +311,9 @@ pub fn limits_only(slices: &[serde_json::Value]) -> Vec<serde_json::Value> {
                 let d = d.as_object_mut().unwrap();
                 d.remove("used_bytes");
                 d.remove("refused_allocations");
+                // The memory audit's readings.
+                d.remove("driver_used_bytes");
+                d.remove("untracked_bytes");
             }
             s
         })

@@ -14,6 +14,7 @@ mod info;
 mod ipc;
 mod loops;
 mod race;
+mod reimport;
 mod reserve;
 
 use clap::{Args, Parser, Subcommand};
@@ -70,6 +71,9 @@ enum Cmd {
     /// Threads make the process's first cuDevicePrimaryCtxRetain at once,
     /// --rounds times; the slice's usage (NVML) before, held and released.
     RetainRace(race::RaceArgs),
+    /// Export a VMM allocation, import it back, map the import and release
+    /// the original: memory the hook cannot follow (for egpud's memory audit).
+    VmmReimport(reimport::ReimportArgs),
 }
 
 fn main() {
@@ -96,6 +100,7 @@ fn main() {
         Cmd::Bench(a) => bench::run(api, &cli.g, a),
         Cmd::Reserve(a) => reserve::run(api, &cli.g, a),
         Cmd::RetainRace(a) => race::run(api, &cli.g, a),
+        Cmd::VmmReimport(a) => reimport::run(api, &cli.g, a),
     };
     std::process::exit(code);
 }

@@ -1,0 +1,99 @@
+//! The slice manager's side of the memory audit ([`crate::audit`]).
+
+use super::SliceManager;
+use crate::audit::Charges;
+use crate::devices::ProcMemory;
+use egpu_core::Bytes;
+use std::collections::BTreeSet;
+
+impl SliceManager {
+    /// Sets whether the audit publishes untracked memory to the hook. When
+    /// it does not, what an earlier `egpud` published is taken back.
+    pub fn set_audit(&mut self, charges: bool) {
+        self.audit_charges = charges;
+        if charges {
+            return;
+        }
+        for s in self.slices.values_mut() {
+            for (i, a) in s.audit.iter_mut().enumerate() {
+                if a.untracked > 0 {
+                    s.limits.set_mem_untracked(i, 0);
+                }
+                a.untracked = 0;
+            }
+        }
+    }
+
+    /// What the records of every slice on host device `host` charge now,
+    /// read before the driver's list.
+    pub fn charges_on(&self, host: u32) -> Charges {
+        self.slices
+            .values()
+            .map(|s| {
+                let on: Vec<(usize, u64)> = s.record.spec.devices.iter().enumerate().filter(|(_, d)| d.device == host).map(|(i, _)| (i, s.usage.used(i))).collect();
+                (s.record.id.clone(), on)
+            })
+            .filter(|(_, on)| !on.is_empty())
+            .collect()
+    }
+
+    /// One audit of host device `host`: `listed` is the driver's
+    /// per-process memory (`None`: it cannot say), `before` the charges read
+    /// before it ([`SliceManager::charges_on`]). What is found untracked is
+    /// published to the hook if [`SliceManager::set_audit`] said so.
+    pub fn audit_device(&mut self, host: u32, before: &Charges, listed: Option<&[ProcMemory]>, slack: u64) {
+        let charge = self.audit_charges;
+        let mut in_slices: BTreeSet<u32> = BTreeSet::new();
+        for s in self.slices.values_mut() {
+            let on: Vec<usize> = s.record.spec.devices.iter().enumerate().filter(|(_, d)| d.device == host).map(|(i, _)| i).collect();
+            if on.is_empty() {
+                continue;
+            }
+            let Some(listed) = listed else {
+                for &i in &on {
+                    if s.audit[i].untracked > 0 && charge {
+                        s.limits.set_mem_untracked(i, 0);
+                    }
+                    s.audit[i].unknown();
+                }
+                continue;
+            };
+            let pids: BTreeSet<u32> = s.usage.processes().into_iter().filter(|p| p.alive && p.pid != 0).map(|p| p.pid).collect();
+            in_slices.extend(&pids);
+            let driver: u64 = listed.iter().filter(|p| pids.contains(&p.pid)).map(|p| p.bytes).sum();
+            let earlier = before.get(&s.record.id);
+            for &i in &on {
+                let now = s.usage.used(i);
+                // A slice made since the first reading has only this one.
+                let then = earlier.and_then(|e| e.iter().find(|(d, _)| *d == i)).map_or(now, |&(_, c)| c);
+                let was = s.audit[i].untracked;
+                let untracked = s.audit[i].observe(driver, now.max(then), slack);
+                if charge && untracked != was {
+                    s.limits.set_mem_untracked(i, untracked);
+                }
+                if was == 0 && untracked > 0 {
+                    tracing::warn!(slice = %s.record.spec.name, device = host, driver = %Bytes(driver), charged = %Bytes(now.max(then)), untracked = %Bytes(untracked), pids = ?pids,
+                        counted = charge,
+                        "the driver reports more memory for the slice's processes than they were charged (memory the hook cannot follow, e.g. an exported allocation imported back)");
+                } else if was > 0 && untracked == 0 {
+                    tracing::info!(slice = %s.record.spec.name, device = host, "the slice's untracked memory is gone");
+                }
+            }
+        }
+        match listed {
+            Some(listed) => {
+                let outside: u64 = listed.iter().filter(|p| !in_slices.contains(&p.pid)).map(|p| p.bytes).sum();
+                self.unmanaged.insert(host, outside);
+            }
+            None => {
+                self.unmanaged.remove(&host);
+            }
+        }
+    }
+
+    /// Memory the driver reported on host device `host` for processes of no
+    /// slice at the last audit (`None`: not audited).
+    pub fn unmanaged(&self, host: u32) -> Option<u64> {
+        self.unmanaged.get(&host).copied()
+    }
+}
