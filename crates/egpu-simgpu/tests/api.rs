@@ -13,6 +13,17 @@ fn say(k: &str, v: impl std::fmt::Display) {
     println!("@{k} {v}");
 }
 
+/// Device memory on device 0 that can be exported as a file descriptor.
+fn exportable_prop() -> CUmemAllocationProp {
+    CUmemAllocationProp {
+        type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+        requestedHandleTypes: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+        location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
+        win32HandleMetaData: std::ptr::null_mut(),
+        allocFlags: Default::default(),
+    }
+}
+
 #[test]
 fn child() {
     let Ok(role) = std::env::var("SIMTEST_ROLE") else { return };
@@ -104,13 +115,7 @@ fn child() {
         }
         "vmm_export" => {
             s.ctx0();
-            let prop = CUmemAllocationProp {
-                type_: CU_MEM_ALLOCATION_TYPE_PINNED,
-                requestedHandleTypes: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
-                win32HandleMetaData: std::ptr::null_mut(),
-                allocFlags: Default::default(),
-            };
+            let prop = exportable_prop();
             let size = 2 * MIB as usize;
             let mut h = 0;
             assert_eq!(s.cuMemCreate(&mut h, size, &prop, 0), CUDA_SUCCESS);
@@ -132,13 +137,7 @@ fn child() {
         }
         "vmm_reimport" => {
             s.ctx0();
-            let prop = CUmemAllocationProp {
-                type_: CU_MEM_ALLOCATION_TYPE_PINNED,
-                requestedHandleTypes: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-                location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: 0 },
-                win32HandleMetaData: std::ptr::null_mut(),
-                allocFlags: Default::default(),
-            };
+            let prop = exportable_prop();
             let size = 4 * MIB as usize;
             let (mut h, mut other) = (0, 0);
             assert_eq!(s.cuMemCreate(&mut h, size, &prop, 0), CUDA_SUCCESS);
