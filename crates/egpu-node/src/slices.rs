@@ -371,7 +371,8 @@ impl SliceManager {
             let record = self.unadopted[&name].record.clone();
             let mut report = AdoptReport::default();
             match self.adopt_one(record, &mut report) {
-                Ok(slice) => {
+                Ok(mut slice) => {
+                    self.settle_adopted_untracked(&mut slice);
                     self.unadopted.remove(&name);
                     self.slices.insert(name.clone(), slice);
                     tracing::info!(slice = %name, "adopted the slice that could not be adopted before");

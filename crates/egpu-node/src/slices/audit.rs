@@ -1,6 +1,6 @@
 //! The slice manager's side of the memory audit ([`crate::audit`]).
 
-use super::SliceManager;
+use super::{Slice, SliceManager};
 use crate::audit::Charges;
 use crate::devices::ProcMemory;
 use egpu_core::Bytes;
@@ -15,12 +15,15 @@ impl SliceManager {
             return;
         }
         for s in self.slices.values_mut() {
-            for (i, a) in s.audit.iter_mut().enumerate() {
-                if a.untracked > 0 {
-                    s.limits.set_mem_untracked(i, 0);
-                }
-                a.untracked = 0;
-            }
+            drop_untracked(s);
+        }
+    }
+
+    /// A slice adopted late (it could not be adopted at start-up) keeps
+    /// what an earlier `egpud` published only if this one charges too.
+    pub(super) fn settle_adopted_untracked(&self, s: &mut Slice) {
+        if !self.audit_charges {
+            drop_untracked(s);
         }
     }
 
@@ -95,5 +98,16 @@ impl SliceManager {
     /// slice at the last audit (`None`: not audited).
     pub fn unmanaged(&self, host: u32) -> Option<u64> {
         self.unmanaged.get(&host).copied()
+    }
+}
+
+/// Takes back what the limits file says is untracked (the hook stops
+/// counting it) and forgets the carried figure.
+fn drop_untracked(s: &mut Slice) {
+    for (i, a) in s.audit.iter_mut().enumerate() {
+        if a.untracked > 0 {
+            s.limits.set_mem_untracked(i, 0);
+        }
+        a.untracked = 0;
     }
 }
