@@ -52,6 +52,9 @@ impl SliceManager {
             if on.is_empty() {
                 continue;
             }
+            // A usage file the truncation guard gave up on reads as zeros
+            // until the sweep maps it anew: its charges are unknown.
+            let listed = listed.filter(|_| !s.usage.detached());
             let Some(listed) = listed else {
                 for &i in &on {
                     if s.audit[i].untracked > 0 && charge {
