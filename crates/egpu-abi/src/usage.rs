@@ -149,6 +149,10 @@ pub struct ProcView {
     pub pid: u32,
     /// The pid the process wrote into its record (its own namespace's view).
     pub record_pid: u32,
+    /// The record lock's owner as the reader's pid namespace sees it, when
+    /// the kernel names one (`None`: no owner, an error, or an owner in a pid
+    /// namespace the reader cannot see).
+    pub owner_pid: Option<u32>,
     pub alive: bool,
     pub charged: Vec<u64>,
     pub gpu_time_ns: Vec<u64>,
@@ -671,6 +675,7 @@ impl UsageFile {
                     // the host); the record's is the process's own view.
                     pid: owner.filter(|&pid| pid != 0).unwrap_or(record_pid),
                     record_pid,
+                    owner_pid: owner.filter(|&pid| pid != 0),
                     alive: owner.is_some(),
                     charged: load(&p.charged),
                     gpu_time_ns: load(&p.gpu_time_ns),

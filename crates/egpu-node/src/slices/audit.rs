@@ -64,7 +64,7 @@ impl SliceManager {
                 }
                 continue;
             };
-            let pids: BTreeSet<u32> = s.usage.processes().into_iter().filter(|p| p.alive && p.pid != 0).map(|p| p.pid).collect();
+            let pids: BTreeSet<u32> = s.usage.processes().into_iter().filter(|p| p.alive).filter_map(|p| p.owner_pid).collect();
             in_slices.extend(&pids);
             let driver: u64 = listed.iter().filter(|p| pids.contains(&p.pid)).map(|p| p.bytes).sum();
             let earlier = before.get(&s.record.id);
