@@ -6,6 +6,7 @@ use anyhow::{Context, Result, bail};
 use egpu_cuda::{CUDA_SUCCESS, CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunction, CUmodule, CUresult, CUstream};
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
+type BeginToGraph = unsafe extern "C" fn(CUstream, egpu_cuda::CUgraph, *const egpu_cuda::CUgraphNode, *const c_void, usize, c_uint) -> CUresult;
 type Launch = unsafe extern "C" fn(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void) -> CUresult;
 
 /// Function pointers of the driver, valid while `_lib` is loaded.
@@ -25,6 +26,10 @@ pub struct Driver {
     launch: Launch,
     begin_capture: unsafe extern "C" fn(CUstream, c_uint) -> CUresult,
     end_capture: unsafe extern "C" fn(CUstream, *mut egpu_cuda::CUgraph) -> CUresult,
+    graph_create: unsafe extern "C" fn(*mut egpu_cuda::CUgraph, c_uint) -> CUresult,
+    exchange_capture_mode: unsafe extern "C" fn(*mut c_uint) -> CUresult,
+    /// CUDA 12.3 and later only.
+    begin_capture_to_graph: Option<BeginToGraph>,
     error_name: unsafe extern "C" fn(CUresult, *mut *const c_char) -> CUresult,
     _lib: libloading::Library,
 }
@@ -63,6 +68,10 @@ impl Driver {
             launch: sym!(lib, "cuLaunchKernel"),
             begin_capture: sym!(lib, "cuStreamBeginCapture_v2"),
             end_capture: sym!(lib, "cuStreamEndCapture"),
+            graph_create: sym!(lib, "cuGraphCreate"),
+            exchange_capture_mode: sym!(lib, "cuThreadExchangeStreamCaptureMode"),
+            // SAFETY: as in `sym!`; a driver older than CUDA 12.3 lacks it.
+            begin_capture_to_graph: unsafe { lib.get::<BeginToGraph>(b"cuStreamBeginCaptureToGraph\0") }.ok().map(|s| *s),
             error_name: sym!(lib, "cuGetErrorName"),
             _lib: lib,
         })
@@ -92,6 +101,22 @@ pub struct Burner<'d> {
     func: CUfunction,
     stream: CUstream,
     sink: CUdeviceptr,
+}
+
+/// How `--open-capture` begins its capture.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CaptureKind {
+    /// `cuStreamBeginCapture_v2` with this `CUstreamCaptureMode`.
+    Mode(c_uint),
+    /// `cuStreamBeginCaptureToGraph` into a graph of its own, global mode.
+    ToGraph,
+}
+
+/// A stream capture left open while the burner runs (`--open-capture`).
+pub struct OpenCapture {
+    stream: usize,
+    /// Launches captured so far.
+    pub launches: u32,
 }
 
 impl<'d> Burner<'d> {
@@ -125,13 +150,69 @@ impl<'d> Burner<'d> {
 
     /// One launch of the busy kernel with `iters` loop steps per thread.
     pub fn launch(&self, grid: u32, block: u32, iters: u32) -> Result<()> {
+        self.launch_on(self.stream, grid, block, iters)
+    }
+
+    /// Begins a capture on a stream of its own and captures one launch into it.
+    pub fn open_capture(&self, kind: CaptureKind) -> Result<OpenCapture> {
+        let mut s: CUstream = std::ptr::null_mut();
+        // SAFETY: plain driver call; its out-pointer is a live local of the matching type.
+        self.d.check(unsafe { (self.d.stream_create)(&mut s, egpu_cuda::CU_STREAM_NON_BLOCKING) }, "cuStreamCreate")?;
+        match kind {
+            // SAFETY: a stream created above and a documented mode.
+            CaptureKind::Mode(m) => self.d.check(unsafe { (self.d.begin_capture)(s, m) }, "cuStreamBeginCapture_v2")?,
+            CaptureKind::ToGraph => {
+                let Some(begin) = self.d.begin_capture_to_graph else { bail!("the driver has no cuStreamBeginCaptureToGraph (CUDA 12.3 or later)") };
+                let mut g: egpu_cuda::CUgraph = std::ptr::null_mut();
+                // SAFETY: out-pointer to a live local; flags 0.
+                self.d.check(unsafe { (self.d.graph_create)(&mut g, 0) }, "cuGraphCreate")?;
+                // SAFETY: the stream and graph created above; no dependencies; global mode.
+                self.d.check(unsafe { begin(s, g, std::ptr::null(), std::ptr::null(), 0, egpu_cuda::CU_STREAM_CAPTURE_MODE_GLOBAL) }, "cuStreamBeginCaptureToGraph")?;
+            }
+        }
+        let mut c = OpenCapture { stream: s as usize, launches: 0 };
+        self.capture_one(&mut c)?;
+        Ok(c)
+    }
+
+    /// Captures one more launch into an open capture.
+    pub fn capture_one(&self, c: &mut OpenCapture) -> Result<()> {
+        self.launch_on(c.stream as CUstream, 1, 1, 1).context("a launch into the open stream capture")?;
+        c.launches += 1;
+        Ok(())
+    }
+
+    /// Ends an open capture; fails unless the driver hands back a graph.
+    pub fn end_open_capture(&self, c: OpenCapture) -> Result<()> {
+        let mut g: egpu_cuda::CUgraph = std::ptr::null_mut();
+        // SAFETY: ends the capture begun on this stream; out-pointer to a live local.
+        self.d.check(unsafe { (self.d.end_capture)(c.stream as CUstream, &mut g) }, "cuStreamEndCapture of the open capture")?;
+        if g.is_null() {
+            bail!("cuStreamEndCapture of the open capture returned no graph");
+        }
+        Ok(())
+    }
+
+    /// Runs `f` in the relaxed stream-capture mode (the burner's own waits,
+    /// which an open capture would otherwise forbid), then restores the mode.
+    pub fn relaxed<R>(&self, f: impl FnOnce() -> Result<R>) -> Result<R> {
+        let mut m = egpu_cuda::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: in/out pointer to a live local holding a documented mode.
+        self.d.check(unsafe { (self.d.exchange_capture_mode)(&mut m) }, "cuThreadExchangeStreamCaptureMode")?;
+        let r = f();
+        // SAFETY: as above; puts the thread's previous mode back.
+        self.d.check(unsafe { (self.d.exchange_capture_mode)(&mut m) }, "cuThreadExchangeStreamCaptureMode")?;
+        r
+    }
+
+    fn launch_on(&self, stream: CUstream, grid: u32, block: u32, iters: u32) -> Result<()> {
         let mut iters = iters;
         let mut sink = self.sink;
         let mut params: [*mut c_void; 2] = [(&raw mut iters).cast(), (&raw mut sink).cast()];
         // SAFETY: `func` was loaded from our module and takes (u32, u64);
         // `params` points at two live locals of those types for the call
         // (the driver copies arguments at launch).
-        let r = unsafe { (self.d.launch)(self.func, grid, 1, 1, block, 1, 1, 0, self.stream, params.as_mut_ptr(), std::ptr::null_mut()) };
+        let r = unsafe { (self.d.launch)(self.func, grid, 1, 1, block, 1, 1, 0, stream, params.as_mut_ptr(), std::ptr::null_mut()) };
         self.d.check(r, "cuLaunchKernel")
     }
 

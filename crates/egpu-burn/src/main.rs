@@ -68,6 +68,79 @@ struct Args {
     /// follow must still be gated.
     #[arg(long)]
     failed_capture: bool,
+    /// Keep a stream capture open on another stream for the whole burn: it
+    /// is begun (and one launch captured) before, one more launch is
+    /// captured after, then it is ended and must give a graph. The burn's
+    /// own waits run in the relaxed capture mode, as a program that waits
+    /// while it captures must.
+    #[arg(long, value_enum)]
+    open_capture: Option<OpenCapture>,
+    /// The thread that holds the `--open-capture` capture.
+    #[arg(long, value_enum, default_value_t = CaptureThread::Same)]
+    capture_thread: CaptureThread,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum OpenCapture {
+    /// `cuStreamBeginCapture_v2`, global mode.
+    Global,
+    /// `cuStreamBeginCapture_v2`, thread-local mode.
+    ThreadLocal,
+    /// `cuStreamBeginCapture_v2`, relaxed mode.
+    Relaxed,
+    /// `cuStreamBeginCaptureToGraph` (CUDA 12.3), global mode.
+    ToGraph,
+}
+
+impl OpenCapture {
+    fn kind(self) -> driver::CaptureKind {
+        match self {
+            OpenCapture::Global => driver::CaptureKind::Mode(egpu_cuda::CU_STREAM_CAPTURE_MODE_GLOBAL),
+            OpenCapture::ThreadLocal => driver::CaptureKind::Mode(egpu_cuda::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+            OpenCapture::Relaxed => driver::CaptureKind::Mode(egpu_cuda::CU_STREAM_CAPTURE_MODE_RELAXED),
+            OpenCapture::ToGraph => driver::CaptureKind::ToGraph,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum CaptureThread {
+    /// The burning thread.
+    Same,
+    /// A thread of its own (with a context of its own).
+    Other,
+}
+
+/// A capture held by another thread: it says when the capture is open,
+/// then waits for the burn to end before it captures again and ends it.
+struct SideCapture {
+    done: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<Result<u32>>,
+}
+
+fn side_capture(device: i32, kind: driver::CaptureKind) -> Result<SideCapture> {
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || -> Result<u32> {
+        let fail = |e: anyhow::Error| {
+            let _ = ready_tx.send(Err(format!("{e:#}")));
+            e
+        };
+        let d = driver::Driver::load().map_err(fail)?;
+        let b = driver::Burner::new(&d, device, ptx::PTX, ptx::ENTRY).map_err(fail)?;
+        let mut c = b.open_capture(kind).map_err(fail)?;
+        let _ = ready_tx.send(Ok(()));
+        let _ = done_rx.recv();
+        b.capture_one(&mut c)?;
+        let n = c.launches;
+        b.end_open_capture(c)?;
+        Ok(n)
+    });
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(SideCapture { done: done_tx, thread }),
+        Ok(Err(e)) => anyhow::bail!("the capture thread could not open its capture: {e}"),
+        Err(_) => anyhow::bail!("the capture thread stopped before opening its capture"),
+    }
 }
 
 fn main() -> Result<()> {
@@ -78,6 +151,17 @@ fn main() -> Result<()> {
         let r = b.failed_capture()?;
         eprintln!("egpu-burn: a stream capture ended with error {r}");
     }
+    let mut same_capture = None;
+    let mut other_capture = None;
+    match (args.open_capture, args.capture_thread) {
+        (None, _) => {}
+        (Some(c), CaptureThread::Same) => same_capture = Some(b.open_capture(c.kind())?),
+        (Some(c), CaptureThread::Other) => other_capture = Some(side_capture(args.device, c.kind())?),
+    }
+    // The burn's own waits, in the relaxed capture mode while a capture is open.
+    let capturing = args.open_capture.is_some();
+    let wait = |e| if capturing { b.relaxed(|| b.wait(e)) } else { b.wait(e) };
+    let sync = || if capturing { b.relaxed(|| b.sync()) } else { b.sync() };
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(args.seconds);
     let mode = match args.mode {
@@ -105,7 +189,7 @@ fn main() -> Result<()> {
     let mut last_done: Option<egpu_cuda::CUevent> = None;
     let mut complete_oldest = |queued: &mut VecDeque<_>, free: &mut Vec<_>, iv: &mut stats::Interval| -> Result<()> {
         if let Some(e) = queued.pop_front() {
-            b.wait(e)?;
+            wait(e)?;
             if let Some(prev) = last_done.replace(e) {
                 if let Some(ns) = b.elapsed_ns(prev, e) {
                     *iv.gpu_ns.get_or_insert(0) += ns;
@@ -131,7 +215,7 @@ fn main() -> Result<()> {
             Mode::Latency => {
                 let t0 = Instant::now();
                 b.launch(args.grid, args.block, args.iters)?;
-                b.sync()?;
+                sync()?;
                 iv.latencies_ns.push(t0.elapsed().as_nanos() as u64);
             }
         }
@@ -157,6 +241,17 @@ fn main() -> Result<()> {
         *all.gpu_ns.get_or_insert(0) += g;
     }
     let total = start.elapsed().as_secs_f64();
+    if let Some(mut c) = same_capture {
+        b.capture_one(&mut c)?;
+        let n = c.launches;
+        b.end_open_capture(c)?;
+        eprintln!("egpu-burn: the open capture (same thread) ended with a graph of {n} launches");
+    }
+    if let Some(side) = other_capture {
+        let _ = side.done.send(());
+        let n = side.thread.join().map_err(|_| anyhow::anyhow!("the capture thread panicked"))??;
+        eprintln!("egpu-burn: the open capture (other thread) ended with a graph of {n} launches");
+    }
     emit(&all.report(total, total, if args.mode == Mode::Saturate { "saturate-total" } else { "latency-total" }));
     Ok(())
 }

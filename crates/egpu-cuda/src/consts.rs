@@ -155,6 +155,16 @@ pub const CU_STREAM_CAPTURE_STATUS_ACTIVE: c_uint = 1;
 /// `CUstreamCaptureStatus`: capturing, but invalidated (must be ended).
 pub const CU_STREAM_CAPTURE_STATUS_INVALIDATED: c_uint = 2;
 
+// --- CUstreamCaptureMode ------------------------------------------------
+/// `CUstreamCaptureMode`: potentially unsafe calls are refused in the
+/// capturing thread and, for this mode's captures, in every thread in the
+/// global mode (every thread's default).
+pub const CU_STREAM_CAPTURE_MODE_GLOBAL: c_uint = 0;
+/// `CUstreamCaptureMode`: potentially unsafe calls are refused in the capturing thread only.
+pub const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: c_uint = 1;
+/// `CUstreamCaptureMode`: no call is refused for being potentially unsafe.
+pub const CU_STREAM_CAPTURE_MODE_RELAXED: c_uint = 2;
+
 // --- CUgraphMem_attribute -------------------------------------------------
 pub const CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT: c_uint = 0;
 pub const CU_GRAPH_MEM_ATTR_USED_MEM_HIGH: c_uint = 1;

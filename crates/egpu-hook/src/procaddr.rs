@@ -58,6 +58,9 @@ const GUARDED: &[&str] = &[
     // Launches: an unknown pointer would escape the compute gate.
     "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernelMultiDevice", "cuGraphLaunch",
     "cuLaunch", "cuLaunchGrid", "cuLaunchGridAsync",
+    // Captures: an unknown pointer would leave a capture uncounted, and the
+    // gate would then record its events into the captured graph.
+    "cuStreamBeginCapture", "cuStreamBeginCaptureToGraph", "cuStreamEndCapture",
 ];
 
 /// The base name of a versioned symbol name, for the `GUARDED` check only.

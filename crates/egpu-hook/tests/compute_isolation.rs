@@ -146,3 +146,35 @@ fn a_failed_end_of_capture_does_not_leave_launches_ungated() {
     assert!((f - 30.0).abs() <= 5.0, "after a failed end of capture the slice ran at {f}%, not its 30% limit");
     assert!(s.usage.region().throttle_waits[0].load(Ordering::Relaxed) > 0, "the gate never held a launch back");
 }
+
+/// A burn at a 30% limit beside a stream capture left open for the whole
+/// run (`egpu-burn --open-capture`): the burn's launches are not captured,
+/// so they must still be gated, and the gate's own event calls must not
+/// invalidate the capture (the simulated driver refuses a potentially
+/// unsafe call the capture modes forbid, and invalidates the capture, as
+/// the real one does), so the capture still ends with a graph.
+fn burn_beside_an_open_capture(mode: &str, thread: &str) {
+    let m = Machine::new("1x16GiB");
+    let s = m.slice("open", 0, 30, 30, Priority::Normal);
+    let egpud = Egpud::start(&m, std::slice::from_ref(&s));
+    let b = m.burn(&s, &["--seconds", "3", "--open-capture", mode, "--capture-thread", thread]);
+    wait_running(&m, &[&b], Duration::from_secs(20));
+    let f = pct(fractions(&m, &[&b], Duration::from_millis(2000))[0]);
+    let (code, _, stderr) = b.finish();
+    egpud.stop();
+    assert_eq!(code, 0, "{stderr}");
+    assert!(stderr.contains(&format!("the open capture ({thread} thread) ended with a graph of 2 launches")), "{stderr}");
+    eprintln!("beside an open {mode} capture ({thread} thread), 30% limit -> {f}%");
+    assert!((f - 30.0).abs() <= 5.0, "beside an open {mode} capture the slice ran at {f}%, not its 30% limit");
+    assert!(s.usage.region().throttle_waits[0].load(Ordering::Relaxed) > 0, "the gate never held a launch back");
+}
+
+#[test]
+fn launches_beside_an_open_global_capture_of_the_same_thread_are_gated() {
+    burn_beside_an_open_capture("global", "same");
+}
+
+#[test]
+fn launches_beside_an_open_capture_to_graph_of_another_thread_are_gated() {
+    burn_beside_an_open_capture("to-graph", "other");
+}

@@ -178,8 +178,24 @@ pub struct Stream {
     pub flags: u32,
     pub priority: i32,
     pub tail: u64,
-    /// Graph being captured into, if capturing.
-    pub capture: Option<u64>,
+    /// The capture in progress on this stream, if any.
+    pub capture: Option<Capture>,
+}
+
+/// A stream capture in progress (`ops::capture`).
+#[derive(Debug)]
+pub struct Capture {
+    /// The graph the stream's work goes into.
+    pub graph: u64,
+    /// Made by the capture (`cuStreamBeginCapture`), not the caller's
+    /// (`cuStreamBeginCaptureToGraph`): dropped if the capture is invalidated.
+    pub owned: bool,
+    /// `CUstreamCaptureMode` it was begun with.
+    pub mode: u32,
+    /// The thread that began it.
+    pub thread: std::thread::ThreadId,
+    /// A forbidden call invalidated it: its end fails.
+    pub invalid: bool,
 }
 
 #[derive(Debug)]

@@ -226,6 +226,96 @@ fn child() {
             wait_parent();
         }
         "used" => say("used", s.nvml0().0),
+        "capture_modes" => {
+            s.ctx0();
+            let f = s.func();
+            let stream = || {
+                let mut st: CUstream = std::ptr::null_mut();
+                assert_eq!(s.cuStreamCreate(&mut st, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+                st
+            };
+            let (cap, other) = (stream(), stream());
+            let mut e: CUevent = std::ptr::null_mut();
+            assert_eq!(s.cuEventCreate(&mut e, 0), CUDA_SUCCESS);
+            assert_eq!(s.cuEventRecord(e, other), CUDA_SUCCESS);
+            let status = || {
+                let mut st = 9;
+                assert_eq!(s.cuStreamIsCapturing(cap, &mut st), CUDA_SUCCESS);
+                st
+            };
+            let end = || {
+                let mut g: CUgraph = 1usize as CUgraph;
+                let r = s.cuStreamEndCapture(cap, &mut g);
+                (r, g as usize)
+            };
+            let set_mode = |m: u32| {
+                let mut m = m;
+                assert_eq!(s.cuThreadExchangeStreamCaptureMode(&mut m), CUDA_SUCCESS);
+                m
+            };
+            // The capturing thread's own query, in the default (global) mode.
+            assert_eq!(s.cuStreamBeginCapture_v2(cap, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+            say("own_query", s.cuEventQuery(e));
+            say("status", status());
+            say("launch_into_invalid", s.launch(f, 1024, cap));
+            let (r, g) = end();
+            say("end_invalid", format!("{r} {g}"));
+            say("status_after", status());
+            // The same query in the relaxed mode leaves the capture whole.
+            assert_eq!(s.cuStreamBeginCapture_v2(cap, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+            say("old_mode", set_mode(CU_STREAM_CAPTURE_MODE_RELAXED));
+            say("relaxed_query", s.cuEventQuery(e));
+            say("restored", set_mode(CU_STREAM_CAPTURE_MODE_GLOBAL));
+            assert_eq!(s.launch(f, 1024, cap), CUDA_SUCCESS);
+            let (r, g) = end();
+            say("end_relaxed", format!("{r} {}", g != 0));
+            // Another thread: a global capture forbids its global-mode
+            // queries only; a thread-local capture forbids none of them.
+            // Handles cross threads as integers (raw pointers are not Send).
+            let (e_h, cap_h) = (e as usize, cap as usize);
+            let in_thread = |m: u32| {
+                std::thread::scope(|sc| {
+                    sc.spawn(|| {
+                        s.ctx0();
+                        set_mode(m);
+                        s.cuEventQuery(e_h as CUevent)
+                    })
+                    .join()
+                    .unwrap()
+                })
+            };
+            assert_eq!(s.cuStreamBeginCapture_v2(cap, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+            say("other_thread_local", in_thread(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
+            say("other_intact", status());
+            say("other_global", in_thread(CU_STREAM_CAPTURE_MODE_GLOBAL));
+            say("end_other", end().0);
+            assert_eq!(s.cuStreamBeginCapture_v2(cap, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), CUDA_SUCCESS);
+            say("tl_other_global", in_thread(CU_STREAM_CAPTURE_MODE_GLOBAL));
+            say("end_tl", end().0);
+            // A non-relaxed capture is ended by the thread that began it.
+            assert_eq!(s.cuStreamBeginCapture_v2(cap, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+            let wrong = std::thread::scope(|sc| {
+                sc.spawn(|| {
+                    s.ctx0();
+                    let mut g: CUgraph = std::ptr::null_mut();
+                    s.cuStreamEndCapture(cap_h as CUstream, &mut g)
+                })
+                .join()
+                .unwrap()
+            });
+            say("wrong_thread", wrong);
+            say("end_right_thread", end().0);
+            // Capture into the caller's graph: the end hands that graph back.
+            let mut mine: CUgraph = std::ptr::null_mut();
+            assert_eq!(s.cuGraphCreate(&mut mine, 0), CUDA_SUCCESS);
+            let none = std::ptr::null();
+            say("to_unknown_graph", s.cuStreamBeginCaptureToGraph(cap, 0xdead_0000usize as CUgraph, std::ptr::null(), none, 0, 0));
+            assert_eq!(s.cuStreamBeginCaptureToGraph(cap, mine, std::ptr::null(), none, 0, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+            say("to_graph_status", status());
+            assert_eq!(s.launch(f, 1024, cap), CUDA_SUCCESS);
+            let (r, g) = end();
+            say("to_graph_end", format!("{r} {}", g == mine as usize));
+        }
         other => panic!("unknown role {other}"),
     }
 }
@@ -405,4 +495,33 @@ fn a_killed_parents_memory_is_reclaimed_while_its_forked_child_lives() {
     // SAFETY: kill(2) of the orphaned grandchild this test made.
     unsafe { libc::kill(child, libc::SIGKILL) };
     assert_eq!(used, "0", "the dead parent's memory is still charged while its child lives");
+}
+
+#[test]
+fn stream_capture_refuses_the_calls_its_modes_forbid() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = state_path(&dir);
+    let mut k = run("capture_modes", &[("EGPU_SIM_STATE", &st)]);
+    let (unsupported, invalidated) = (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.to_string(), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    assert_eq!(k.expect("own_query"), unsupported, "a global capture forbids its own thread's event query");
+    assert_eq!(k.expect("status"), CU_STREAM_CAPTURE_STATUS_INVALIDATED.to_string());
+    assert_eq!(k.expect("launch_into_invalid"), invalidated.to_string());
+    assert_eq!(k.expect("end_invalid"), format!("{invalidated} 0"), "an invalidated capture ends with an error and no graph");
+    assert_eq!(k.expect("status_after"), CU_STREAM_CAPTURE_STATUS_NONE.to_string());
+    assert_eq!(k.expect("old_mode"), CU_STREAM_CAPTURE_MODE_GLOBAL.to_string());
+    assert_eq!(k.expect("relaxed_query"), "0", "the relaxed mode may query");
+    assert_eq!(k.expect("restored"), CU_STREAM_CAPTURE_MODE_RELAXED.to_string());
+    assert_eq!(k.expect("end_relaxed"), "0 true");
+    assert_eq!(k.expect("other_thread_local"), "0", "another thread in the thread-local mode may query");
+    assert_eq!(k.expect("other_intact"), CU_STREAM_CAPTURE_STATUS_ACTIVE.to_string());
+    assert_eq!(k.expect("other_global"), unsupported, "another thread in the global mode may not");
+    assert_eq!(k.expect("end_other"), invalidated.to_string());
+    assert_eq!(k.expect("tl_other_global"), "0", "a thread-local capture does not bind other threads");
+    assert_eq!(k.expect("end_tl"), "0");
+    assert_eq!(k.expect("wrong_thread"), CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD.to_string());
+    assert_eq!(k.expect("end_right_thread"), "0");
+    assert_eq!(k.expect("to_unknown_graph"), CUDA_ERROR_INVALID_VALUE.to_string());
+    assert_eq!(k.expect("to_graph_status"), CU_STREAM_CAPTURE_STATUS_ACTIVE.to_string());
+    assert_eq!(k.expect("to_graph_end"), "0 true", "a capture into the caller's graph ends with that graph");
+    k.finish();
 }

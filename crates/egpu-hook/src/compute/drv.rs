@@ -12,6 +12,25 @@ crate::detour::real_fns! {
     fn cuEventQuery(e: CUevent) -> CUresult;
     fn cuEventSynchronize(e: CUevent) -> CUresult;
     fn cuEventElapsedTime(ms: *mut f32, a: CUevent, b: CUevent) -> CUresult;
+    fn cuStreamIsCapturing(s: CUstream, status: *mut c_uint) -> CUresult;
+    fn cuThreadExchangeStreamCaptureMode(mode: *mut c_uint) -> CUresult;
+}
+
+/// The capture status of stream `s` (`cuStreamIsCapturing`), if the driver says.
+pub fn capture_status(s: usize) -> Option<c_uint> {
+    let f = real::cuStreamIsCapturing.get()?;
+    let mut st: c_uint = 0;
+    // SAFETY: writes one capture status into `st`; a bad handle only returns an error.
+    (unsafe { f(s as CUstream, &mut st) } == 0).then_some(st)
+}
+
+/// Sets the calling thread's stream capture mode
+/// (`cuThreadExchangeStreamCaptureMode`); returns the one it had, if the driver has the call.
+pub fn exchange_capture_mode(mode: c_uint) -> Option<c_uint> {
+    let f = real::cuThreadExchangeStreamCaptureMode.get()?;
+    let mut m = mode;
+    // SAFETY: `m` is a valid in/out pointer holding a documented mode.
+    (unsafe { f(&mut m) } == 0).then_some(m)
 }
 
 /// Creates an event with timing, in the current context.

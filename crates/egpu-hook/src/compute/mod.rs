@@ -10,10 +10,16 @@
 //!   on that device (its completion event); `WaitUntil` sleeps to the next
 //!   period and counts the wait (`throttle_waits`, `throttled_ns`).
 //! - **No arbiter** (`arbiter_period_ns == 0`): nothing is gated or
-//!   measured; the launch costs one extra atomic load. While any stream of
-//!   the process is being captured into a graph, launches are captured, not
-//!   run, so they are not gated either (and no event is recorded or queried,
-//!   which would break a global-mode capture).
+//!   measured; the launch costs one extra atomic load.
+//! - **Stream capture.** A launch on a stream that is being captured into a
+//!   graph is recorded, not run, so it is not gated (nor is an event
+//!   recorded on that stream, which would become part of the graph). While
+//!   any capture of the process is in progress, every other launch is still
+//!   gated, and the gate's own event calls run in the thread's *relaxed*
+//!   capture mode (`cuThreadExchangeStreamCaptureMode`, restored after), so
+//!   an event query cannot invalidate a capture begun in the global or
+//!   thread-local mode. A driver without that call gets the old rule: no
+//!   gating while a capture is in progress.
 //! - **Measurement.** [`after`] records a pooled timing event on the
 //!   launching stream (by default when the stream's last event is ≥ 50 µs
 //!   old or 64 launches back, so every launch of a kernel longer than 50 µs;
@@ -44,7 +50,8 @@ use streams::{Done, Table};
 
 /// This process's gate per slice device.
 static GATES: [ProcGate; MAX_DEVICES] = [const { ProcGate::new() }; MAX_DEVICES];
-/// Stream captures in progress in this process.
+/// Stream captures in progress in this process, counted from just before
+/// the driver is asked to begin one.
 static CAPTURES: AtomicI64 = AtomicI64::new(0);
 /// Bumped in a fork child: thread tables of another generation are forgotten.
 static FORK_GEN: AtomicU64 = AtomicU64::new(0);
@@ -151,17 +158,54 @@ fn with_table<R>(f: impl FnOnce(&mut Table) -> R) -> R {
     })
 }
 
+/// While a stream capture of the process is in progress: the calling
+/// thread in the relaxed capture mode, its own mode restored on drop.
+struct CaptureSafe(Option<u32>);
+
+impl CaptureSafe {
+    /// Relaxed mode if a capture is in progress. `None`: one is, and the
+    /// driver cannot change the mode (the gate must not make its calls).
+    fn enter() -> Option<CaptureSafe> {
+        if CAPTURES.load(Relaxed) <= 0 {
+            return Some(CaptureSafe(None));
+        }
+        drv::exchange_capture_mode(egpu_cuda::CU_STREAM_CAPTURE_MODE_RELAXED).map(|old| CaptureSafe(Some(old)))
+    }
+}
+
+impl Drop for CaptureSafe {
+    fn drop(&mut self) {
+        if let Some(old) = self.0 {
+            let _ = drv::exchange_capture_mode(old);
+        }
+    }
+}
+
+/// Whether a launch on the stream keyed `key` is captured rather than run:
+/// its stream is capturing (or its capture was invalidated, so the launch
+/// fails), or the driver cannot say (the legacy stream while a blocking
+/// stream is captured answers `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`: the
+/// launch would be refused too).
+fn captured(key: usize) -> bool {
+    drv::capture_status(key) != Some(egpu_cuda::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
 /// Gates one launch on `stream` (in the current context). `Ok(None)`: not
-/// gated (no arbiter, or a capture in progress); call the driver directly.
-/// Blocks while the slice is out of budget or the process's queue is full.
+/// gated (no arbiter, or a launch into a stream capture); call the driver
+/// directly. Blocks while the slice is out of budget or the process's
+/// queue is full.
 #[inline]
 pub fn admit(stream: CUstream, ptsz: bool) -> Result<Option<Ticket>, CUresult> {
     let s = crate::state::slice()?;
-    if s.limits.region().arbiter_period_ns.load(Relaxed) == 0 || CAPTURES.load(Relaxed) > 0 {
+    if s.limits.region().arbiter_period_ns.load(Relaxed) == 0 {
         return Ok(None);
     }
-    let dev = if s.uuids.len() == 1 { 0 } else { crate::devmap::current()?.1 };
     let key = normalise(stream, ptsz);
+    if CAPTURES.load(Relaxed) > 0 && captured(key) {
+        return Ok(None);
+    }
+    let Some(_safe) = CaptureSafe::enter() else { return Ok(None) };
+    let dev = if s.uuids.len() == 1 { 0 } else { crate::devmap::current()?.1 };
     let v = view(s, dev);
     let g = &GATES[dev];
     let mut now = monotonic_ns();
@@ -226,6 +270,10 @@ pub fn after(t: Ticket, ok: bool) {
         r.launches[t.dev].fetch_add(1, Relaxed);
     }
     let n = every();
+    let Some(_safe) = CaptureSafe::enter() else {
+        complete(Done { dev: t.dev, est, measured: est, n: 1 });
+        return;
+    };
     with_table(|tab| {
         let Some(e) = tab.entries.iter_mut().find(|e| e.key == t.key && e.dev == t.dev) else {
             // The entry was evicted between admit and here: give it back at its estimate.
@@ -267,21 +315,19 @@ fn near(s: &'static Slice, dev: usize, g: &ProcGate, n: u32) -> bool {
 
 /// After a synchronisation the caller waited for: reap what completed.
 pub fn after_sync() {
-    if CAPTURES.load(Relaxed) > 0 {
-        return;
-    }
+    let Some(_safe) = CaptureSafe::enter() else { return };
     let now = monotonic_ns();
     with_table(|t| t.reap_all(now, &mut complete));
 }
 
-/// A stream capture began (`ok`: the driver accepted it).
-pub fn capture_began(ok: bool) {
-    if ok {
-        CAPTURES.fetch_add(1, Relaxed);
-    }
+/// A stream capture is about to begin (undone by `capture_ended(true)` if
+/// the driver refuses it).
+pub fn capture_starting() {
+    CAPTURES.fetch_add(1, Relaxed);
 }
 
-/// A `cuStreamEndCapture` returned; `ended`: the stream's capture is over.
+/// A `cuStreamEndCapture` returned (or a begin failed); `ended`: the
+/// stream's capture is over.
 pub fn capture_ended(ended: bool) {
     if ended {
         let _ = CAPTURES.fetch_update(Relaxed, Relaxed, |c| Some((c - 1).max(0)));

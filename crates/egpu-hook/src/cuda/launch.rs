@@ -8,11 +8,11 @@
 //! the per-thread default stream, and the completion event must go to the
 //! same stream as the launch.
 
-use super::drv::real as drv;
+use crate::compute::drv::capture_status;
 use super::sig;
 use crate::compute;
 use crate::detour::Outcome;
-use egpu_cuda::{CUDA_LAUNCH_PARAMS, CUfunction, CUgraphExec, CUlaunchConfig, CUresult, CUstream};
+use egpu_cuda::{CUDA_LAUNCH_PARAMS, CUfunction, CUgraph, CUgraphExec, CUgraphNode, CUlaunchConfig, CUresult, CUstream};
 use std::ffi::{c_int, c_uint, c_void};
 
 /// One gated launch on `stream`: admit (may wait), call the driver, measure.
@@ -163,10 +163,17 @@ pub(crate) fn launch_grid_async(real: sig::cuLaunchGridAsync, f: CUfunction, w: 
     gated(stream, false, || unsafe { real(f, w, h, stream) })
 }
 
-/// `cuStreamBeginCapture*`: while a capture runs, launches are recorded
-/// into a graph instead of running, so the gate steps aside.
-pub(crate) fn begin_capture(r: CUresult) -> Outcome {
-    compute::capture_began(r == 0);
+/// `cuStreamBeginCapture*`: while a capture runs, the launches on the
+/// capturing streams are recorded into a graph instead of running, so the
+/// gate steps aside for them (and only them, see [`compute::admit`]). The
+/// capture is counted from just before the driver is asked, so another
+/// thread's gate calls are already made capture-safe while it begins.
+pub(crate) fn begin_capture(begin: impl FnOnce() -> CUresult) -> Outcome {
+    compute::capture_starting();
+    let r = begin();
+    if r != 0 {
+        compute::capture_ended(true);
+    }
     Outcome::from_code(r)
 }
 
@@ -175,7 +182,7 @@ macro_rules! begin_capture {
         #[doc = concat!("`", stringify!($sig), "`: counted as a capture in progress.")]
         pub(crate) fn $name(real: sig::$sig, $($arg: $ty),*) -> Outcome {
             // SAFETY: the real function with the caller's arguments.
-            begin_capture(unsafe { real($($arg),*) })
+            begin_capture(|| unsafe { real($($arg),*) })
         }
     };
 }
@@ -183,6 +190,8 @@ begin_capture!(begin_capture_v1, cuStreamBeginCapture(s: CUstream));
 begin_capture!(begin_capture_v1_ptsz, cuStreamBeginCapture_ptsz(s: CUstream));
 begin_capture!(begin_capture_v2, cuStreamBeginCapture_v2(s: CUstream, mode: c_uint));
 begin_capture!(begin_capture_v2_ptsz, cuStreamBeginCapture_v2_ptsz(s: CUstream, mode: c_uint));
+begin_capture!(begin_capture_to_graph, cuStreamBeginCaptureToGraph(s: CUstream, graph: CUgraph, deps: *const CUgraphNode, data: *const c_void, n: usize, mode: c_uint));
+begin_capture!(begin_capture_to_graph_ptsz, cuStreamBeginCaptureToGraph_ptsz(s: CUstream, graph: CUgraph, deps: *const CUgraphNode, data: *const c_void, n: usize, mode: c_uint));
 
 /// `cuStreamEndCapture` / `_ptsz`.
 #[doc(alias = "cuStreamEndCapture")]
@@ -198,7 +207,7 @@ pub(crate) fn end_capture_ptsz(real: sig::cuStreamEndCapture, s: CUstream, graph
 
 /// Ends the capture on `s`; `asked` is the same stream as `cuStreamIsCapturing` names it.
 fn end_capture_on(real: sig::cuStreamEndCapture, s: CUstream, graph: *mut egpu_cuda::CUgraph, asked: CUstream) -> Outcome {
-    let before = capture_status(asked);
+    let before = capture_status(asked as usize);
     // SAFETY: the real function with the caller's arguments.
     let r = unsafe { real(s, graph) };
     // Success and an invalidated capture end it. Another failure may or
@@ -206,17 +215,9 @@ fn end_capture_on(real: sig::cuStreamEndCapture, s: CUstream, graph: *mut egpu_c
     // the graph out): the stream says, when it can; else it did not.
     let ended = r == 0
         || r == egpu_cuda::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED
-        || matches!((before, capture_status(asked)), (Some(was), Some(now)) if was != egpu_cuda::CU_STREAM_CAPTURE_STATUS_NONE && now == egpu_cuda::CU_STREAM_CAPTURE_STATUS_NONE);
+        || matches!((before, capture_status(asked as usize)), (Some(was), Some(now)) if was != egpu_cuda::CU_STREAM_CAPTURE_STATUS_NONE && now == egpu_cuda::CU_STREAM_CAPTURE_STATUS_NONE);
     compute::capture_ended(ended);
     Outcome::from_code(r)
-}
-
-/// The capture status of stream `s` (`cuStreamIsCapturing`), if the driver says.
-fn capture_status(s: CUstream) -> Option<u32> {
-    let f = drv::cuStreamIsCapturing.get()?;
-    let mut st: u32 = 0;
-    // SAFETY: writes one capture status into `st`.
-    (unsafe { f(s, &mut st) } == 0).then_some(st)
 }
 
 /// `cuEventSynchronize`: the caller waited; reap the gate's completed events.

@@ -98,6 +98,8 @@ crate::detour::hooks! {
     fn cuStreamBeginCapture_ptsz(s: CUstream) => launch::begin_capture_v1_ptsz;
     fn cuStreamBeginCapture_v2(s: CUstream, mode: c_uint) => launch::begin_capture_v2;
     fn cuStreamBeginCapture_v2_ptsz(s: CUstream, mode: c_uint) => launch::begin_capture_v2_ptsz;
+    fn cuStreamBeginCaptureToGraph(s: CUstream, graph: CUgraph, deps: *const CUgraphNode, data: *const c_void, n: usize, mode: c_uint) => launch::begin_capture_to_graph;
+    fn cuStreamBeginCaptureToGraph_ptsz(s: CUstream, graph: CUgraph, deps: *const CUgraphNode, data: *const c_void, n: usize, mode: c_uint) => launch::begin_capture_to_graph_ptsz;
     fn cuStreamEndCapture(s: CUstream, graph: *mut CUgraph) => launch::end_capture;
     fn cuStreamEndCapture_ptsz(s: CUstream, graph: *mut CUgraph) => launch::end_capture_ptsz;
     fn cuEventSynchronize(e: CUevent) => launch::event_synchronize;
@@ -134,6 +136,5 @@ pub mod drv {
         fn cuGraphMemAllocNodeGetParams(node: CUgraphNode, params: *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> CUresult;
         fn cuGraphChildGraphNodeGetGraph(node: CUgraphNode, graph: *mut CUgraph) -> CUresult;
         fn cuDeviceGetGraphMemAttribute(dev: CUdevice, attr: u32, value: *mut c_void) -> CUresult;
-        fn cuStreamIsCapturing(stream: CUstream, status: *mut u32) -> CUresult;
     }
 }

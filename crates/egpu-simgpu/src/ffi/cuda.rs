@@ -1,6 +1,6 @@
 //! Driver-API exports (`cu*`), grouped by family.
 
-use crate::ops::{array, context as ctx, copy, device, graph, ipc, launch, memory as mem, module, pool, stream, vmm};
+use crate::ops::{array, capture, context as ctx, copy, device, graph, ipc, launch, memory as mem, module, pool, stream, vmm};
 use crate::procaddr;
 use egpu_cuda::*;
 use std::ffi::{c_char, c_void};
@@ -236,12 +236,15 @@ cu_exports! {
     cuStreamGetId_ptsz(s: CUstream, id: P<u64>) => stream::stream_get_id(s, id, true);
     cuLaunchHostFunc(s: CUstream, f: CUhostFn, d: P<c_void>) => stream::launch_host_func(s, f, d as usize, false);
     cuLaunchHostFunc_ptsz(s: CUstream, f: CUhostFn, d: P<c_void>) => stream::launch_host_func(s, f, d as usize, true);
-    cuStreamBeginCapture(s: CUstream) => graph::begin_capture(s, 0, false);
-    cuStreamBeginCapture_ptsz(s: CUstream) => graph::begin_capture(s, 0, true);
-    cuStreamBeginCapture_v2(s: CUstream, m: u32) => graph::begin_capture(s, m, false);
-    cuStreamBeginCapture_v2_ptsz(s: CUstream, m: u32) => graph::begin_capture(s, m, true);
-    cuStreamEndCapture(s: CUstream, g: P<CUgraph>) => graph::end_capture(s, g, false);
-    cuStreamEndCapture_ptsz(s: CUstream, g: P<CUgraph>) => graph::end_capture(s, g, true);
+    cuStreamBeginCapture(s: CUstream) => capture::begin_capture(s, 0, false);
+    cuStreamBeginCapture_ptsz(s: CUstream) => capture::begin_capture(s, 0, true);
+    cuStreamBeginCapture_v2(s: CUstream, m: u32) => capture::begin_capture(s, m, false);
+    cuStreamBeginCapture_v2_ptsz(s: CUstream, m: u32) => capture::begin_capture(s, m, true);
+    cuStreamBeginCaptureToGraph(s: CUstream, g: CUgraph, d: Pc<CUgraphNode>, e: Pc<c_void>, n: usize, m: u32) => capture::begin_capture_to_graph(s, g, m, false);
+    cuStreamBeginCaptureToGraph_ptsz(s: CUstream, g: CUgraph, d: Pc<CUgraphNode>, e: Pc<c_void>, n: usize, m: u32) => capture::begin_capture_to_graph(s, g, m, true);
+    cuStreamEndCapture(s: CUstream, g: P<CUgraph>) => capture::end_capture(s, g, false);
+    cuStreamEndCapture_ptsz(s: CUstream, g: P<CUgraph>) => capture::end_capture(s, g, true);
+    cuThreadExchangeStreamCaptureMode(m: P<u32>) => capture::exchange_mode(m);
     cuStreamIsCapturing(s: CUstream, st: P<u32>) => stream::is_capturing(s, st, false);
     cuStreamIsCapturing_ptsz(s: CUstream, st: P<u32>) => stream::is_capturing(s, st, true);
     cuStreamGetCaptureInfo(s: CUstream, st: P<u32>, id: P<u64>) => stream::get_capture_info(s, st, id, null_mut(), null_mut(), null_mut(), false);

@@ -259,7 +259,8 @@ pub fn ctx_tail(g: &Inner, h: u64) -> u64 {
 pub fn synchronize() -> R<()> {
     let p = cu()?;
     let (deadline, ord) = {
-        let g = p.lock();
+        let mut g = p.lock();
+        crate::ops::capture::unsafe_call(&mut g)?;
         let h = current(&g)?;
         (ctx_tail(&g, h), g.ctxs[&h].ord)
     };

@@ -189,28 +189,3 @@ pub fn set_graph_mem_attribute(dev: CUdevice, attr: u32, value: *mut c_void) -> 
     Ok(())
 }
 
-pub fn begin_capture(s: CUstream, _mode: u32, ptsz: bool) -> R<()> {
-    let p = cu()?;
-    let mut g = p.lock();
-    let stream::SRef::User(h) = stream::resolve(&g, s, ptsz)? else {
-        return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-    };
-    let graph = new_handle();
-    g.graphs.insert(graph, Graph::default());
-    let st = g.streams.get_mut(&h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    if st.capture.is_some() {
-        return Err(CUDA_ERROR_ILLEGAL_STATE);
-    }
-    st.capture = Some(graph);
-    Ok(())
-}
-
-pub fn end_capture(s: CUstream, out: *mut CUgraph, ptsz: bool) -> R<()> {
-    let p = cu()?;
-    let mut g = p.lock();
-    let stream::SRef::User(h) = stream::resolve(&g, s, ptsz)? else {
-        return Err(CUDA_ERROR_ILLEGAL_STATE);
-    };
-    let graph = g.streams.get_mut(&h).ok_or(CUDA_ERROR_INVALID_HANDLE)?.capture.take().ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
-    write(out, graph as CUgraph)
-}

@@ -46,9 +46,12 @@ fn launch(f: CUfunction, grid: [u32; 3], block: [u32; 3], s: CUstream, ptsz: boo
     }
     let r = stream::resolve(&g, s, ptsz)?;
     if let SRef::User(h) = r
-        && let Some(graph) = g.streams[&h].capture
+        && let Some(c) = &g.streams[&h].capture
     {
-        let node = crate::rt::new_handle();
+        if c.invalid {
+            return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        }
+        let (graph, node) = (c.graph, crate::rt::new_handle());
         g.graphs.entry(graph).or_default().nodes.push((node, Node::Kernel { threads: n }));
         return Ok(());
     }

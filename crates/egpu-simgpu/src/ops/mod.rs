@@ -4,6 +4,7 @@
 
 pub mod arena;
 pub mod array;
+pub mod capture;
 pub mod context;
 pub mod copy;
 pub mod device;

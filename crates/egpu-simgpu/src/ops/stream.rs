@@ -7,7 +7,7 @@
 //! synchronisation rules). Copies and memsets take no simulated time.
 
 use crate::cptr::{R, write, write_opt};
-use crate::ops::context;
+use crate::ops::{capture, context};
 use crate::rt::{Event, Inner, Stream, cu, new_handle};
 use crate::state::timing::{now_ns, sleep_until};
 use egpu_cuda::*;
@@ -111,7 +111,8 @@ pub fn stream_destroy(s: CUstream) -> R<()> {
 pub fn stream_synchronize(s: CUstream, ptsz: bool) -> R<()> {
     let p = cu()?;
     let (deadline, ord) = {
-        let g = p.lock();
+        let mut g = p.lock();
+        capture::unsafe_call(&mut g)?;
         let r = resolve(&g, s, ptsz)?;
         (earliest(&g, r), g.ctxs[&r.ctx(&g)].ord)
     };
@@ -122,7 +123,8 @@ pub fn stream_synchronize(s: CUstream, ptsz: bool) -> R<()> {
 
 pub fn stream_query(s: CUstream, ptsz: bool) -> R<()> {
     let p = cu()?;
-    let g = p.lock();
+    let mut g = p.lock();
+    capture::unsafe_call(&mut g)?;
     let r = resolve(&g, s, ptsz)?;
     if earliest(&g, r) > now_ns() { Err(CUDA_ERROR_NOT_READY) } else { Ok(()) }
 }
@@ -222,7 +224,8 @@ pub fn event_record(e: CUevent, s: CUstream, ptsz: bool) -> R<()> {
 
 pub fn event_query(e: CUevent) -> R<()> {
     let p = cu()?;
-    let g = p.lock();
+    let mut g = p.lock();
+    capture::unsafe_call(&mut g)?;
     let ev = g.events.get(&(e as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     match ev.time {
         Some(t) if t > now_ns() => Err(CUDA_ERROR_NOT_READY),
@@ -233,7 +236,8 @@ pub fn event_query(e: CUevent) -> R<()> {
 pub fn event_synchronize(e: CUevent) -> R<()> {
     let p = cu()?;
     let (t, ord) = {
-        let g = p.lock();
+        let mut g = p.lock();
+        capture::unsafe_call(&mut g)?;
         let t = g.events.get(&(e as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?.time.unwrap_or(0);
         let ord = context::current(&g).ok().map(|c| g.ctxs[&c].ord);
         (t, ord)
@@ -260,14 +264,11 @@ pub fn event_elapsed_time(ms: *mut f32, start: CUevent, end: CUevent) -> R<()> {
     write(ms, (tb as f64 - ta as f64) as f32 / 1e6)
 }
 
-/// Stream capture status (`CUstreamCaptureStatus`: 0 none, 1 active).
+/// Stream capture status (`CUstreamCaptureStatus`: 0 none, 1 active, 2 invalidated).
 pub fn is_capturing(s: CUstream, out: *mut u32, ptsz: bool) -> R<()> {
     let p = cu()?;
     let g = p.lock();
-    let v = match resolve(&g, s, ptsz)? {
-        SRef::User(h) => g.streams[&h].capture.is_some() as u32,
-        _ => 0,
-    };
+    let v = capture::status(&g, resolve(&g, s, ptsz)?);
     write(out, v)
 }
 
@@ -284,11 +285,12 @@ pub fn get_capture_info(
 ) -> R<()> {
     let p = cu()?;
     let g = p.lock();
-    let cap = match resolve(&g, s, ptsz)? {
-        SRef::User(h) => g.streams[&h].capture,
+    let r = resolve(&g, s, ptsz)?;
+    let cap = match r {
+        SRef::User(h) => g.streams[&h].capture.as_ref().map(|c| c.graph),
         _ => None,
     };
-    write(status, cap.is_some() as u32)?;
+    write(status, capture::status(&g, r))?;
     write_opt(id, cap.unwrap_or(0));
     write_opt(graph, cap.unwrap_or(0) as CUgraph);
     write_opt(deps, std::ptr::null());

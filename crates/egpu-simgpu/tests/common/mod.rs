@@ -75,6 +75,12 @@ api! {
     cuLaunchKernel(f: CUfunction, gx: u32, gy: u32, gz: u32, bx: u32, by: u32, bz: u32, sm: u32, s: CUstream, p: *mut *mut c_void, e: *mut *mut c_void) -> CUresult;
     cuStreamCreate(s: *mut CUstream, f: u32) -> CUresult;
     cuStreamSynchronize(s: CUstream) -> CUresult;
+    cuStreamBeginCapture_v2(s: CUstream, m: u32) -> CUresult;
+    cuStreamBeginCaptureToGraph(s: CUstream, g: CUgraph, d: *const CUgraphNode, e: *const c_void, n: usize, m: u32) -> CUresult;
+    cuStreamEndCapture(s: CUstream, g: *mut CUgraph) -> CUresult;
+    cuStreamIsCapturing(s: CUstream, st: *mut u32) -> CUresult;
+    cuThreadExchangeStreamCaptureMode(m: *mut u32) -> CUresult;
+    cuGraphCreate(g: *mut CUgraph, f: u32) -> CUresult;
     cuEventCreate(e: *mut CUevent, f: u32) -> CUresult;
     cuEventRecord(e: CUevent, s: CUstream) -> CUresult;
     cuEventQuery(e: CUevent) -> CUresult;

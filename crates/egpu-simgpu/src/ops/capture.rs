@@ -1,0 +1,179 @@
+//! Stream capture: `cuStreamBeginCapture*`, `cuStreamBeginCaptureToGraph`,
+//! `cuStreamEndCapture`, `cuThreadExchangeStreamCaptureMode`, and the rule
+//! that makes capture fragile in real programs: while a capture is in
+//! progress, some calls are *potentially unsafe* and, when the modes
+//! forbid them, fail with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and
+//! invalidate the capture (its end then fails with
+//! `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED`).
+//!
+//! The rule, as the driver API documents it for a thread's capture mode:
+//! - `GLOBAL` (every thread's default): the thread may not make such calls
+//!   while it has a capture of its own not begun `RELAXED`, nor while any
+//!   other thread has a capture begun `GLOBAL`;
+//! - `THREAD_LOCAL`: only its own non-relaxed captures forbid them;
+//! - `RELAXED`: nothing does.
+//!
+//! Here the potentially unsafe calls are the synchronous waits and queries
+//! (`cuEventQuery`, `cuEventSynchronize`, `cuStreamQuery`,
+//! `cuStreamSynchronize`, `cuCtxSynchronize`). Which calls the real driver
+//! counts is not published in full; an event query from another thread
+//! invalidating a global capture is the case seen in practice.
+
+use crate::cptr::{R, read, write};
+use crate::ops::stream::{self, SRef};
+use crate::rt::{Capture, Graph, Inner, cu, new_handle};
+use egpu_cuda::*;
+use std::cell::Cell;
+use std::thread::ThreadId;
+
+const MODE_GLOBAL: u32 = CU_STREAM_CAPTURE_MODE_GLOBAL;
+const MODE_RELAXED: u32 = CU_STREAM_CAPTURE_MODE_RELAXED;
+
+thread_local! {
+    /// This thread's capture interaction mode.
+    static THREAD_MODE: Cell<u32> = const { Cell::new(MODE_GLOBAL) };
+}
+
+fn me() -> ThreadId {
+    std::thread::current().id()
+}
+
+/// `cuThreadExchangeStreamCaptureMode`: swaps the thread's mode with `*mode`.
+pub fn exchange_mode(mode: *mut u32) -> R<()> {
+    let new = read(mode)?;
+    if new > MODE_RELAXED {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let old = THREAD_MODE.with(|m| m.replace(new));
+    write(mode, old)
+}
+
+/// Whether a capture forbids this thread's potentially unsafe calls.
+fn forbids(c: &Capture, mode: u32, me: ThreadId) -> bool {
+    match mode {
+        MODE_RELAXED => false,
+        _ if c.thread == me => c.mode != MODE_RELAXED,
+        MODE_GLOBAL => c.mode == MODE_GLOBAL,
+        _ => false,
+    }
+}
+
+/// Before a potentially unsafe call: fails it, and invalidates the captures
+/// that forbid it, when the thread's mode and the captures in progress say so.
+pub fn unsafe_call(g: &mut Inner) -> R<()> {
+    let mode = THREAD_MODE.with(Cell::get);
+    let me = me();
+    let mut refused = false;
+    for c in g.streams.values_mut().filter_map(|s| s.capture.as_mut()) {
+        if forbids(c, mode, me) {
+            c.invalid = true;
+            refused = true;
+        }
+    }
+    if refused { Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) } else { Ok(()) }
+}
+
+/// [`unsafe_call`] with the process lock taken.
+pub fn check_unsafe_call() -> R<()> {
+    let p = cu()?;
+    let mut g = p.lock();
+    unsafe_call(&mut g)
+}
+
+fn begin(g: &mut Inner, s: CUstream, graph: u64, owned: bool, mode: u32, ptsz: bool) -> R<()> {
+    if mode > MODE_RELAXED {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let SRef::User(h) = stream::resolve(g, s, ptsz)? else {
+        return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+    };
+    let st = g.streams.get_mut(&h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    if st.capture.is_some() {
+        return Err(CUDA_ERROR_ILLEGAL_STATE);
+    }
+    st.capture = Some(Capture { graph, owned, mode, thread: me(), invalid: false });
+    if owned {
+        g.graphs.insert(graph, Graph::default());
+    }
+    Ok(())
+}
+
+/// `cuStreamBeginCapture(_v2)(_ptsz)`: capture into a new graph.
+pub fn begin_capture(s: CUstream, mode: u32, ptsz: bool) -> R<()> {
+    let p = cu()?;
+    let mut g = p.lock();
+    begin(&mut g, s, new_handle(), true, mode, ptsz)
+}
+
+/// `cuStreamBeginCaptureToGraph(_ptsz)`: capture into the caller's graph
+/// (the first node's dependencies are not modelled: nodes have no edges here).
+pub fn begin_capture_to_graph(s: CUstream, graph: CUgraph, mode: u32, ptsz: bool) -> R<()> {
+    let p = cu()?;
+    let mut g = p.lock();
+    if !g.graphs.contains_key(&(graph as u64)) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    begin(&mut g, s, graph as u64, false, mode, ptsz)
+}
+
+/// `cuStreamEndCapture(_ptsz)`. An invalidated capture ends with
+/// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` and a null graph; a capture
+/// begun not `RELAXED` must be ended by the thread that began it.
+pub fn end_capture(s: CUstream, out: *mut CUgraph, ptsz: bool) -> R<()> {
+    let p = cu()?;
+    let mut g = p.lock();
+    let SRef::User(h) = stream::resolve(&g, s, ptsz)? else {
+        return Err(CUDA_ERROR_ILLEGAL_STATE);
+    };
+    let st = g.streams.get_mut(&h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    let c = st.capture.as_ref().ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+    if c.mode != MODE_RELAXED && c.thread != me() {
+        return Err(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
+    }
+    let c = st.capture.take().ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+    if c.invalid {
+        if c.owned {
+            g.graphs.remove(&c.graph);
+        }
+        let _ = write(out, std::ptr::null_mut());
+        return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    }
+    write(out, c.graph as CUgraph)
+}
+
+/// `CUstreamCaptureStatus` of a resolved stream: 0 none, 1 active, 2 invalidated.
+pub fn status(g: &Inner, r: SRef) -> u32 {
+    match r {
+        SRef::User(h) => match &g.streams[&h].capture {
+            None => CU_STREAM_CAPTURE_STATUS_NONE,
+            Some(c) if c.invalid => CU_STREAM_CAPTURE_STATUS_INVALIDATED,
+            Some(_) => CU_STREAM_CAPTURE_STATUS_ACTIVE,
+        },
+        _ => CU_STREAM_CAPTURE_STATUS_NONE,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cap(mode: u32, thread: ThreadId) -> Capture {
+        Capture { graph: 1, owned: true, mode, thread, invalid: false }
+    }
+
+    #[test]
+    fn the_documented_mode_rules() {
+        let me = me();
+        let other = std::thread::spawn(|| std::thread::current().id()).join().unwrap();
+        // Own captures: forbidden unless the capture or the thread is relaxed.
+        assert!(forbids(&cap(MODE_GLOBAL, me), MODE_GLOBAL, me));
+        assert!(forbids(&cap(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, me), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, me));
+        assert!(!forbids(&cap(MODE_RELAXED, me), MODE_GLOBAL, me));
+        assert!(!forbids(&cap(MODE_GLOBAL, me), MODE_RELAXED, me));
+        // Another thread's: only a global capture, and only in global mode.
+        assert!(forbids(&cap(MODE_GLOBAL, other), MODE_GLOBAL, me));
+        assert!(!forbids(&cap(MODE_GLOBAL, other), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, me));
+        assert!(!forbids(&cap(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, other), MODE_GLOBAL, me));
+        assert!(!forbids(&cap(MODE_GLOBAL, other), MODE_RELAXED, me));
+    }
+}
