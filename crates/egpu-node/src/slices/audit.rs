@@ -33,7 +33,7 @@ impl SliceManager {
         self.slices
             .values()
             .map(|s| {
-                let on: Vec<(usize, u64)> = s.record.spec.devices.iter().enumerate().filter(|(_, d)| d.device == host).map(|(i, _)| (i, s.usage.used(i))).collect();
+                let on: Vec<(usize, u64)> = s.devices_on(host).map(|i| (i, s.usage.used(i))).collect();
                 (s.record.id.clone(), on)
             })
             .filter(|(_, on)| !on.is_empty())
@@ -48,7 +48,7 @@ impl SliceManager {
         let charge = self.audit_charges;
         let mut in_slices: BTreeSet<u32> = BTreeSet::new();
         for s in self.slices.values_mut() {
-            let on: Vec<usize> = s.record.spec.devices.iter().enumerate().filter(|(_, d)| d.device == host).map(|(i, _)| i).collect();
+            let on: Vec<usize> = s.devices_on(host).collect();
             if on.is_empty() {
                 continue;
             }
@@ -57,8 +57,8 @@ impl SliceManager {
             let listed = listed.filter(|_| !s.usage.detached());
             let Some(listed) = listed else {
                 for &i in &on {
-                    if s.audit[i].untracked > 0 && charge {
-                        s.limits.set_mem_untracked(i, 0);
+                    if charge {
+                        clear_untracked(s, i);
                     }
                     s.audit[i].unknown();
                 }
@@ -107,10 +107,22 @@ impl SliceManager {
 /// Takes back what the limits file says is untracked (the hook stops
 /// counting it) and forgets the carried figure.
 fn drop_untracked(s: &mut Slice) {
-    for (i, a) in s.audit.iter_mut().enumerate() {
-        if a.untracked > 0 {
-            s.limits.set_mem_untracked(i, 0);
-        }
-        a.untracked = 0;
+    for i in 0..s.audit.len() {
+        clear_untracked(s, i);
+    }
+}
+
+/// Takes back slice device `i`'s published untracked figure.
+fn clear_untracked(s: &mut Slice, i: usize) {
+    if s.audit[i].untracked > 0 {
+        s.limits.set_mem_untracked(i, 0);
+    }
+    s.audit[i].untracked = 0;
+}
+
+impl Slice {
+    /// The slice's device indices on host device `host`.
+    fn devices_on(&self, host: u32) -> impl Iterator<Item = usize> + '_ {
+        self.record.spec.devices.iter().enumerate().filter(move |(_, d)| d.device == host).map(|(i, _)| i)
     }
 }
