@@ -386,9 +386,9 @@ print('pass' if ok and ($SIM == 1 or d['launch_hook'] - d['launch_bare'] <= 50 +
   fi
   cslice() { CSLICES="${CSLICES:-} $1"; local n=$1; shift; E create --name "$n" --gpu-memory 512MiB --device 0 "$@" >/dev/null; }
   crm() { for s in "$@"; do E rm --force "$s" >/dev/null 2>&1; done; }
-  # sburn SLICE OUTNAME SECONDS MODE: egpu-burn in a slice, in the background (pid in $LAST).
+  # sburn SLICE OUTNAME SECONDS MODE [ARGS...]: egpu-burn in a slice, in the background (pid in $LAST).
   sburn() {
-    T=$(($3 + 30)) X "$1" "$BURN" --mode "$4" --seconds "$3" "${KARGS[@]}" --report-every 1s -o json >"$W/$2.out" 2>"$W/$2.err" &
+    T=$(($3 + 30)) X "$1" "$BURN" --mode "$4" --seconds "$3" "${KARGS[@]}" "${@:5}" --report-every 1s -o json >"$W/$2.out" 2>"$W/$2.err" &
     LAST=$!
     BURN_PIDS="${BURN_PIDS:-} $LAST"
   }
@@ -412,7 +412,7 @@ print('pass' if ok and ($SIM == 1 or d['launch_hook'] - d['launch_bare'] <= 50 +
   }
 
   if [ ! -x "$BURN" ]; then
-    for c in compute-share-30-70 compute-work-conservation compute-limit-40 compute-priority-latency compute-resize-convergence; do
+    for c in compute-share-30-70 compute-work-conservation compute-limit-40 compute-open-capture-global compute-open-capture-to-graph compute-priority-latency compute-resize-convergence; do
       record "$c" fail "{\"error\": \"$BURN is missing (scripts/package-device.sh packages it)\"}"
     done
   else
@@ -460,6 +460,26 @@ print(json.dumps({'solo_kernels_per_s': k0, 'slice_kernels_per_s': k, 'pct_of_so
   'rule': 'slice kernels/s / un-hooked solo kernels/s = 40% +- 3 points'}))" "$(bstat solo)" "$(bstat cw40)" "$(CT split "$s0" "$s1" cw 2>/dev/null || echo '{"window_s":0,"pct":{}}')")
     record compute-limit-40 "$(verdict "d['pct_of_solo'] is not None and abs(d['pct_of_solo'] - 40) <= 3" "$v")" "$v"
     crm cw
+
+    # (2b) a stream capture left open beside the burn (begun before it, ended
+    # after it): the burn is still held to its 40% limit, and the gate's own
+    # event calls do not invalidate the capture, which must end with a graph.
+    cslice oc --gpu-compute 30% --gpu-compute-limit 40%
+    for how in global:same to-graph:other; do
+      m=${how%%:*}; t=${how##*:}
+      sburn oc "oc-$m" $((CW + 1)) saturate --open-capture "$m" --capture-thread "$t"; wait $LAST; rc=$?
+      v=$(python3 -c "
+import json,sys
+s=json.loads(sys.argv[1]); h=json.loads(sys.argv[2]); k0, k = s.get('kernels_per_s'), h.get('kernels_per_s')
+err=open(sys.argv[3]).read()
+print(json.dumps({'capture': sys.argv[4], 'capture_thread': sys.argv[5], 'rc': int(sys.argv[6]),
+  'graph_ended': ('ended with a graph of 2 launches' in err), 'solo_kernels_per_s': k0, 'slice_kernels_per_s': k,
+  'pct_of_solo': round(100*k/k0, 1) if k and k0 else None, 'limit_pct': 40, 'stderr': err[-600:],
+  'rule': 'egpu-burn exits 0, its open capture ends with a graph of 2 launches, and slice kernels/s / solo = 40% +- 5 points'}))" \
+        "$(bstat solo)" "$(bstat "oc-$m")" "$W/oc-$m.err" "$m" "$t" "$rc")
+      record "compute-open-capture-$m" "$(verdict "d['rc'] == 0 and d['graph_ended'] and d['pct_of_solo'] is not None and abs(d['pct_of_solo'] - 40) <= 5" "$v")" "$v"
+    done
+    crm oc
 
     # (3) priority: a high 25% slice's latency loop, alone and against three saturating best-effort slices.
     cslice hp --gpu-compute 25% --priority high
