@@ -369,6 +369,21 @@ pub fn byte_lock_owner(file: &File, offset: u64) -> io::Result<Option<u32>> {
     Ok((fl.l_type != libc::F_UNLCK as libc::c_short).then(|| u32::try_from(fl.l_pid).unwrap_or(0)))
 }
 
+/// Whether another process holds a lock on any byte of `file` (the record
+/// locks of a usage file, whatever its layout: an ABI version this build
+/// cannot read still has its attached processes' locks). Locks held by
+/// the calling process are not reported.
+pub fn any_lock_by_other(file: &File) -> io::Result<bool> {
+    let mut fl = flock_struct(libc::F_WRLCK as libc::c_short, 0);
+    fl.l_len = 0; // to the end of the file, however long
+    // SAFETY: F_GETLK writes into the valid, exclusively borrowed flock struct.
+    let r = unsafe { libc::fcntl(file.as_raw_fd(), libc::F_GETLK, &mut fl) };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fl.l_type != libc::F_UNLCK as libc::c_short)
+}
+
 pub(crate) fn monotonic_ns() -> u64 {
     // SAFETY: all-zero is a valid timespec.
     let mut ts: libc::timespec = unsafe { std::mem::zeroed() };

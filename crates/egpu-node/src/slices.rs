@@ -463,19 +463,27 @@ impl SliceManager {
                 u.sweep(None);
                 u.processes().iter().filter(|p| p.alive).map(|p| p.pid).collect::<Vec<_>>()
             });
-            match live {
-                Ok(pids) if !pids.is_empty() => true,
-                _ => match std::fs::remove_dir_all(dir) {
-                    Ok(()) => {
-                        tracing::info!(dir = %dir.display(), "removed orphaned slice directory");
-                        false
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
-                    Err(e) => {
-                        tracing::warn!(dir = %dir.display(), error = %e, "could not remove orphaned slice directory");
-                        true
-                    }
-                },
+            // A usage file this build cannot read (another ABI version, a
+            // corrupt header) may still have processes attached: their
+            // record locks say so whatever the layout, and the directory
+            // waits for them.
+            let attached = match live {
+                Ok(pids) => !pids.is_empty(),
+                Err(_) => std::fs::File::open(paths::usage_path(dir)).is_ok_and(|f| egpu_abi::map::any_lock_by_other(&f).unwrap_or(false)),
+            };
+            if attached {
+                return true;
+            }
+            match std::fs::remove_dir_all(dir) {
+                Ok(()) => {
+                    tracing::info!(dir = %dir.display(), "removed orphaned slice directory");
+                    false
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
+                Err(e) => {
+                    tracing::warn!(dir = %dir.display(), error = %e, "could not remove orphaned slice directory");
+                    true
+                }
             }
         });
     }

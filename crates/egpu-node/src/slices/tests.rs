@@ -192,6 +192,45 @@ fn adoption_removes_slice_directories_the_store_does_not_know() {
 }
 
 #[test]
+fn an_orphan_directory_whose_usage_file_this_build_cannot_read_waits_for_the_processes_locked_in_it() {
+    use std::io::{BufRead, Write};
+    let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    {
+        let (mut m, _) = manager(run.path(), state.path());
+        m.create(req("other-abi", vec![share(0, 1)])).unwrap();
+    }
+    let dir = paths::slice_dir(run.path(), "other-abi");
+    let usage = paths::usage_path(&dir);
+    // The usage file of another ABI version (its version word changed)...
+    let mut f = std::fs::OpenOptions::new().write(true).open(&usage).unwrap();
+    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(std::mem::offset_of!(egpu_abi::UsageRegion, abi_version) as u64)).unwrap();
+    f.write_all(&99u32.to_ne_bytes()).unwrap();
+    drop(f);
+    assert!(UsageFile::open(&usage).is_err(), "this build must not read it");
+    // ... with a process of that version attached: it holds a record lock.
+    let mut holder = std::process::Command::new("python3")
+        .args(["-c", "import fcntl,sys; f=open(sys.argv[1],'r+b'); fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 4096); print('locked', flush=True); sys.stdin.read()"])
+        .arg(&usage)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "locked");
+    Store::open(state.path()).unwrap().remove("other-abi").unwrap();
+    let (mut m, report) = manager(run.path(), state.path());
+    assert_eq!(report.orphan_dirs, vec![dir.clone()]);
+    assert!(dir.exists(), "removed while a process was attached to it");
+    m.sweep();
+    assert!(dir.exists(), "removed by the sweep while a process was attached to it");
+    drop(holder.stdin.take());
+    assert!(holder.wait().unwrap().success());
+    m.sweep();
+    assert!(!dir.exists(), "kept after its last process exited");
+}
+
+#[test]
 fn a_slice_whose_cdi_spec_cannot_be_written_is_not_created() {
     let (run, state, cdi) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (mut m, _) = manager(run.path(), state.path());
