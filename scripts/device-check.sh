@@ -447,7 +447,7 @@ s=json.loads(sys.argv[1]); h=json.loads(sys.argv[2]); k0, k = s.get('kernels_per
 print(json.dumps({'solo_kernels_per_s': k0, 'slice_kernels_per_s': k, 'ratio': round(k/k0, 4) if k and k0 else None,
   'solo_kernel_us': round(1e6/k0, 1) if k0 else None, 'share_pct': 30, 'limit_pct': 100,
   'rule': 'slice kernels/s >= 0.95 x un-hooked solo kernels/s'}))" "$(bstat solo)" "$(bstat cw100)")
-    record compute-work-conservation "$(verdict "d['ratio'] is not None and d['ratio'] >= 0.95" "$v")" "$v"
+    record_target compute-work-conservation "$(verdict "d['ratio'] is not None and d['ratio'] >= 0.95" "$v")" "$v"
     E resize cw --gpu-compute-limit 40% >/dev/null
     sburn cw cw40 $((CW + 3)) saturate; p1=$LAST
     sleep 2; s0=$(snap); sleep "$CW"; s1=$(snap)
