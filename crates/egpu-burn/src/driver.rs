@@ -142,10 +142,17 @@ impl<'d> Burner<'d> {
         let mut sink: CUdeviceptr = 0;
         // SAFETY: plain driver call; its out-pointer (if any) is a live local of the matching type.
         d.check(unsafe { (d.mem_alloc)(&mut sink, 4) }, "cuMemAlloc")?;
-        let mut stream: CUstream = std::ptr::null_mut();
-        // SAFETY: plain driver call; its out-pointer (if any) is a live local of the matching type.
-        d.check(unsafe { (d.stream_create)(&mut stream, egpu_cuda::CU_STREAM_NON_BLOCKING) }, "cuStreamCreate")?;
-        Ok(Burner { d, func, stream, sink })
+        let mut b = Burner { d, func, stream: std::ptr::null_mut(), sink };
+        b.stream = b.new_stream()?;
+        Ok(b)
+    }
+
+    /// A new non-blocking stream in the burner's context.
+    fn new_stream(&self) -> Result<CUstream> {
+        let mut s: CUstream = std::ptr::null_mut();
+        // SAFETY: plain driver call; its out-pointer is a live local of the matching type.
+        self.d.check(unsafe { (self.d.stream_create)(&mut s, egpu_cuda::CU_STREAM_NON_BLOCKING) }, "cuStreamCreate")?;
+        Ok(s)
     }
 
     /// One launch of the busy kernel with `iters` loop steps per thread.
@@ -155,9 +162,7 @@ impl<'d> Burner<'d> {
 
     /// Begins a capture on a stream of its own and captures one launch into it.
     pub fn open_capture(&self, kind: CaptureKind) -> Result<OpenCapture> {
-        let mut s: CUstream = std::ptr::null_mut();
-        // SAFETY: plain driver call; its out-pointer is a live local of the matching type.
-        self.d.check(unsafe { (self.d.stream_create)(&mut s, egpu_cuda::CU_STREAM_NON_BLOCKING) }, "cuStreamCreate")?;
+        let s = self.new_stream()?;
         match kind {
             // SAFETY: a stream created above and a documented mode.
             CaptureKind::Mode(m) => self.d.check(unsafe { (self.d.begin_capture)(s, m) }, "cuStreamBeginCapture_v2")?,
@@ -220,9 +225,7 @@ impl<'d> Burner<'d> {
     /// null graph pointer, which the driver refuses (`--failed-capture`):
     /// returns the end's status, which is not success.
     pub fn failed_capture(&self) -> Result<CUresult> {
-        let mut s: CUstream = std::ptr::null_mut();
-        // SAFETY: plain driver call; its out-pointer is a live local of the matching type.
-        self.d.check(unsafe { (self.d.stream_create)(&mut s, egpu_cuda::CU_STREAM_NON_BLOCKING) }, "cuStreamCreate")?;
+        let s = self.new_stream()?;
         // SAFETY: a stream created above; mode 0 (global).
         self.d.check(unsafe { (self.d.begin_capture)(s, 0) }, "cuStreamBeginCapture_v2")?;
         // SAFETY: a null graph pointer is invalid input the driver answers with an error.

@@ -26,12 +26,9 @@ use egpu_cuda::*;
 use std::cell::Cell;
 use std::thread::ThreadId;
 
-const MODE_GLOBAL: u32 = CU_STREAM_CAPTURE_MODE_GLOBAL;
-const MODE_RELAXED: u32 = CU_STREAM_CAPTURE_MODE_RELAXED;
-
 thread_local! {
     /// This thread's capture interaction mode.
-    static THREAD_MODE: Cell<u32> = const { Cell::new(MODE_GLOBAL) };
+    static THREAD_MODE: Cell<u32> = const { Cell::new(CU_STREAM_CAPTURE_MODE_GLOBAL) };
 }
 
 fn me() -> ThreadId {
@@ -41,7 +38,7 @@ fn me() -> ThreadId {
 /// `cuThreadExchangeStreamCaptureMode`: swaps the thread's mode with `*mode`.
 pub fn exchange_mode(mode: *mut u32) -> R<()> {
     let new = read(mode)?;
-    if new > MODE_RELAXED {
+    if new > CU_STREAM_CAPTURE_MODE_RELAXED {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let old = THREAD_MODE.with(|m| m.replace(new));
@@ -51,9 +48,9 @@ pub fn exchange_mode(mode: *mut u32) -> R<()> {
 /// Whether a capture forbids this thread's potentially unsafe calls.
 fn forbids(c: &Capture, mode: u32, me: ThreadId) -> bool {
     match mode {
-        MODE_RELAXED => false,
-        _ if c.thread == me => c.mode != MODE_RELAXED,
-        MODE_GLOBAL => c.mode == MODE_GLOBAL,
+        CU_STREAM_CAPTURE_MODE_RELAXED => false,
+        _ if c.thread == me => c.mode != CU_STREAM_CAPTURE_MODE_RELAXED,
+        CU_STREAM_CAPTURE_MODE_GLOBAL => c.mode == CU_STREAM_CAPTURE_MODE_GLOBAL,
         _ => false,
     }
 }
@@ -73,15 +70,8 @@ pub fn unsafe_call(g: &mut Inner) -> R<()> {
     if refused { Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) } else { Ok(()) }
 }
 
-/// [`unsafe_call`] with the process lock taken.
-pub fn check_unsafe_call() -> R<()> {
-    let p = cu()?;
-    let mut g = p.lock();
-    unsafe_call(&mut g)
-}
-
 fn begin(g: &mut Inner, s: CUstream, graph: u64, owned: bool, mode: u32, ptsz: bool) -> R<()> {
-    if mode > MODE_RELAXED {
+    if mode > CU_STREAM_CAPTURE_MODE_RELAXED {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let SRef::User(h) = stream::resolve(g, s, ptsz)? else {
@@ -127,7 +117,7 @@ pub fn end_capture(s: CUstream, out: *mut CUgraph, ptsz: bool) -> R<()> {
     };
     let st = g.streams.get_mut(&h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
     let c = st.capture.as_ref().ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
-    if c.mode != MODE_RELAXED && c.thread != me() {
+    if c.mode != CU_STREAM_CAPTURE_MODE_RELAXED && c.thread != me() {
         return Err(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
     }
     let c = st.capture.take().ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
@@ -166,14 +156,14 @@ mod tests {
         let me = me();
         let other = std::thread::spawn(|| std::thread::current().id()).join().unwrap();
         // Own captures: forbidden unless the capture or the thread is relaxed.
-        assert!(forbids(&cap(MODE_GLOBAL, me), MODE_GLOBAL, me));
+        assert!(forbids(&cap(CU_STREAM_CAPTURE_MODE_GLOBAL, me), CU_STREAM_CAPTURE_MODE_GLOBAL, me));
         assert!(forbids(&cap(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, me), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, me));
-        assert!(!forbids(&cap(MODE_RELAXED, me), MODE_GLOBAL, me));
-        assert!(!forbids(&cap(MODE_GLOBAL, me), MODE_RELAXED, me));
+        assert!(!forbids(&cap(CU_STREAM_CAPTURE_MODE_RELAXED, me), CU_STREAM_CAPTURE_MODE_GLOBAL, me));
+        assert!(!forbids(&cap(CU_STREAM_CAPTURE_MODE_GLOBAL, me), CU_STREAM_CAPTURE_MODE_RELAXED, me));
         // Another thread's: only a global capture, and only in global mode.
-        assert!(forbids(&cap(MODE_GLOBAL, other), MODE_GLOBAL, me));
-        assert!(!forbids(&cap(MODE_GLOBAL, other), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, me));
-        assert!(!forbids(&cap(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, other), MODE_GLOBAL, me));
-        assert!(!forbids(&cap(MODE_GLOBAL, other), MODE_RELAXED, me));
+        assert!(forbids(&cap(CU_STREAM_CAPTURE_MODE_GLOBAL, other), CU_STREAM_CAPTURE_MODE_GLOBAL, me));
+        assert!(!forbids(&cap(CU_STREAM_CAPTURE_MODE_GLOBAL, other), CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, me));
+        assert!(!forbids(&cap(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL, other), CU_STREAM_CAPTURE_MODE_GLOBAL, me));
+        assert!(!forbids(&cap(CU_STREAM_CAPTURE_MODE_GLOBAL, other), CU_STREAM_CAPTURE_MODE_RELAXED, me));
     }
 }
