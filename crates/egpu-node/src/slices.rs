@@ -14,6 +14,7 @@ use egpu_core::{Bytes, DeviceShare, Percent, Priority, SliceSpec};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SliceOpError {
@@ -50,7 +51,9 @@ pub struct Slice {
     pub record: SliceRecord,
     pub dir: PathBuf,
     pub limits: LimitsWriter,
-    pub usage: UsageFile,
+    /// Shared with the memory audit's sampler, which reads the records
+    /// without the slice manager's lock while the driver's list is taken.
+    pub usage: Arc<UsageFile>,
     /// Resizes since this egpud started (for metrics).
     pub resizes: u64,
     /// Times this egpud found the usage file truncated by a process of the
@@ -533,7 +536,7 @@ impl SliceManager {
         // What an earlier egpud counted as untracked holds until this one
         // has audited the slice (see `SliceManager::set_audit`).
         let audit = (0..n).map(|i| crate::audit::DeviceAudit::carried(limits.region().devices[i].mem_untracked.load(Ordering::Acquire))).collect();
-        Ok(Slice { record, dir, limits, usage, resizes: 0, usage_repairs: u64::from(cut_to.is_some()), granted, audit })
+        Ok(Slice { record, dir, limits, usage: Arc::new(usage), resizes: 0, usage_repairs: u64::from(cut_to.is_some()), granted, audit })
     }
 
     fn recreate_limits(&self, record: &SliceRecord, path: &Path, why: String, report: &mut AdoptReport) -> Result<LimitsWriter, SliceOpError> {
@@ -668,7 +671,7 @@ impl SliceManager {
         tracing::info!(slice = %name, id = %record.id, spec = ?record.spec, "created slice");
         let granted = vec![0; record.spec.devices.len()];
         let audit = vec![crate::audit::DeviceAudit::default(); record.spec.devices.len()];
-        self.slices.insert(name.clone(), Slice { record, dir, limits, usage, resizes: 0, usage_repairs: 0, granted, audit });
+        self.slices.insert(name.clone(), Slice { record, dir, limits, usage: Arc::new(usage), resizes: 0, usage_repairs: 0, granted, audit });
         // A slice no container could join is not created (`--cdi-dir`);
         // another slice's spec failing is that slice's problem (logged).
         let synced = self.sync_cdi();
@@ -908,7 +911,7 @@ fn restore_usage(s: &mut Slice) {
     // file, now put right, reads the records again.
     if s.usage.detached() {
         match UsageFile::open_restoring(s.usage.path(), s.record.spec.devices.len()) {
-            Ok((u, _)) => s.usage = u,
+            Ok((u, _)) => s.usage = Arc::new(u),
             Err(e) => tracing::warn!(slice = %s.name(), error = %e, "cannot map the usage file anew"),
         }
     }

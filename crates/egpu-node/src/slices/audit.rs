@@ -1,7 +1,7 @@
 //! The slice manager's side of the memory audit ([`crate::audit`]).
 
 use super::{Slice, SliceManager};
-use crate::audit::Charges;
+use crate::audit::{ChargeSampler, Charges};
 use crate::devices::ProcMemory;
 use egpu_core::Bytes;
 use std::collections::BTreeSet;
@@ -27,22 +27,21 @@ impl SliceManager {
         }
     }
 
-    /// What the records of every slice on host device `host` charge now,
-    /// read before the driver's list.
-    pub fn charges_on(&self, host: u32) -> Charges {
-        self.slices
-            .values()
-            .map(|s| {
-                let on: Vec<(usize, u64)> = s.devices_on(host).map(|i| (i, s.usage.used(i))).collect();
-                (s.record.id.clone(), on)
-            })
-            .filter(|(_, on)| !on.is_empty())
-            .collect()
+    /// The usage files of every slice on host device `host`, to read
+    /// around the driver's list without this manager's lock.
+    pub fn charge_sampler(&self, host: u32) -> ChargeSampler {
+        ChargeSampler::new(
+            self.slices
+                .values()
+                .map(|s| (s.record.id.clone(), s.usage.clone(), s.devices_on(host).collect::<Vec<usize>>()))
+                .filter(|(_, _, on)| !on.is_empty())
+                .collect(),
+        )
     }
 
     /// One audit of host device `host`: `listed` is the driver's
-    /// per-process memory (`None`: it cannot say), `before` the charges read
-    /// before it ([`SliceManager::charges_on`]). What is found untracked is
+    /// per-process memory (`None`: it cannot say), `before` the largest charges read
+    /// around it ([`SliceManager::charge_sampler`]). What is found untracked is
     /// published to the hook if [`SliceManager::set_audit`] said so.
     pub fn audit_device(&mut self, host: u32, before: &Charges, listed: Option<&[ProcMemory]>, slack: u64) {
         let charge = self.audit_charges;
