@@ -111,23 +111,28 @@ struct Truth {
     supported: Vec<bool>,
     /// (device, pid) -> timestamp of its previous sample.
     prev_us: HashMap<(u32, u32), u64>,
-    /// pid -> slice name.
+    /// pid -> slice id.
     pids: HashMap<u32, String>,
     /// Sampled pids that were in no slice at the last refresh (not a reason to refresh again).
     strangers: std::collections::HashSet<u32>,
     pids_at: Option<Instant>,
-    /// Slice name -> cumulative true ns per physical device.
+    /// Slice id -> cumulative true ns per physical device.
     totals: HashMap<String, HashMap<u32, u64>>,
 }
 
 /// The loop's state: the arbiter and everything it remembers between ticks.
+///
+/// Everything remembered about a slice is keyed by its id, not its name: a
+/// slice deleted and made again under the same name between two ticks starts
+/// afresh (no arbiter deficit, throttled time or usage rate of the old one).
 pub struct ComputeLoop {
     arbiter: Arbiter,
+    /// Slice id -> the arbiter's key.
     ids: HashMap<String, u64>,
     next_id: u64,
     truth: Truth,
     last_tick: Option<Instant>,
-    /// (slice, device index in slice) -> (last sum of attached records' throttled_ns, running total).
+    /// (slice id, device index in slice) -> (last sum of attached records' throttled_ns, running total).
     throttled: HashMap<(String, usize), (u64, u64)>,
     usage_bps: HashMap<(String, usize), f64>,
     /// (slice id, device index in slice) -> the published used time.
@@ -184,12 +189,12 @@ impl ComputeLoop {
         let mut names: Vec<&str> = Vec::new();
         let mut trues: Vec<Vec<Option<u64>>> = Vec::new();
         for s in m.slices() {
-            let name = s.name();
-            if !self.ids.contains_key(name) {
-                self.ids.insert(name.to_string(), self.next_id);
+            let id = s.record.id.as_str();
+            if !self.ids.contains_key(id) {
+                self.ids.insert(id.to_string(), self.next_id);
                 self.next_id += 1;
             }
-            let totals = self.truth.totals.get(name);
+            let totals = self.truth.totals.get(id);
             trues.push(
                 s.record
                     .spec
@@ -205,12 +210,12 @@ impl ComputeLoop {
                     })
                     .collect(),
             );
-            names.push(name);
+            names.push(s.name());
         }
         let refs: Vec<TableRef<'_>> = m
             .slices()
             .zip(&trues)
-            .map(|(s, t)| TableRef { slice: self.ids[s.name()], limits: &s.limits, usage: &s.usage, true_ns: t })
+            .map(|(s, t)| TableRef { slice: self.ids[s.record.id.as_str()], limits: &s.limits, usage: &s.usage, true_ns: t })
             .collect();
         let (budgets, errors) = self.arbiter.tick_tables(now_ns, &refs);
         for e in errors {
@@ -227,14 +232,13 @@ impl ComputeLoop {
             let dev = b.key.dev as usize;
             let u = s.usage.region();
             let throttled_sum = attached_throttled_ns(&s.usage, dev);
-            let th = self.throttled.entry((names[i].to_string(), dev)).or_insert((throttled_sum, 0));
+            let th = self.throttled.entry((s.record.id.clone(), dev)).or_insert((throttled_sum, 0));
             th.1 += throttled_sum.saturating_sub(th.0);
             th.0 = throttled_sum;
-            let rate = self.usage_bps.entry((names[i].to_string(), dev)).or_insert(0.0);
+            let rate = self.usage_bps.entry((s.record.id.clone(), dev)).or_insert(0.0);
             *rate += (b.used_ns as f64 / period * 10_000.0 - *rate) * 0.02;
             let measured = u.consumed_ns[dev].load(Ordering::Relaxed);
             let truth = trues[i].get(dev).copied().flatten();
-            // By id: a slice made again under the same name starts afresh.
             let used_total = self.used.entry((s.record.id.clone(), dev)).or_default().advance(truth.is_some(), truth.unwrap_or(measured));
             let e = view.entry(names[i].to_string()).or_default();
             e.push(DeviceCompute {
@@ -251,12 +255,11 @@ impl ComputeLoop {
                 usage_bps: rate.round().clamp(0.0, 10_000.0) as u32,
             });
         }
-        let live: std::collections::HashSet<&str> = names.iter().copied().collect();
+        let live: std::collections::HashSet<&str> = m.slices().map(|s| s.record.id.as_str()).collect();
         self.ids.retain(|k, _| live.contains(k.as_str()));
         self.throttled.retain(|k, _| live.contains(k.0.as_str()));
         self.usage_bps.retain(|k, _| live.contains(k.0.as_str()));
-        let live_ids: std::collections::HashSet<&str> = m.slices().map(|s| s.record.id.as_str()).collect();
-        self.used.retain(|k, _| live_ids.contains(k.0.as_str()));
+        self.used.retain(|k, _| live.contains(k.0.as_str()));
         self.truth.totals.retain(|k, _| live.contains(k.as_str()));
         drop(refs);
         drop(m);
@@ -287,13 +290,13 @@ impl ComputeLoop {
         let none: [Option<u64>; 0] = [];
         let refs: Vec<TableRef<'_>> = m
             .slices()
-            .filter_map(|s| self.ids.get(s.name()).map(|&id| TableRef { slice: id, limits: &s.limits, usage: &s.usage, true_ns: &none }))
+            .filter_map(|s| self.ids.get(s.record.id.as_str()).map(|&id| TableRef { slice: id, limits: &s.limits, usage: &s.usage, true_ns: &none }))
             .collect();
         let (budgets, errors) = self.arbiter.replan_tables(&refs);
         for e in errors {
             tracing::warn!(error = %e, "compute arbiter skipped a slice");
         }
-        let names: HashMap<u64, &str> = m.slices().filter_map(|s| self.ids.get(s.name()).map(|&id| (id, s.name()))).collect();
+        let names: HashMap<u64, &str> = m.slices().filter_map(|s| self.ids.get(s.record.id.as_str()).map(|&id| (id, s.name()))).collect();
         drop(refs);
         let mut st = node.compute.lock();
         for b in &budgets {
@@ -318,7 +321,7 @@ impl ComputeLoop {
         self.truth.pids.clear();
         for s in m.slices() {
             for p in s.usage.processes().into_iter().filter(|p| p.alive) {
-                self.truth.pids.insert(p.pid, s.name().to_string());
+                self.truth.pids.insert(p.pid, s.record.id.clone());
             }
         }
         let pids = &self.truth.pids;
@@ -363,8 +366,8 @@ impl Truth {
                 continue; // first sample ever: a baseline
             }
             let ns = u64::from(s.sm_util.min(100)) * s.timestamp_us.saturating_sub(prev) * 10;
-            if let Some(name) = self.pids.get(&s.pid) {
-                *self.totals.entry(name.clone()).or_default().entry(dev).or_insert(0) += ns;
+            if let Some(id) = self.pids.get(&s.pid) {
+                *self.totals.entry(id.clone()).or_default().entry(dev).or_insert(0) += ns;
             }
         }
     }

@@ -108,6 +108,16 @@ impl Burst {
         *h = (*h).max(limit);
     }
 
+    /// Forgets a deleted slice (the next tick would too): a slice made
+    /// again under its name before that tick starts with no grace, no
+    /// deferral and no held limit of the old one.
+    pub(crate) fn forget(&mut self, slice: &str) {
+        self.held.retain(|k, _| k.0 != slice);
+        self.unused_since.retain(|k, _| k.0 != slice);
+        self.granted_at.retain(|k, _| k.0 != slice);
+        self.deferred.retain(|k, _| k.0 != slice);
+    }
+
     fn fresh(&self, k: &Key, now: Instant) -> bool {
         self.granted_at.get(k).is_some_and(|&t| now.saturating_duration_since(t) < GRACE)
     }
@@ -396,6 +406,30 @@ mod tests {
         let Err(e) = m.get(&"x".repeat(20_000)) else { panic!("found") };
         let e = e.to_string();
         assert!(e.len() < 200 && e.contains("…"), "{e}");
+    }
+
+    #[test]
+    fn a_deleted_slice_leaves_no_burst_state_for_one_made_again_under_its_name() {
+        let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let (mut m, _) = SliceManager::adopt(run.path(), FakeGpus::new(1, 10 * G).devices, Store::open(state.path()).unwrap()).unwrap();
+        create(&mut m, "a", 2, 8);
+        create(&mut m, "b", 4, 6);
+        let t0 = Instant::now();
+        m.get("a").unwrap().usage.want_memory(0, 5 * G);
+        tick(&mut m, t0);
+        assert_eq!(limit(&m, "a"), 5 * G);
+        // Shrunk below its limit: the old limit is held until the charge lock is seen free.
+        m.resize("a", ResizeRequest { memory_burst: Some(Bytes::gib(3)), ..Default::default() }).unwrap();
+        let key = ("a".to_string(), 0);
+        assert!(m.burst.granted_at.contains_key(&key) && m.burst.held.contains_key(&key));
+        m.delete("a", false).unwrap();
+        let b = &m.burst;
+        assert!(
+            [b.held.contains_key(&key), b.granted_at.contains_key(&key), b.unused_since.contains_key(&key), b.deferred.contains_key(&key)] == [false; 4],
+            "the deleted slice's grace, held limit and waits are forgotten at once"
+        );
+        create(&mut m, "a", 2, 8);
+        assert_eq!(lent(&m)[0], 0, "the new slice borrows nothing");
     }
 
     #[test]

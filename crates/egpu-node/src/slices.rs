@@ -783,6 +783,7 @@ impl SliceManager {
             return Err(e.into());
         }
         let slice = self.slices.remove(&name).expect("looked up above");
+        self.burst.forget(&name);
         // Attached processes keep their mappings; the directory entry goes
         // (or, if it cannot now, at a later sweep, like an interrupted delete's).
         self.remove_slice_dir(&slice.dir);

@@ -260,20 +260,30 @@ fn the_published_used_time_never_goes_back_when_device_truth_starts() {
 }
 
 #[test]
-fn a_slice_made_again_by_name_starts_its_used_time_afresh() {
+fn a_slice_made_again_by_name_starts_afresh() {
     let dir = tempfile::tempdir().unwrap();
     let a = agent(dir.path());
     let node = a.node();
     let mut lp = ComputeLoop::new(ArbiterConfig::default());
     let p = lp.period().as_nanos() as u64;
-    let used = || node.compute.slice("a").unwrap()[0].used_ns_total;
+    let view = || node.compute.slice("a").unwrap()[0].clone();
     create(node, "a", 3000, 10_000);
-    // The hook's measured time, as if the slice's processes had run 5 ms.
-    node.slices().get("a").unwrap().usage.region().consumed_ns[0].store(5_000_000, Ordering::Relaxed);
+    let consumed = |ns: u64| node.slices().get("a").unwrap().usage.region().consumed_ns[0].store(ns, Ordering::Relaxed);
     lp.tick(node, 1_000);
-    assert_eq!(used(), 5_000_000);
+    // The hook's measured time, as if the slice's processes had kept the
+    // GPU busy for the whole period.
+    consumed(p);
+    lp.tick(node, 1_000 + p);
+    let old = view();
+    assert_eq!(old.used_ns_total, p);
+    assert!(old.usage_bps > 0, "{old:?}");
+    // Deleted and made again between two ticks: nothing of the old slice
+    // is the new one's (its time, its usage rate, the arbiter's state).
     node.slices().delete("a", false).unwrap();
     create(node, "a", 3000, 10_000);
-    lp.tick(node, 1_000 + p);
-    assert_eq!(used(), 0, "the new slice's time is its own");
+    lp.tick(node, 1_000 + 2 * p);
+    let new = view();
+    assert_eq!(new.used_ns_total, 0, "the new slice's time is its own");
+    assert_eq!(new.usage_bps, 0, "the old slice's usage rate is not carried: {new:?}");
+    assert!(!new.hungry);
 }
