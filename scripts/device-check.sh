@@ -412,7 +412,7 @@ print('pass' if ok and ($SIM == 1 or d['launch_hook'] - d['launch_bare'] <= 50 +
   }
 
   if [ ! -x "$BURN" ]; then
-    for c in compute-share-30-70 compute-work-conservation compute-limit-40 compute-open-capture-global compute-open-capture-to-graph compute-priority-latency compute-resize-convergence; do
+    for c in compute-share-30-70 compute-work-conservation compute-limit-40 compute-open-capture-global compute-open-capture-to-graph compute-capture-churn compute-priority-latency compute-resize-convergence; do
       record "$c" fail "{\"error\": \"$BURN is missing (scripts/package-device.sh packages it)\"}"
     done
   else
@@ -479,6 +479,20 @@ print(json.dumps({'capture': sys.argv[4], 'capture_thread': sys.argv[5], 'rc': i
         "$(bstat solo)" "$(bstat "oc-$m")" "$W/oc-$m.err" "$m" "$t" "$rc")
       record "compute-open-capture-$m" "$(verdict "d['rc'] == 0 and d['graph_ended'] and d['pct_of_solo'] is not None and abs(d['pct_of_solo'] - 40) <= 5" "$v")" "$v"
     done
+    # (2c) global-mode captures begun and ended again and again by another
+    # thread while the burn is gated (a capture may begin while the gate is
+    # inside its wait): every capture must end with a graph, and the limit hold.
+    sburn oc oc-churn $((CW + 1)) saturate --capture-churn global; wait $LAST; rc=$?
+    v=$(python3 -c "
+import json,re,sys
+s=json.loads(sys.argv[1]); h=json.loads(sys.argv[2]); k0, k = s.get('kernels_per_s'), h.get('kernels_per_s')
+err=open(sys.argv[3]).read()
+m=re.search(r'(\d+) captures begun and ended beside the burn, (\d+) failed', err)
+print(json.dumps({'rc': int(sys.argv[4]), 'captures': int(m.group(1)) if m else None, 'failed': int(m.group(2)) if m else None,
+  'solo_kernels_per_s': k0, 'slice_kernels_per_s': k, 'pct_of_solo': round(100*k/k0, 1) if k and k0 else None, 'limit_pct': 40, 'stderr': err[-600:],
+  'rule': 'egpu-burn exits 0, at least 100 captures were begun and none failed, and slice kernels/s / solo <= 45%'}))" \
+      "$(bstat solo)" "$(bstat oc-churn)" "$W/oc-churn.err" "$rc")
+    record compute-capture-churn "$(verdict "d['rc'] == 0 and d['captures'] is not None and d['captures'] >= 100 and d['failed'] == 0 and d['pct_of_solo'] is not None and d['pct_of_solo'] <= 45" "$v")" "$v"
     crm oc
 
     # (3) priority: a high 25% slice's latency loop, alone and against three saturating best-effort slices.

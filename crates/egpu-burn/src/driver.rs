@@ -163,6 +163,17 @@ impl<'d> Burner<'d> {
     /// Begins a capture on a stream of its own and captures one launch into it.
     pub fn open_capture(&self, kind: CaptureKind) -> Result<OpenCapture> {
         let s = self.new_stream()?;
+        self.open_capture_on(s as usize, kind)
+    }
+
+    /// A stream for [`Burner::open_capture_on`], made once and captured on again and again.
+    pub fn capture_stream(&self) -> Result<usize> {
+        Ok(self.new_stream()? as usize)
+    }
+
+    /// Begins a capture on `s` (from [`Burner::capture_stream`], not capturing now) and captures one launch into it.
+    pub fn open_capture_on(&self, s: usize, kind: CaptureKind) -> Result<OpenCapture> {
+        let s = s as CUstream;
         match kind {
             // SAFETY: a stream created above and a documented mode.
             CaptureKind::Mode(m) => self.d.check(unsafe { (self.d.begin_capture)(s, m) }, "cuStreamBeginCapture_v2")?,

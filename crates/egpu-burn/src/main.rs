@@ -78,6 +78,19 @@ struct Args {
     /// The thread that holds the `--open-capture` capture.
     #[arg(long, value_enum, default_value_t = CaptureThread::Same)]
     capture_thread: CaptureThread,
+    /// For the whole burn, a thread of its own begins a stream capture in
+    /// this mode, captures one launch and ends it, again and again. Every
+    /// capture must end with a graph: a call made by the burn's thread in
+    /// a forbidden moment would invalidate it (the burn's own waits run in
+    /// the relaxed mode). Prints how many were begun and how many failed,
+    /// and fails if any did. Between two captures the thread pauses for a
+    /// varying part of `--capture-churn-gap` (from none to twice it), so
+    /// that the burn's launches meet captures beginning at any moment.
+    #[arg(long, value_enum, conflicts_with = "open_capture")]
+    capture_churn: Option<OpenCapture>,
+    /// The mean pause between two `--capture-churn` captures, e.g. 50us.
+    #[arg(long, default_value = "50us", value_parser = humantime::parse_duration)]
+    capture_churn_gap: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -143,6 +156,47 @@ fn side_capture(device: i32, kind: driver::CaptureKind) -> Result<SideCapture> {
     }
 }
 
+/// `--capture-churn`: captures begun and ended back to back on a thread of
+/// its own until told to stop.
+struct Churn {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Result<(u64, Vec<String>)>>,
+}
+
+fn capture_churn(device: i32, kind: driver::CaptureKind, gap: Duration) -> Result<Churn> {
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+    let flag = stop.clone();
+    let thread = std::thread::spawn(move || -> Result<(u64, Vec<String>)> {
+        let fail = |e: anyhow::Error| {
+            let _ = ready_tx.send(Err(format!("{e:#}")));
+            e
+        };
+        let d = driver::Driver::load().map_err(fail)?;
+        let b = driver::Burner::new(&d, device, ptx::PTX, ptx::ENTRY).map_err(fail)?;
+        let stream = b.capture_stream().map_err(fail)?;
+        let _ = ready_tx.send(Ok(()));
+        let (mut begun, mut failed) = (0u64, Vec::new());
+        while !flag.load(std::sync::atomic::Ordering::Acquire) {
+            begun += 1;
+            let r = b.open_capture_on(stream, kind).and_then(|c| b.end_open_capture(c));
+            if let Err(e) = r {
+                failed.push(format!("{e:#}"));
+            }
+            // From none to twice the gap, in 64 steps (a fixed sequence: the
+            // same run pauses alike).
+            let step = (begun.wrapping_mul(2_654_435_761) >> 7) % 64;
+            std::thread::sleep(gap * 2 * step as u32 / 64);
+        }
+        Ok((begun, failed))
+    });
+    match ready_rx.recv() {
+        Ok(Ok(())) => Ok(Churn { stop, thread }),
+        Ok(Err(e)) => anyhow::bail!("the capture thread could not start: {e}"),
+        Err(_) => anyhow::bail!("the capture thread stopped before it started"),
+    }
+}
+
 fn main() -> Result<()> {
     let args = Args::parse();
     let d = driver::Driver::load()?;
@@ -158,8 +212,12 @@ fn main() -> Result<()> {
         (Some(c), CaptureThread::Same) => same_capture = Some(b.open_capture(c.kind())?),
         (Some(c), CaptureThread::Other) => other_capture = Some(side_capture(args.device, c.kind())?),
     }
+    let churn = match args.capture_churn {
+        Some(c) => Some(capture_churn(args.device, c.kind(), args.capture_churn_gap)?),
+        None => None,
+    };
     // The burn's own waits, in the relaxed capture mode while a capture is open.
-    let capturing = args.open_capture.is_some();
+    let capturing = args.open_capture.is_some() || churn.is_some();
     let wait = |e| if capturing { b.relaxed(|| b.wait(e)) } else { b.wait(e) };
     let sync = || if capturing { b.relaxed(|| b.sync()) } else { b.sync() };
     let start = Instant::now();
@@ -251,6 +309,14 @@ fn main() -> Result<()> {
         let _ = side.done.send(());
         let n = side.thread.join().map_err(|_| anyhow::anyhow!("the capture thread panicked"))??;
         eprintln!("egpu-burn: the open capture (other thread) ended with a graph of {n} launches");
+    }
+    if let Some(churn) = churn {
+        churn.stop.store(true, std::sync::atomic::Ordering::Release);
+        let (begun, failed) = churn.thread.join().map_err(|_| anyhow::anyhow!("the capture thread panicked"))??;
+        eprintln!("egpu-burn: {begun} captures begun and ended beside the burn, {} failed", failed.len());
+        if let Some(first) = failed.first() {
+            anyhow::bail!("{} of {begun} stream captures beside the burn failed; the first: {first}", failed.len());
+        }
     }
     emit(&all.report(total, total, if args.mode == Mode::Saturate { "saturate-total" } else { "latency-total" }));
     Ok(())

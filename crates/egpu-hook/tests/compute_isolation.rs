@@ -178,3 +178,29 @@ fn launches_beside_an_open_global_capture_of_the_same_thread_are_gated() {
 fn launches_beside_an_open_capture_to_graph_of_another_thread_are_gated() {
     burn_beside_an_open_capture("to-graph", "other");
 }
+
+#[test]
+fn captures_begun_beside_gated_launches_are_not_invalidated() {
+    // A thread begins a global-mode capture, captures one launch and ends
+    // it, again and again, while the burn's thread is gated. A gate section
+    // that read "no capture" just before a begin makes its event queries
+    // after it: in the thread's global mode one of them would invalidate
+    // the capture (the simulated driver refuses it and invalidates the
+    // capture, as the real one does), unless the begin waits for it.
+    let m = Machine::new("1x16GiB");
+    let s = m.slice("churn", 0, 30, 30, Priority::Normal);
+    let egpud = Egpud::start(&m, std::slice::from_ref(&s));
+    let b = m.burn(&s, &["--seconds", "3", "--capture-churn", "global"]);
+    wait_running(&m, &[&b], Duration::from_secs(20));
+    let f = pct(fractions(&m, &[&b], Duration::from_millis(2000))[0]);
+    let (code, _, stderr) = b.finish();
+    egpud.stop();
+    assert_eq!(code, 0, "{stderr}");
+    let line = stderr.lines().find(|l| l.contains("captures begun and ended beside the burn")).unwrap_or_else(|| panic!("{stderr}"));
+    let begun: u64 = line.split_whitespace().nth(1).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{line}"));
+    eprintln!("{line}; 30% limit -> {f}%");
+    assert!(line.ends_with(", 0 failed"), "{line}");
+    assert!(begun >= 100, "too few captures to say anything: {line}");
+    assert!(f <= 35.0, "beside the captures the slice ran at {f}%, above its 30% limit");
+    assert!(s.usage.region().throttle_waits[0].load(Ordering::Relaxed) > 0, "the gate never held a launch back");
+}

@@ -47,8 +47,8 @@ fn device_check_passes_on_the_simulated_gpu() {
     // Compute isolation with real targets on the simulated GPU (~0.4 ms
     // kernels): 30/70 within 3 points, a 40% limit at 40 +- 3 (observed
     // 30.0/69.5, 40.1), and the same limit held beside an open stream
-    // capture that still ends with a graph.
-    for name in ["compute-share-30-70", "compute-limit-40", "compute-open-capture-global", "compute-open-capture-to-graph"] {
+    // capture that still ends with a graph, and beside captures begun and ended again and again (none invalidated).
+    for name in ["compute-share-30-70", "compute-limit-40", "compute-open-capture-global", "compute-open-capture-to-graph", "compute-capture-churn"] {
         let c = checks.iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("check {name} missing"));
         assert_eq!(c["status"], "pass", "{c}");
     }

@@ -43,8 +43,8 @@ use crate::state::Slice;
 use egpu_abi::{MAX_DEVICES, ProcRecord};
 use egpu_arbiter::{Decision, GateView, ProcGate};
 use egpu_cuda::{CU_STREAM_LEGACY, CU_STREAM_PER_THREAD, CUresult, CUstream};
-use std::cell::RefCell;
-use std::sync::atomic::Ordering::Relaxed;
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::Ordering::{Relaxed, SeqCst};
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64};
 use streams::{Done, Table};
 
@@ -53,6 +53,14 @@ static GATES: [ProcGate; MAX_DEVICES] = [const { ProcGate::new() }; MAX_DEVICES]
 /// Stream captures in progress in this process, counted from just before
 /// the driver is asked to begin one.
 static CAPTURES: AtomicI64 = AtomicI64::new(0);
+/// The gate's event queries under way that began in their thread's own
+/// capture mode, because no capture was counted then ([`query`]). A
+/// capture's begin waits for them ([`capture_starting`]).
+static UNGUARDED: AtomicI64 = AtomicI64::new(0);
+/// The longest a capture's begin waits for [`UNGUARDED`] queries to end.
+/// One query does not block (microseconds); the bound only keeps a stuck
+/// driver call from holding the begin up for ever.
+const UNGUARDED_WAIT_NS: u64 = 10_000_000;
 /// Bumped in a fork child: thread tables of another generation are forgotten.
 static FORK_GEN: AtomicU64 = AtomicU64::new(0);
 /// Record an event every this many launches (`EGPU_HOOK_EVENT_EVERY`), or
@@ -82,6 +90,8 @@ impl Drop for Local {
 
 thread_local! {
     static TABLE: Local = const { Local(RefCell::new(Table::new())) };
+    /// Whether a [`CaptureSafe`] has this thread in the relaxed capture mode now.
+    static RELAXED_NOW: Cell<bool> = const { Cell::new(false) };
 }
 
 /// CLOCK_MONOTONIC, ns (vDSO: no system call).
@@ -169,16 +179,64 @@ impl CaptureSafe {
         if CAPTURES.load(Relaxed) <= 0 {
             return Some(CaptureSafe(None));
         }
-        drv::exchange_capture_mode(egpu_cuda::CU_STREAM_CAPTURE_MODE_RELAXED).map(|old| CaptureSafe(Some(old)))
+        let old = drv::exchange_capture_mode(egpu_cuda::CU_STREAM_CAPTURE_MODE_RELAXED)?;
+        RELAXED_NOW.with(|r| r.set(true));
+        Some(CaptureSafe(Some(old)))
     }
 }
 
 impl Drop for CaptureSafe {
     fn drop(&mut self) {
         if let Some(old) = self.0 {
+            RELAXED_NOW.with(|r| r.set(false));
             let _ = drv::exchange_capture_mode(old);
         }
     }
+}
+
+/// Runs `f` with the calling thread in the relaxed capture mode, its own
+/// mode restored after (as it was, if the driver cannot change it).
+fn relaxed<R>(f: impl FnOnce() -> R) -> R {
+    match drv::exchange_capture_mode(egpu_cuda::CU_STREAM_CAPTURE_MODE_RELAXED) {
+        Some(old) => {
+            let r = f();
+            let _ = drv::exchange_capture_mode(old);
+            r
+        }
+        None => f(),
+    }
+}
+
+/// `cuEventQuery` on one of the gate's events. A query is one of the calls
+/// a global-mode capture forbids to every thread of the process, and a
+/// section of the gate may have started (and read "no capture") before
+/// another thread began one. So a query that finds no capture counted is
+/// counted as [`UNGUARDED`] while it runs, and a capture's begin waits for
+/// those ([`capture_starting`]); one that finds a capture counted runs in
+/// the relaxed mode. The two sides' sequentially consistent counter and
+/// check make sure that at least one of them sees the other.
+pub(crate) fn query(e: usize) -> egpu_cuda::CUresult {
+    if RELAXED_NOW.with(Cell::get) {
+        return drv::query(e);
+    }
+    UNGUARDED.fetch_add(1, SeqCst);
+    if CAPTURES.load(SeqCst) <= 0 {
+        let r = drv::query(e);
+        UNGUARDED.fetch_sub(1, SeqCst);
+        return r;
+    }
+    UNGUARDED.fetch_sub(1, SeqCst);
+    relaxed(|| drv::query(e))
+}
+
+/// `cuEventSynchronize` on one of the gate's events: always in the relaxed
+/// mode (a wait for the GPU, so two mode changes cost nothing next to it,
+/// and a capture's begin need not wait for it; see [`query`]).
+pub(crate) fn synchronize(e: usize) -> egpu_cuda::CUresult {
+    if RELAXED_NOW.with(Cell::get) {
+        return drv::synchronize(e);
+    }
+    relaxed(|| drv::synchronize(e))
 }
 
 /// Whether a launch on the stream keyed `key` is captured rather than run:
@@ -321,9 +379,19 @@ pub fn after_sync() {
 }
 
 /// A stream capture is about to begin (undone by `capture_ended(true)` if
-/// the driver refuses it).
+/// the driver refuses it). Counted first, then the gate's queries that
+/// began without seeing it are waited for (at most [`UNGUARDED_WAIT_NS`]):
+/// one of them made after the begin, in its thread's global mode, would
+/// invalidate a global-mode capture. Every later query sees the count.
 pub fn capture_starting() {
-    CAPTURES.fetch_add(1, Relaxed);
+    CAPTURES.fetch_add(1, SeqCst);
+    if UNGUARDED.load(SeqCst) <= 0 {
+        return;
+    }
+    let deadline = monotonic_ns().saturating_add(UNGUARDED_WAIT_NS);
+    while UNGUARDED.load(SeqCst) > 0 && monotonic_ns() < deadline {
+        std::thread::yield_now();
+    }
 }
 
 /// A `cuStreamEndCapture` returned (or a begin failed); `ended`: the
@@ -338,6 +406,7 @@ pub fn capture_ended(ended: bool) {
 pub fn reset_after_fork() {
     FORK_GEN.fetch_add(1, Relaxed);
     CAPTURES.store(0, Relaxed);
+    UNGUARDED.store(0, Relaxed);
     for g in &GATES {
         g.reset();
     }

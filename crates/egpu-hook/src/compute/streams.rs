@@ -84,10 +84,10 @@ impl Entry {
             drv::destroy(anchor);
             return Err(r);
         }
-        let anchor_ns = match drv::query(anchor) {
+        let anchor_ns = match super::query(anchor) {
             0 => before,
             CUDA_ERROR_NOT_READY => {
-                let _ = drv::synchronize(anchor);
+                let _ = super::synchronize(anchor);
                 now()
             }
             e => {
@@ -177,7 +177,7 @@ impl Entry {
         }
         let mut first = true;
         while let Some(&p) = self.pending.front() {
-            let r = if block && first { drv::synchronize(p.ev) } else { drv::query(p.ev) };
+            let r = if block && first { super::synchronize(p.ev) } else { super::query(p.ev) };
             first = false;
             if r == CUDA_ERROR_NOT_READY {
                 self.next_check = now.saturating_add((p.est / p.n.max(1) as u64 / 2).max(MIN_CHECK_NS));
