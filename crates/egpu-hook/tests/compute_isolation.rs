@@ -190,7 +190,9 @@ fn captures_begun_beside_gated_launches_are_not_invalidated() {
     let m = Machine::new("1x16GiB");
     let s = m.slice("churn", 0, 30, 30, Priority::Normal);
     let egpud = Egpud::start(&m, std::slice::from_ref(&s));
-    let b = m.burn(&s, &["--seconds", "3", "--capture-churn", "global"]);
+    // Pauses of 0-400 us between captures: thousands of captures, with
+    // little CPU taken from tests that run beside this one.
+    let b = m.burn(&s, &["--seconds", "3", "--capture-churn", "global", "--capture-churn-gap", "200us"]);
     wait_running(&m, &[&b], Duration::from_secs(20));
     let f = pct(fractions(&m, &[&b], Duration::from_millis(2000))[0]);
     let (code, _, stderr) = b.finish();

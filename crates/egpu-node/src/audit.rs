@@ -120,7 +120,8 @@ impl DeviceAudit {
 /// slice device.
 pub type Charges = BTreeMap<String, Vec<(usize, u64)>>;
 
-/// How long [`ChargeSampler::during`] reads the records back to back; a
+/// How long [`ChargeSampler::during`] reads the records back to back (a
+/// yield between two readings); a
 /// driver call still running after that is sampled once a [`SLOW_SAMPLE`]
 /// (a driver that hangs must not keep a core busy).
 pub const DENSE: Duration = Duration::from_millis(20);
@@ -189,7 +190,9 @@ impl ChargeSampler {
                         return mine;
                     }
                     if started.elapsed() < DENSE {
-                        std::hint::spin_loop();
+                        // Not a spin: on a busy host the thread answering
+                        // the driver call (or a workload) gets the core.
+                        std::thread::yield_now();
                     } else {
                         std::thread::sleep(SLOW_SAMPLE);
                     }
