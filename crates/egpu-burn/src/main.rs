@@ -131,29 +131,50 @@ struct SideCapture {
     thread: std::thread::JoinHandle<Result<u32>>,
 }
 
-fn side_capture(device: i32, kind: driver::CaptureKind) -> Result<SideCapture> {
+/// Starts a thread with a burner (and a context) of its own on `device`.
+/// `setup` runs first, and this returns once it has: its error is this
+/// call's, `what` saying what it was doing. `run` then gets the burner and
+/// what `setup` made; its result is the thread's.
+fn side_thread<S, T: Send + 'static>(
+    device: i32,
+    what: &'static str,
+    setup: impl for<'d> FnOnce(&driver::Burner<'d>) -> Result<S> + Send + 'static,
+    run: impl for<'d> FnOnce(&driver::Burner<'d>, S) -> Result<T> + Send + 'static,
+) -> Result<std::thread::JoinHandle<Result<T>>> {
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let thread = std::thread::spawn(move || -> Result<u32> {
+    let thread = std::thread::spawn(move || -> Result<T> {
         let fail = |e: anyhow::Error| {
             let _ = ready_tx.send(Err(format!("{e:#}")));
             e
         };
         let d = driver::Driver::load().map_err(fail)?;
         let b = driver::Burner::new(&d, device, ptx::PTX, ptx::ENTRY).map_err(fail)?;
-        let mut c = b.open_capture(kind).map_err(fail)?;
+        let made = setup(&b).map_err(fail)?;
         let _ = ready_tx.send(Ok(()));
-        let _ = done_rx.recv();
-        b.capture_one(&mut c)?;
-        let n = c.launches;
-        b.end_open_capture(c)?;
-        Ok(n)
+        run(&b, made)
     });
     match ready_rx.recv() {
-        Ok(Ok(())) => Ok(SideCapture { done: done_tx, thread }),
-        Ok(Err(e)) => anyhow::bail!("the capture thread could not open its capture: {e}"),
-        Err(_) => anyhow::bail!("the capture thread stopped before opening its capture"),
+        Ok(Ok(())) => Ok(thread),
+        Ok(Err(e)) => anyhow::bail!("the capture thread could not {what}: {e}"),
+        Err(_) => anyhow::bail!("the capture thread stopped before it could {what}"),
     }
+}
+
+fn side_capture(device: i32, kind: driver::CaptureKind) -> Result<SideCapture> {
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let thread = side_thread(
+        device,
+        "open its capture",
+        move |b| b.open_capture(kind),
+        move |b, mut c| {
+            let _ = done_rx.recv();
+            b.capture_one(&mut c)?;
+            let n = c.launches;
+            b.end_open_capture(c)?;
+            Ok(n)
+        },
+    )?;
+    Ok(SideCapture { done: done_tx, thread })
 }
 
 /// `--capture-churn`: captures begun and ended back to back on a thread of
@@ -165,36 +186,28 @@ struct Churn {
 
 fn capture_churn(device: i32, kind: driver::CaptureKind, gap: Duration) -> Result<Churn> {
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
     let flag = stop.clone();
-    let thread = std::thread::spawn(move || -> Result<(u64, Vec<String>)> {
-        let fail = |e: anyhow::Error| {
-            let _ = ready_tx.send(Err(format!("{e:#}")));
-            e
-        };
-        let d = driver::Driver::load().map_err(fail)?;
-        let b = driver::Burner::new(&d, device, ptx::PTX, ptx::ENTRY).map_err(fail)?;
-        let stream = b.capture_stream().map_err(fail)?;
-        let _ = ready_tx.send(Ok(()));
-        let (mut begun, mut failed) = (0u64, Vec::new());
-        while !flag.load(std::sync::atomic::Ordering::Acquire) {
-            begun += 1;
-            let r = b.open_capture_on(stream, kind).and_then(|c| b.end_open_capture(c));
-            if let Err(e) = r {
-                failed.push(format!("{e:#}"));
+    let thread = side_thread(
+        device,
+        "start",
+        |b| b.capture_stream(),
+        move |b, stream| {
+            let (mut begun, mut failed) = (0u64, Vec::new());
+            while !flag.load(std::sync::atomic::Ordering::Acquire) {
+                begun += 1;
+                let r = b.open_capture_on(stream, kind).and_then(|c| b.end_open_capture(c));
+                if let Err(e) = r {
+                    failed.push(format!("{e:#}"));
+                }
+                // From none to twice the gap, in 64 steps (a fixed sequence:
+                // the same run pauses alike).
+                let step = (begun.wrapping_mul(2_654_435_761) >> 7) % 64;
+                std::thread::sleep(gap * 2 * step as u32 / 64);
             }
-            // From none to twice the gap, in 64 steps (a fixed sequence: the
-            // same run pauses alike).
-            let step = (begun.wrapping_mul(2_654_435_761) >> 7) % 64;
-            std::thread::sleep(gap * 2 * step as u32 / 64);
-        }
-        Ok((begun, failed))
-    });
-    match ready_rx.recv() {
-        Ok(Ok(())) => Ok(Churn { stop, thread }),
-        Ok(Err(e)) => anyhow::bail!("the capture thread could not start: {e}"),
-        Err(_) => anyhow::bail!("the capture thread stopped before it started"),
-    }
+            Ok((begun, failed))
+        },
+    )?;
+    Ok(Churn { stop, thread })
 }
 
 fn main() -> Result<()> {

@@ -142,7 +142,7 @@ pub const SLOW_SAMPLE: Duration = Duration::from_millis(1);
 /// the driver answers.
 pub struct ChargeSampler {
     files: Vec<(String, Arc<UsageFile>, Vec<usize>)>,
-    /// Readings taken (for tests and logs).
+    /// Readings taken (for tests).
     samples: AtomicU64,
 }
 

@@ -179,6 +179,13 @@ impl CaptureSafe {
         if CAPTURES.load(Relaxed) <= 0 {
             return Some(CaptureSafe(None));
         }
+        Self::switch()
+    }
+
+    /// Relaxed mode now, whether or not a capture is counted. `None`: the
+    /// driver cannot change the mode. Not nested: callers inside a
+    /// section check [`RELAXED_NOW`] first.
+    fn switch() -> Option<CaptureSafe> {
         let old = drv::exchange_capture_mode(egpu_cuda::CU_STREAM_CAPTURE_MODE_RELAXED)?;
         RELAXED_NOW.with(|r| r.set(true));
         Some(CaptureSafe(Some(old)))
@@ -191,19 +198,6 @@ impl Drop for CaptureSafe {
             RELAXED_NOW.with(|r| r.set(false));
             let _ = drv::exchange_capture_mode(old);
         }
-    }
-}
-
-/// Runs `f` with the calling thread in the relaxed capture mode, its own
-/// mode restored after (as it was, if the driver cannot change it).
-fn relaxed<R>(f: impl FnOnce() -> R) -> R {
-    match drv::exchange_capture_mode(egpu_cuda::CU_STREAM_CAPTURE_MODE_RELAXED) {
-        Some(old) => {
-            let r = f();
-            let _ = drv::exchange_capture_mode(old);
-            r
-        }
-        None => f(),
     }
 }
 
@@ -226,17 +220,17 @@ pub(crate) fn query(e: usize) -> egpu_cuda::CUresult {
         return r;
     }
     UNGUARDED.fetch_sub(1, SeqCst);
-    relaxed(|| drv::query(e))
+    // A driver that cannot change the mode: the call in the thread's own, as before.
+    let _safe = CaptureSafe::switch();
+    drv::query(e)
 }
 
 /// `cuEventSynchronize` on one of the gate's events: always in the relaxed
 /// mode (a wait for the GPU, so two mode changes cost nothing next to it,
 /// and a capture's begin need not wait for it; see [`query`]).
 pub(crate) fn synchronize(e: usize) -> egpu_cuda::CUresult {
-    if RELAXED_NOW.with(Cell::get) {
-        return drv::synchronize(e);
-    }
-    relaxed(|| drv::synchronize(e))
+    let _safe = if RELAXED_NOW.with(Cell::get) { None } else { CaptureSafe::switch() };
+    drv::synchronize(e)
 }
 
 /// Whether a launch on the stream keyed `key` is captured rather than run:
