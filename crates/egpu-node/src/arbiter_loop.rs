@@ -240,6 +240,7 @@ impl ComputeLoop {
             let measured = u.consumed_ns[dev].load(Ordering::Relaxed);
             let truth = trues[i].get(dev).copied().flatten();
             let used_total = self.used.entry((s.record.id.clone(), dev)).or_default().advance(truth.is_some(), truth.unwrap_or(measured));
+            tracing::trace!(slice = names[i], dev, budget_ns = b.budget_ns, used_ns = b.used_ns, scale_ppm = b.scale_ppm, hungry = b.hungry, "compute tick");
             let e = view.entry(names[i].to_string()).or_default();
             e.push(DeviceCompute {
                 device: s.record.spec.devices.get(dev).map(|d| d.device).unwrap_or(0),
