@@ -19,6 +19,10 @@ Subcommands, each printing one JSON object:
                           when it reached TO_A/TO_B: the start of the first
                           window within 5 points of TO_A from which on the mean
                           split is within 3 points (docs/device-check.md)
+  wake N                  the host's wake-up latency: N sleeps of 400 us, how
+                          late each woke (percentiles in us, and the fraction
+                          over 1 ms, longer than a saturating burner's queue
+                          of 0.4 ms kernels lasts on the simulated GPU)
 """
 import json
 import subprocess
@@ -124,6 +128,18 @@ def resize(egpu, sock, a, b, pre_s, post_s, win_ms, to_a, to_b):
     }))
 
 
+def wake(n):
+    late = []
+    for _ in range(n):
+        t = time.perf_counter_ns()
+        time.sleep(0.0004)
+        late.append(time.perf_counter_ns() - t - 400_000)
+    late.sort()
+    q = lambda f: round(late[min(n - 1, int(f * n))] / 1000, 1)
+    return {"samples": n, "sleep_us": 400, "late_p50_us": q(0.5), "late_p90_us": q(0.9), "late_p99_us": q(0.99),
+            "late_max_us": round(late[-1] / 1000, 1), "over_1ms_frac": round(sum(x > 1_000_000 for x in late) / n, 4)}
+
+
 def main():
     cmd = sys.argv[1]
     if cmd == "snap":
@@ -132,6 +148,8 @@ def main():
         print(json.dumps(split(json.loads(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4:])))
     elif cmd == "burn":
         print(json.dumps(burn(sys.argv[2])))
+    elif cmd == "wake":
+        print(json.dumps(wake(int(sys.argv[2]))))
     elif cmd == "resize":
         a = sys.argv[2:]
         resize(a[0], a[1], a[2], a[3], float(a[4]), float(a[5]), float(a[6]), float(a[7]), float(a[8]))
