@@ -441,8 +441,8 @@ print('pass' if ok and ($SIM == 1 or d['launch_hook'] - d['launch_bare'] <= 50 +
     # (0) the host's wake-up latency. On the simulated GPU a saturating
     # burner keeps <= 4 kernels (1.6 ms) queued and sleeps in its event
     # waits; a host that wakes it later than that (a VM whose idle vCPUs
-    # halt: 400 us sleeps woke 1.3-4 ms late at p90-p99 on a 2-core CI VM)
-    # leaves the device idle, which a slice whose neighbour is capped
+    # halt: 400 us sleeps woke 1.3-4 ms late at p90-p99 under load on the
+    # 2-core development VM) leaves the device idle, which a slice whose neighbour is capped
     # cannot get back. In --simulate every CPU is kept busy at nice 19 for
     # the compute checks, so no vCPU halts (a real driver's default wait
     # spins instead of sleeping); the latency is recorded both ways.
