@@ -23,20 +23,21 @@ fn device_check_passes_on_the_simulated_gpu() {
     let checks = doc["checks"].as_array().unwrap();
     // A failure names each failed check with its numbers (a CI log is all one sees of it).
     let failed: Vec<String> = checks.iter().filter(|c| c["status"] == "fail").map(|c| c.to_string()).collect();
+    let check = |name: &str| checks.iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("check {name} missing"));
     assert!(out.status.success(), "device-check failed: {:?}\nfailed checks:\n{}\n{stderr}", doc["failed"], failed.join("\n"));
     assert_eq!(doc["ok"], true);
     assert_eq!(doc["simulate"], true);
     for name in ["egpud-up", "view-direct", "view-dlopen", "view-procaddr", "alloc-vmm-procaddr", "alloc-graph-direct", "witness-holding", "fail-closed", "resize-probe", "burst-probe", "hook-overhead"] {
-        let c = checks.iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("check {name} missing"));
+        let c = check(name);
         assert_eq!(c["status"], "pass", "{c}");
     }
     // The environment the run found, for reading a real machine's result.
-    let c = checks.iter().find(|c| c["name"] == "environment").expect("environment missing");
+    let c = check("environment");
     assert_eq!(c["status"], "info", "{c}");
     assert!(c["details"]["glibc"].as_str().is_some_and(|v| v.starts_with("2.")), "{c}");
     assert!(c["details"]["pid_namespace"].as_str().is_some_and(|v| v.starts_with("pid:")), "{c}");
     // The driver's reservations outside allocation calls: measured, no verdict.
-    let c = checks.iter().find(|c| c["name"] == "driver-reservations").expect("driver-reservations missing");
+    let c = check("driver-reservations");
     assert_eq!(c["status"], "info", "{c}");
     for k in ["bare_driver", "in_slice"] {
         assert_eq!(c["details"][k]["event"], "reserve", "{k}: {c}");
@@ -52,12 +53,12 @@ fn device_check_passes_on_the_simulated_gpu() {
     // still ends with a graph, and beside captures begun and ended again
     // and again (none invalidated).
     for name in ["compute-limit-40", "compute-open-capture-global", "compute-open-capture-to-graph", "compute-capture-churn"] {
-        let c = checks.iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("check {name} missing"));
+        let c = check(name);
         assert_eq!(c["status"], "pass", "{c}");
     }
     // The host's wake-up latency, measured with vCPUs free to halt and with
     // every CPU kept busy (--simulate's compute checks run so).
-    let c = checks.iter().find(|c| c["name"] == "host-wakeup").expect("host-wakeup missing");
+    let c = check("host-wakeup");
     assert_eq!(c["status"], "info", "{c}");
     for k in ["halting", "spinners"] {
         assert!(c["details"][k]["late_p99_us"].as_f64().is_some_and(|v| v >= 0.0), "{k}: {c}");
@@ -71,7 +72,7 @@ fn device_check_passes_on_the_simulated_gpu() {
     // kept busy, 69.0-69.9% on a calm host. What a broken gate cannot fake: the 70%
     // slice still gets well over half the device (a gate ignoring shares
     // gives a FIFO device ~50/50, one over-throttling far less).
-    let c = checks.iter().find(|c| c["name"] == "compute-share-30-70").expect("compute-share-30-70 missing");
+    let c = check("compute-share-30-70");
     assert_eq!(c["status"], "info", "{c}");
     assert!(c["details"]["target_met"].is_boolean(), "{c}");
     let used = |i: usize| c["details"]["egpud_used_pct"][i].as_f64().unwrap_or_else(|| panic!("no egpud share {i}: {c}"));
@@ -84,7 +85,7 @@ fn device_check_passes_on_the_simulated_gpu() {
     // 0.95): in --simulate it is `info`, and what is asserted is what a
     // broken gate cannot fake: a lone 30%-share slice with a 100% limit
     // runs far above its share (held to it, the ratio would be ~0.3).
-    let c = checks.iter().find(|c| c["name"] == "compute-work-conservation").expect("compute-work-conservation missing");
+    let c = check("compute-work-conservation");
     assert_eq!(c["status"], "info", "{c}");
     assert!(num(c, "ratio") >= 0.6, "a lone slice with a 100% limit was held near its 30% share: {c}");
     // Recorded as `info` in --simulate (ran, numbers, target_met, no verdict):
@@ -98,18 +99,18 @@ fn device_check_passes_on_the_simulated_gpu() {
     //   accounting updates (egpu ls polling jitters on a loaded 2-core
     //   machine), so per-window splits alternate by +-7 points; converged_ms
     //   was 25 and 94 ms in two runs, the 2 s mean split 58/40.
-    let c = checks.iter().find(|c| c["name"] == "compute-priority-latency").expect("compute-priority-latency missing");
+    let c = check("compute-priority-latency");
     assert_eq!(c["status"], "info", "{c}");
     assert!(num(c, "p99_alone_us") > 0.0 && num(c, "p99_loaded_us") > 0.0 && num(c, "ratio") > 0.0, "{c}");
     assert!(c["details"]["target_met"].is_boolean(), "{c}");
-    let c = checks.iter().find(|c| c["name"] == "compute-resize-convergence").expect("compute-resize-convergence missing");
+    let c = check("compute-resize-convergence");
     assert_eq!(c["status"], "info", "{c}");
     assert_eq!(c["details"]["resize_rc"], serde_json::json!([0, 0]), "{c}");
     assert!(num(c, "windows") >= 10.0, "{c}");
     assert!(c["details"]["first_windows"][0]["a_split_pct"].is_number(), "{c}");
     // The split did move: the whole post-resize window is nearer 60/40 than 30/70.
     assert!(c["details"]["after"]["ra"].as_f64().unwrap() > 45.0, "{c}");
-    let c = checks.iter().find(|c| c["name"] == "torch-gemm-overhead").expect("torch-gemm-overhead missing");
+    let c = check("torch-gemm-overhead");
     assert_eq!(c["status"], "skip", "{c}");
     assert!(checks.len() >= 55, "{} checks", checks.len());
 }
