@@ -103,6 +103,19 @@ impl NodeGpus {
         if let Some(g) = n.gpus.iter().find(|g| g.free > g.units) {
             return Err(AnnotationError::Invalid(format!("GPU {} has {} units free of {}", g.index, g.free, g.units)));
         }
+        // Placement names a GPU by UUID and preemption by index: two GPUs
+        // with one name would take units off the wrong one. The plugin
+        // never writes this; a hand edit or another writer of the Node can.
+        let mut seen_uuid = std::collections::BTreeSet::new();
+        let mut seen_index = std::collections::BTreeSet::new();
+        for g in &n.gpus {
+            if !seen_uuid.insert(g.uuid.as_str()) {
+                return Err(AnnotationError::Invalid(format!("two GPUs have UUID {:?}; each GPU must be listed once (the device plugin rewrites the annotation when it next runs)", g.uuid)));
+            }
+            if !seen_index.insert(g.index) {
+                return Err(AnnotationError::Invalid(format!("two GPUs have index {}; each GPU must be listed once (the device plugin rewrites the annotation when it next runs)", g.index)));
+            }
+        }
         Ok(n)
     }
 
@@ -225,9 +238,48 @@ mod tests {
         bad.gpus[0].free = 142;
         let e = NodeGpus::parse(Some(&bad.to_json())).unwrap_err();
         assert!(e.to_string().contains("141"), "{e}");
-        let mut bad = s;
+        let mut bad = s.clone();
         bad.unit_bytes = 0;
         assert!(matches!(NodeGpus::parse(Some(&bad.to_json())), Err(AnnotationError::Invalid(_))));
+        // One GPU listed twice, by UUID or by index: refused, with the name.
+        let mut twice = s.clone();
+        twice.gpus.push(GpuFree { index: 1, ..s.gpus[0].clone() });
+        let e = NodeGpus::parse(Some(&twice.to_json())).unwrap_err();
+        assert!(e.to_string().contains("two GPUs have UUID \"GPU-a\""), "{e}");
+        let mut twice = s.clone();
+        twice.gpus.push(GpuFree { uuid: "GPU-b".into(), ..s.gpus[0].clone() });
+        let e = NodeGpus::parse_with(Some(&twice.to_json()), false).unwrap_err();
+        assert!(e.to_string().contains("two GPUs have index 0"), "{e}");
+    }
+
+    proptest::proptest! {
+        /// Whatever GPU list an annotation carries, what parses can be
+        /// placed on: `take` never panics, never leaves a GPU with more
+        /// free than it has or takes what was not free, and the units it
+        /// takes are the ones asked for (or all of whole GPUs).
+        #[test]
+        fn any_parsed_annotation_takes_without_panicking(
+            gpus in proptest::collection::vec((0u32..4, 0usize..4, 0u32..20, 0u32..24), 0..6),
+            asks in proptest::collection::vec(0u32..50, 1..6),
+        ) {
+            let gpus: Vec<GpuFree> = gpus
+                .into_iter()
+                .map(|(index, u, units, free)| GpuFree { index, uuid: format!("GPU-{u}"), model: "m".into(), units, free })
+                .collect();
+            let json = NodeGpus { v: VERSION, unit_bytes: 1 << 30, gpus, pods: None, holds: None }.to_json();
+            let Ok(mut n) = NodeGpus::parse(Some(&json)) else { return Ok(()) };
+            for units in asks {
+                let before: u64 = n.gpus.iter().map(|g| u64::from(g.free)).sum();
+                let took = n.take(units);
+                let after: u64 = n.gpus.iter().map(|g| u64::from(g.free)).sum();
+                proptest::prop_assert!(n.gpus.iter().all(|g| g.free <= g.units));
+                if took {
+                    proptest::prop_assert!(before - after >= u64::from(units));
+                } else {
+                    proptest::prop_assert_eq!(before, after);
+                }
+            }
+        }
     }
 
     #[test]

@@ -30,7 +30,7 @@
 //! [`checkpoint`] (the kubelet's device checkpoint, read while its
 //! pod list is incomplete), [`follow`] (list-then-watch of objects' metadata), [`metrics`] (the
 //! Prometheus metrics of the extender and the kubelet plugins), [`dra`] (the DRA kubelet plugin),
-//! [`quantity`] (Kubernetes quantities).
+//! [`quantity`] (Kubernetes quantities), [`names`] (the name rules flags are checked against).
 
 pub mod annotation;
 pub mod assume;
@@ -39,6 +39,7 @@ pub mod dra;
 pub mod extender;
 pub mod follow;
 pub mod metrics;
+pub mod names;
 pub mod plugin;
 pub mod quantity;
 pub mod tokens;

@@ -894,17 +894,20 @@ fn scheduler_extender_binds_and_counts_a_bound_pod_until_the_node_does() {
     }));
     let e = bind("nope");
     assert!(e.contains("cannot read the pod") && e.contains("not found"), "{e}");
+    // What is not a Kubernetes name never reaches the API's URLs.
+    let e = bind("../../x");
+    assert!(e.contains("is not a Kubernetes name") && e.contains("'../../x' (pod)"), "{e}");
     let (code, body) = post(&sched.1, "/bind", r#"{"PodName": 3}"#);
     assert_eq!(code, 400);
     assert!(body.contains("not an ExtenderBindingArgs JSON body"), "{body}");
     assert_eq!(api.bindings.lock().unwrap().len(), 2, "p1 and p4");
-    // Binds by outcome: p1, p4 and p1's repeat bound; the other node and
-    // the missing pod refused (4xx); none failed. The bad body is a bind
-    // request error.
+    // Binds by outcome: p1, p4 and p1's repeat bound; the other node, the
+    // missing pod and the bad name refused (4xx); none failed. The bad
+    // body is a bind request error.
     let (_, _, m) = http_get(&sched.1, "/metrics");
     let binds = |o: &str| sample(&m, &format!("egpu_extender_binds_total{{outcome=\"{o}\"}}"));
-    assert_eq!((binds("bound"), binds("refused"), binds("failed")), (Some(3.0), Some(2.0), None), "{m}");
-    assert_eq!(sample(&m, "egpu_extender_requests_total{verb=\"bind\",outcome=\"error\"}"), Some(3.0), "{m}");
+    assert_eq!((binds("bound"), binds("refused"), binds("failed")), (Some(3.0), Some(3.0), None), "{m}");
+    assert_eq!(sample(&m, "egpu_extender_requests_total{verb=\"bind\",outcome=\"error\"}"), Some(4.0), "{m}");
     // A restarted extender (or a new leader's) counts the pods bound before
     // it that are still pending, before it answers: p1 (2 units, as the
     // API server has it) and p4 (11) on n1 leave at most 5 on one GPU.
@@ -1156,6 +1159,51 @@ fn device_plugin_stops_cleanly_before_it_has_registered() {
     assert!(!sock.exists());
 }
 
+/// Their stderr a pipe nobody reads any more (a log collector that went
+/// away): the plugin and the extender keep serving and stop cleanly. Every
+/// log line fails to write from the first one on; until they dropped such
+/// lines, tracing reported the failure on the same stderr, which panicked.
+#[test]
+fn daemons_outlive_a_stderr_whose_reader_is_gone() {
+    let closed = || {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        writer
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let node = Node::start("1x16GiB");
+    let kdir = tmp.path().join("kubelet");
+    std::fs::create_dir_all(kdir.join("device-plugins")).unwrap();
+    let mut plugin = Plugin(
+        clean("egpu-device-plugin")
+            .arg("--socket")
+            .arg(node.socket())
+            .arg("--kubelet-dir")
+            .arg(&kdir)
+            .args(["--poll", "50ms", "--log", "debug"])
+            .stdout(Stdio::null())
+            .stderr(closed())
+            .spawn()
+            .unwrap(),
+    );
+    let sock = kdir.join("device-plugins/egpu-gpu-memory.sock");
+    let mut exited = None;
+    assert!(wait_until(WAIT, || {
+        exited = plugin.0.try_wait().unwrap();
+        sock.exists() || exited.is_some()
+    }));
+    assert_eq!(exited, None, "the plugin exited with its stderr closed");
+    assert!(plugin.terminate().success());
+
+    let mut child = clean("egpu-scheduler").args(["--no-bind", "--listen", "127.0.0.1:0", "--log", "debug"]).stdout(Stdio::piped()).stderr(closed()).spawn().unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut line).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{line:?}: {e}"));
+    let mut sched = Plugin(child);
+    assert_eq!(http_get(v["addr"].as_str().unwrap(), "/healthz").0, 200);
+    assert!(sched.terminate().success());
+}
+
 /// Bad flags: exit 2 with what was wrong and what to give instead.
 #[test]
 fn kubernetes_binaries_refuse_bad_flags_with_the_reason() {
@@ -1167,6 +1215,11 @@ fn kubernetes_binaries_refuse_bad_flags_with_the_reason() {
         ("egpu-device-plugin", &["--memory-unit", "4KiB"][..], "below 1 MiB"),
         ("egpu-device-plugin", &["--memory-unit", "lots"][..], "is not a size"),
         ("egpu-device-plugin", &["--resource", "gpu-memory"][..], "needs a domain"),
+        ("egpu-device-plugin", &["--resource", "egpu.io/a b"][..], "its name 'a b'"),
+        ("egpu-device-plugin", &["--resource", "kubernetes.io/gpu"][..], "kubernetes.io domain"),
+        ("egpu-device-plugin", &["--node-name", "Node_1"][..], "is not a node name"),
+        ("egpu-scheduler", &["--resource", ""][..], "needs a domain"),
+        ("egpu-scheduler", &["--resource", "egpu.io/gpu memory"][..], "its name 'gpu memory'"),
         ("egpu-device-plugin", &["--gpu-cdi-kind", "nvidia.com/gpu=0"][..], "not a CDI kind"),
         ("egpu-device-plugin", &["--poll", "0s"][..], "--poll and --pod-poll must be greater than 0"),
         ("egpu-device-plugin", &["--pod-poll", "0s"][..], "--poll and --pod-poll must be greater than 0"),

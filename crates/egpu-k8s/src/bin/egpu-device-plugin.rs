@@ -19,7 +19,7 @@ struct Args {
     #[arg(long, default_value = "/var/lib/kubelet")]
     kubelet_dir: PathBuf,
     /// The extended resource to advertise (domain/name).
-    #[arg(long, default_value = DEFAULT_RESOURCE)]
+    #[arg(long, default_value = DEFAULT_RESOURCE, value_parser = resource_name)]
     resource: String,
     /// GPU memory per unit of the resource: a pod asking for N gets N of these.
     #[arg(long, default_value = "1GiB")]
@@ -42,7 +42,7 @@ struct Args {
     /// This node's name (from the downward API's spec.nodeName): the plugin then writes what each GPU has
     /// free in the Node's egpu.io/gpus annotation, for the scheduler extender. Needs API access (in-cluster
     /// service account or KUBECONFIG) allowed to patch the Node.
-    #[arg(long, env = "NODE_NAME")]
+    #[arg(long, env = "NODE_NAME", value_parser = node_name)]
     node_name: Option<String>,
     /// The plugin's own pod (from the downward API's metadata.name and metadata.namespace). The kubelet lists it
     /// once it has synced its pods with the API server; until then the units in the kubelet's device checkpoint
@@ -65,6 +65,21 @@ struct Args {
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, env = "EGPU_LOG", default_value = "info", value_parser = egpu_node::logging::log_filter)]
     log: String,
+}
+
+/// `--resource`: a name the kubelet and the API server would take for an
+/// extended resource.
+fn resource_name(s: &str) -> Result<String, String> {
+    egpu_k8s::names::check_extended_resource(s).map(|()| s.to_string())
+}
+
+/// `--node-name`: empty (no annotation) or a node name.
+fn node_name(s: &str) -> Result<String, String> {
+    if s.is_empty() || egpu_k8s::names::is_dns_subdomain(s) {
+        Ok(s.to_string())
+    } else {
+        Err(format!("'{s}' is not a node name (a DNS subdomain: lower-case letters, digits, '-' and '.'); give the Node's metadata.name, from the downward API's spec.nodeName"))
+    }
 }
 
 fn main() -> ExitCode {

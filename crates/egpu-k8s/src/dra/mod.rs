@@ -156,7 +156,7 @@ impl DraConfig {
 
     /// Checks the names the API and the kubelet will see.
     pub fn check(&self) -> Result<(), String> {
-        let dns = |s: &str| !s.is_empty() && s.len() <= 253 && s.split('.').all(|l| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-') && !l.starts_with('-') && !l.ends_with('-'));
+        let dns = crate::names::is_dns_subdomain;
         if !dns(&self.driver) || !self.driver.contains('.') {
             return Err(format!("--driver '{}' must be a DNS subdomain with a domain, e.g. {DEFAULT_DRIVER}", self.driver));
         }

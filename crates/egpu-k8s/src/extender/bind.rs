@@ -55,6 +55,13 @@ impl Extender {
         if a.pod_name.is_empty() || a.pod_namespace.is_empty() || a.node.is_empty() {
             return Err(BindError { refused: true, why: "the request needs PodName, PodNamespace and Node".into() });
         }
+        // The names go into the API's URLs: what is not a name is refused
+        // here, not sent (a namespace is a DNS label, a pod or node name a
+        // DNS subdomain).
+        let label = |s: &str| crate::names::is_dns_subdomain(s) && !s.contains('.') && s.len() <= 63;
+        if !label(&a.pod_namespace) || !crate::names::is_dns_subdomain(&a.pod_name) || !crate::names::is_dns_subdomain(&a.node) {
+            return Err(BindError { refused: true, why: format!("'{}' (namespace), '{}' (pod) or '{}' (node) is not a Kubernetes name", egpu_core::slice::shown(&a.pod_namespace), egpu_core::slice::shown(&a.pod_name), egpu_core::slice::shown(&a.node)) });
+        }
         let deadline = tokio::time::Instant::now() + BIND_DEADLINE;
         let pods: kube::Api<KPod> = kube::Api::namespaced(client, &a.pod_namespace);
         let remembered = self.assumed.lock().expect("assume lock").demand(&a.pod_uid);

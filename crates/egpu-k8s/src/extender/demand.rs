@@ -25,16 +25,14 @@ impl Demand {
             let mut out = Vec::new();
             for c in spec[key].as_array().map(Vec::as_slice).unwrap_or_default() {
                 let name = c["name"].as_str().unwrap_or("?").to_string();
-                let get = |which: &str| -> Result<Option<u64>, RequestError> {
+                let get = |which: &str| -> Result<Option<u32>, RequestError> {
                     match &c["resources"][which][resource] {
                         Value::Null => Ok(None),
                         v => {
                             let text = v.as_str().map(str::to_string).unwrap_or_else(|| v.to_string());
-                            whole_quantity(&text).map(Some).ok_or_else(|| RequestError::BadQuantity {
-                                container: name.clone(),
-                                resource: resource.into(),
-                                value: egpu_core::slice::shown(&text),
-                            })
+                            let value = || egpu_core::slice::shown(&text);
+                            let n = whole_quantity_wide(&text).ok_or_else(|| RequestError::BadQuantity { container: name.clone(), resource: resource.into(), value: value() })?;
+                            u32::try_from(n).map(Some).map_err(|_| RequestError::TooLarge { container: name.clone(), resource: resource.into(), value: value(), units: n })
                         }
                     }
                 };
@@ -42,11 +40,11 @@ impl Demand {
                 if let (Some(r), Some(l)) = (req, lim)
                     && r != l
                 {
-                    return Err(RequestError::Mismatch { container: name, resource: resource.into(), requests: r, limits: l });
+                    return Err(RequestError::Mismatch { container: name, resource: resource.into(), requests: r.into(), limits: l.into() });
                 }
                 let n = lim.or(req).unwrap_or(0);
                 if n > 0 {
-                    out.push(u32::try_from(n).unwrap_or(u32::MAX));
+                    out.push(n);
                 }
             }
             Ok(out)
@@ -90,12 +88,16 @@ impl Demand {
             let gib = |n: u32| n as f64 * gpus.unit_bytes as f64 / f64::from(1u32 << 30);
             let largest = gpus.gpus.iter().map(|g| g.free).max().unwrap_or(0);
             let per = gpus.gpus.iter().map(|g| g.units).max().unwrap_or(0);
-            return Some(if u > per {
+            return Some(if per == 0 {
+                format!("the node lists no GPU with memory units (its {} annotation has {} GPU(s), none with units): egpud on the node sees no GPU, or the device plugin has not published them yet", crate::annotation::ANNOTATION, gpus.gpus.len())
+            } else if u > per {
                 let whole = gpus.gpus.iter().filter(|g| g.units > 0 && g.free == g.units).count();
-                if per > 0 && u % per == 0 {
-                    format!("a container asks for {u} units ({} whole GPUs of {per}); {whole} GPU(s) are entirely free", u / per)
+                // A count this large is most likely bytes.
+                let bytes = if u >= 1 << 20 { format!(" (a unit is {:.1} GiB, not a byte)", gib(1)) } else { String::new() };
+                if u % per == 0 {
+                    format!("a container asks for {u} units{bytes} ({} whole GPUs of {per}); {whole} GPU(s) are entirely free", u / per)
                 } else {
-                    format!("a container asks for {u} units, more than one GPU ({per}): a multi-GPU container takes whole GPUs, so ask for a multiple of {per}")
+                    format!("a container asks for {u} units, more than one GPU ({per}){bytes}: a multi-GPU container takes whole GPUs, so ask for a multiple of {per}")
                 }
             } else if self.units.len() == 1 {
                 format!("no GPU has {u} units ({:.1} GiB) free; the most free on one GPU is {largest} ({:.1} GiB)", gib(u), gib(largest))
@@ -116,12 +118,18 @@ impl Demand {
 /// stores quantities in canonical form, so a request of 2000 comes back as
 /// `2k`. `None` for anything else.
 pub fn whole_quantity(text: &str) -> Option<u64> {
+    whole_quantity_wide(text).and_then(|v| u64::try_from(v).ok())
+}
+
+/// [`whole_quantity`] up to `u128`, so that a quantity too large to count
+/// can be told from one that is not a number.
+fn whole_quantity_wide(text: &str) -> Option<u128> {
     let t = text.trim();
     let digits_end = t.find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '+')).unwrap_or(t.len());
     let (num, suffix) = t.split_at(digits_end);
     let num = num.strip_prefix('+').unwrap_or(num);
     let (int, frac) = num.split_once('.').unwrap_or((num, ""));
-    if int.is_empty() && frac.is_empty() || !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit()) || frac.len() > 18 || int.len() > 20 {
+    if int.is_empty() && frac.is_empty() || !int.bytes().chain(frac.bytes()).all(|b| b.is_ascii_digit()) || frac.len() > 18 || int.len() > 38 {
         return None;
     }
     // value = mantissa × 10^exp10 × 2^exp2, mantissa = int.frac as an integer.
@@ -155,5 +163,5 @@ pub fn whole_quantity(text: &str) -> Option<u64> {
         }
         v /= d;
     }
-    u64::try_from(v).ok()
+    Some(v)
 }

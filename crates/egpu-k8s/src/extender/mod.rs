@@ -226,7 +226,7 @@ impl Extender {
     pub fn filter(&self, args: ExtenderArgs) -> FilterResult {
         let mut out = FilterResult::default();
         let fail = |e: RequestError| FilterResult { error: e.to_string(), ..Default::default() };
-        let Some(pod) = args.pod else { return fail(RequestError::NoPod) };
+        let Some(pod) = args.pod.filter(Value::is_object) else { return fail(RequestError::NoPod) };
         let candidates = match self.candidates(args.nodes, args.node_names) {
             Ok(c) => c,
             Err(e) => return fail(e),
@@ -298,7 +298,7 @@ impl Extender {
 
     /// `prioritize`: every candidate node with a score from 0 to 10.
     pub fn prioritize(&self, args: ExtenderArgs) -> Result<Vec<HostPriority>, RequestError> {
-        let pod = args.pod.ok_or(RequestError::NoPod)?;
+        let pod = args.pod.filter(Value::is_object).ok_or(RequestError::NoPod)?;
         let candidates = self.candidates(args.nodes, args.node_names)?;
         let demand = Demand::of_pod(&pod, &self.resource)?;
         let mut scores: Vec<HostPriority> = candidates.names().into_iter().map(|host| HostPriority { host, score: 0 }).collect();

@@ -17,7 +17,7 @@ impl Extender {
     /// every node. Without a node cache (the scheduler then sends no
     /// nodes) nothing can be judged and every node is kept.
     pub fn preempt(&self, args: PreemptionArgs) -> Result<PreemptionResult, RequestError> {
-        let pod = args.pod.ok_or(RequestError::NoPod)?;
+        let pod = args.pod.filter(serde_json::Value::is_object).ok_or(RequestError::NoPod)?;
         let demand = Demand::of_pod(&pod, &self.resource)?;
         let victims: BTreeMap<String, MetaVictims> = match (args.node_name_to_meta_victims, args.node_name_to_victims) {
             (Some(meta), _) => meta,

@@ -39,6 +39,34 @@ fn demand_reads_containers_and_refuses_nonsense() {
     assert_eq!(Demand::of_pod(&p, R), Err(RequestError::InitContainer { resource: R.into() }));
     let p = json!({"spec": {"initContainers": [{"name": "i"}], "containers": [{"name": "m", "resources": {"limits": {R: 3}}}]}});
     assert_eq!(Demand::of_pod(&p, R).unwrap().units, [3], "init containers that ask nothing are fine");
+    // Bytes where units are meant: the number asked is said as it is, not
+    // cut to what a u32 holds, and the message says what a unit is.
+    for (q, units) in [("8Gi", "8589934592"), ("99999999999999999999999", "99999999999999999999999")] {
+        let e = Demand::of_pod(&pod(&[q]), R).unwrap_err();
+        assert!(matches!(e, RequestError::TooLarge { .. }) && e.to_string().contains(&format!("which is {units} units")) && e.to_string().contains("not bytes"), "{e}");
+    }
+    assert_eq!(Demand::of_pod(&pod(&["4294967295"]), R).unwrap().units, [u32::MAX], "the largest count is still one");
+}
+
+#[test]
+fn filter_says_why_a_node_without_gpus_or_with_a_gpu_listed_twice_is_passed_over() {
+    let ext = Extender::new(R);
+    let r = ext.filter(args(pod(&["8"]), vec![node("empty", &[]), node("a", &[16])]));
+    assert_eq!(r.nodes.unwrap().items.len(), 1);
+    let why = &r.failed_and_unresolvable_nodes["empty"];
+    assert!(why.contains("lists no GPU with memory units") && !why.contains("multiple of 0"), "{why}");
+    // Units that look like bytes: the reason says what a unit is.
+    let r = ext.filter(args(pod(&["1Gi"]), vec![node("a", &[16])]));
+    assert!(r.failed_and_unresolvable_nodes["a"].contains("a unit is 1.0 GiB, not a byte"), "{r:?}");
+    // One GPU listed twice: that node is passed over with the reason, and
+    // the rest of the request is answered.
+    let mut twice = node("twice", &[2, 10]);
+    let text = twice["metadata"]["annotations"]["egpu.io/gpus"].as_str().unwrap().replace("GPU-twice-1", "GPU-twice-0");
+    twice["metadata"]["annotations"]["egpu.io/gpus"] = text.into();
+    let r = ext.filter(args(pod(&["8"]), vec![twice, node("a", &[16])]));
+    let names: Vec<&str> = r.nodes.as_ref().unwrap().items.iter().map(node_name).collect();
+    assert_eq!(names, ["a"]);
+    assert!(r.failed_and_unresolvable_nodes["twice"].contains("two GPUs have UUID"), "{r:?}");
 }
 
 #[test]
@@ -120,6 +148,11 @@ fn preempt_keeps_the_nodes_where_the_victims_make_room_on_one_gpu() {
     let wire = serde_json::to_value(PreemptionResult { node_name_to_meta_victims: [("n".to_string(), victims(&["b"]))].into() }).unwrap();
     assert_eq!(wire, json!({"NodeNameToMetaVictims": {"n": {"Pods": [{"UID": "b"}], "NumPDBViolations": 0}}}));
     assert_eq!(ext.preempt(serde_json::from_value(json!({"NodeNameToMetaVictims": {}})).unwrap()), Err(RequestError::NoPod));
+    // A Pod that is not an object is no Pod, for every verb.
+    let not_a_pod = || serde_json::from_value::<ExtenderArgs>(json!({"Pod": 5, "Nodes": {"items": [node("a", &[16])]}})).unwrap();
+    assert_eq!(ext.filter(not_a_pod()).error, RequestError::NoPod.to_string());
+    assert_eq!(ext.prioritize(not_a_pod()), Err(RequestError::NoPod));
+    assert_eq!(ext.preempt(serde_json::from_value(json!({"Pod": "x", "NodeNameToMetaVictims": {}})).unwrap()), Err(RequestError::NoPod));
 }
 
 #[test]

@@ -97,7 +97,7 @@ pub struct PreemptionResult {
 /// A request the extender cannot answer; it goes back in `Error`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RequestError {
-    #[error("the request has no Pod")]
+    #[error("the request has no Pod (a v1.Pod object)")]
     NoPod,
     #[error("the request has no Nodes, and this extender keeps no node cache (it runs with --no-bind, without API access): configure it with nodeCacheCapable: false, so that the scheduler sends Node objects (their egpu.io/gpus annotation is what it reads), or run it with API access")]
     NoNodes,
@@ -107,6 +107,8 @@ pub enum RequestError {
     NotSynced,
     #[error("container '{container}' asks for {resource}: '{value}', which is not a whole number of units")]
     BadQuantity { container: String, resource: String, value: String },
+    #[error("container '{container}' asks for {resource}: '{value}', which is {units} units, more than any node has: {resource} counts the device plugin's memory units (1 GiB each unless its --memory-unit says otherwise), not bytes, so ask for e.g. \"8\" for 8 GiB")]
+    TooLarge { container: String, resource: String, value: String, units: u128 },
     #[error("an init container asks for {resource}: not supported (an init container's units pass to the app containers after it); give the memory to the app containers only")]
     InitContainer { resource: String },
     #[error("container '{container}' asks for {resource} {requests} in requests but {limits} in limits: an extended resource must have both equal")]

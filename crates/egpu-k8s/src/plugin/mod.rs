@@ -232,9 +232,7 @@ impl Shared {
         if let Some(kind) = &cfg.gpu_cdi_kind {
             check_cdi_kind(kind).map_err(PluginError::Config)?;
         }
-        if !cfg.resource_name.contains('/') {
-            return Err(PluginError::Config(format!("resource '{}' needs a domain, e.g. egpu.io/gpu-memory", cfg.resource_name)));
-        }
+        crate::names::check_extended_resource(&cfg.resource_name).map_err(PluginError::Config)?;
         let (devices, _) = watch::channel(Vec::new());
         Ok(Arc::new(Shared {
             cfg,
