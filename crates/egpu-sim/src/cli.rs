@@ -13,9 +13,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-/// Flags of `egpu simulate`.
+/// Flags of `egpu simulate`, as clap's derive reads them: use
+/// [`SimulateArgs`], which adds the check clap leaves out.
 #[derive(clap::Args, Debug, Clone)]
-pub struct SimulateArgs {
+pub struct SimulateFlags {
     /// Directory holding openb_node_list_gpu_node.csv and openb_pod_list_<TRACE>.csv
     /// (default: the openb default trace embedded in the binary).
     #[arg(long, conflicts_with = "elastic")]
@@ -306,8 +307,72 @@ fn prepare_out(out: &Path, inputs: &[&Path], writes: &[String]) -> Result<()> {
     Ok(())
 }
 
+/// The flags of `egpu simulate`, checked: clap's derive checks every
+/// `requires` except one whose required flag conflicts with a flag that is
+/// present (clap counts such a flag as rightly missing), so
+/// `--gpu-mem-gib 80 --seeds 1` would run the placement simulator and drop
+/// `--gpu-mem-gib` unseen, and `--elastic --genai-dir D --duty-unit
+/// percent` would drop `--duty-unit`. Parsing this type refuses both, as
+/// clap refuses the same flag alone.
+#[derive(Debug, Clone)]
+pub struct SimulateArgs(pub SimulateFlags);
+
+impl std::ops::Deref for SimulateArgs {
+    type Target = SimulateFlags;
+    fn deref(&self) -> &SimulateFlags {
+        &self.0
+    }
+}
+
+/// Flags both modes take; every other flag belongs to one mode: those
+/// that conflict with `--elastic` to the placement simulator, the rest to
+/// the elastic evaluation.
+const SHARED_FLAGS: [&str; 4] = ["lenient", "out", "no_progress", "elastic"];
+/// Flags that read one usage file, and the flag that names it.
+const USAGE_FILE_FLAGS: [(&str, &str); 3] = [("usage_step", "usage_duty"), ("duty_unit", "usage_duty"), ("memory_unit", "usage_memory")];
+
+fn check_modes(m: &clap::ArgMatches) -> Result<(), clap::Error> {
+    use clap::error::ErrorKind;
+    let given = |id: &str| m.try_contains_id(id).unwrap_or(false) && m.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
+    let flag = |id: &str| format!("--{}", id.replace('_', "-"));
+    let cmd = <SimulateFlags as clap::Args>::augment_args(clap::Command::new("simulate"));
+    if !m.get_flag("elastic") {
+        let placement: Vec<&str> = cmd.get_arguments().filter(|a| cmd.get_arg_conflicts_with(a).iter().any(|c| c.get_id() == "elastic")).map(|a| a.get_id().as_str()).collect();
+        if let Some(a) = cmd.get_arguments().map(|a| a.get_id().as_str()).find(|id| !SHARED_FLAGS.contains(id) && !placement.contains(id) && given(id)) {
+            return Err(clap::Error::raw(ErrorKind::MissingRequiredArgument, format!("{} is a flag of the elastic evaluation: add --elastic, or leave it out to run the placement simulator", flag(a))));
+        }
+    }
+    for (id, file) in USAGE_FILE_FLAGS {
+        if given(id) && !given(file) {
+            return Err(clap::Error::raw(ErrorKind::MissingRequiredArgument, format!("{} reads your own usage files: it needs {} (with --genai-dir, or neither, it has nothing to apply to)", flag(id), flag(file))));
+        }
+    }
+    Ok(())
+}
+
+impl clap::FromArgMatches for SimulateArgs {
+    fn from_arg_matches(m: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        check_modes(m)?;
+        SimulateFlags::from_arg_matches(m).map(SimulateArgs)
+    }
+    fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
+        check_modes(m)?;
+        self.0.update_from_arg_matches(m)
+    }
+}
+
+impl clap::Args for SimulateArgs {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        SimulateFlags::augment_args(cmd)
+    }
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        SimulateFlags::augment_args_for_update(cmd)
+    }
+}
+
 /// Run `egpu simulate`.
 pub fn run(args: SimulateArgs) -> Result<()> {
+    let args = args.0;
     if args.elastic {
         return run_elastic(&args);
     }
@@ -365,17 +430,17 @@ fn read(path: &Path, lenient: bool) -> Result<String> {
 
 /// The node list file to read: `--node-list`, else the one in
 /// `--trace-dir`; `None` for the embedded one.
-fn node_file(args: &SimulateArgs) -> Option<PathBuf> {
+fn node_file(args: &SimulateFlags) -> Option<PathBuf> {
     args.node_list.clone().or_else(|| args.trace_dir.as_ref().map(|d| d.join("openb_node_list_gpu_node.csv")))
 }
 
 /// The pod list file to read: `--pod-list`, else `--trace`'s in
 /// `--trace-dir`; `None` for the embedded default.
-fn pod_file(args: &SimulateArgs) -> Option<PathBuf> {
+fn pod_file(args: &SimulateFlags) -> Option<PathBuf> {
     args.pod_list.clone().or_else(|| args.trace_dir.as_ref().map(|d| d.join(format!("openb_pod_list_{}.csv", args.trace))))
 }
 
-fn load_trace(args: &SimulateArgs) -> Result<(Trace, String)> {
+fn load_trace(args: &SimulateFlags) -> Result<(Trace, String)> {
     let (nodes_name, nodes_text) = match node_file(args) {
         Some(p) => (p.display().to_string(), read(&p, args.lenient)?),
         None => ("embedded openb_node_list_gpu_node.csv".to_string(), data::OPENB_NODES.to_string()),
@@ -445,7 +510,7 @@ fn read_usage(path: &Path, lenient: bool) -> Result<elastic::load::Metric> {
 
 /// The trace to evaluate, and how the report names it: genai-2026, or
 /// your own duty and memory files converted to percent and bytes.
-fn load_usage(args: &SimulateArgs) -> Result<(elastic::Usage, String)> {
+fn load_usage(args: &SimulateFlags) -> Result<(elastic::Usage, String)> {
     if let (Some(dp), Some(mp)) = (&args.usage_duty, &args.usage_memory) {
         let (d, m) = (read_usage(dp, args.lenient)?, read_usage(mp, args.lenient)?);
         let named = |m: &elastic::load::Metric, names: &[&str]| m.name.as_deref().is_some_and(|n| names.contains(&n));
@@ -478,7 +543,7 @@ fn load_usage(args: &SimulateArgs) -> Result<(elastic::Usage, String)> {
             eprintln!("warning: {}: every memory value is under 1 MiB read as bytes: if they are MiB (as DCGM_FI_DEV_FB_USED), pass --memory-unit mib", mp.display());
         }
         let scale = |v: Vec<(String, f64, f64)>, k: f64| -> Vec<(String, f64, f64)> { v.into_iter().map(|(p, t, x)| (p, t, x * k)).collect() };
-        let (duty, mem) = (scale(d.samples, to_percent), scale(m.samples, to_bytes));
+        let (mut duty, mut mem) = (scale(d.samples, to_percent), scale(m.samples, to_bytes));
         fn only<'a>(a: &'a [(String, f64, f64)], b: &[(String, f64, f64)]) -> Vec<&'a str> {
             let names: std::collections::HashSet<&str> = b.iter().map(|s| s.0.as_str()).collect();
             let mut missing: Vec<&str> = a.iter().map(|s| s.0.as_str()).filter(|p| !names.contains(p)).collect();
@@ -488,14 +553,23 @@ fn load_usage(args: &SimulateArgs) -> Result<(elastic::Usage, String)> {
         }
         // A pod in one file only is most often a naming mismatch (a label
         // on one metric only), which would split one pod in two.
+        // With --lenient such pods are skipped, not evaluated with the
+        // missing metric as 0 (a pod that is not there would add a GPU to
+        // the exclusive baseline and to every saving).
+        let mut skip: std::collections::HashSet<String> = std::collections::HashSet::new();
         for (what, list) in [("a duty cycle but no memory", only(&duty, &mem)), ("memory but no duty cycle", only(&mem, &duty))] {
             if !list.is_empty() {
-                let msg = format!("{} pods have {what} samples, e.g. {}: both files must name a pod the same way (its missing metric would count as 0)", list.len(), list[..list.len().min(3)].join(", "));
+                let msg = format!("{} pods have {what} samples, e.g. {}: both files must name a pod the same way", list.len(), list[..list.len().min(3)].join(", "));
                 if !args.lenient {
-                    bail!("{msg}; pass --lenient to go on");
+                    bail!("{msg} (its missing metric would count as 0); pass --lenient to skip them");
                 }
-                eprintln!("warning: {msg}");
+                eprintln!("warning: {msg}; skipped (--lenient)");
+                skip.extend(list.into_iter().map(str::to_string));
             }
+        }
+        if !skip.is_empty() {
+            duty.retain(|s| !skip.contains(&s.0));
+            mem.retain(|s| !skip.contains(&s.0));
         }
         let usage = elastic::load::align_with(&duty, &mem, args.usage_step, elastic::load::MAX_CELLS);
         if usage.pods.is_empty() {
@@ -516,7 +590,7 @@ fn load_usage(args: &SimulateArgs) -> Result<(elastic::Usage, String)> {
     Ok((usage, "genai-2026 (Alibaba clusterdata, CC BY 4.0)".to_string()))
 }
 
-fn run_elastic(args: &SimulateArgs) -> Result<()> {
+fn run_elastic(args: &SimulateFlags) -> Result<()> {
     if let Some(g) = args.gpu_mem_gib.iter().enumerate().find_map(|(i, g)| args.gpu_mem_gib[..i].contains(g).then_some(g)) {
         usage!("--gpu-mem-gib lists {g} twice: list each GPU size once");
     }

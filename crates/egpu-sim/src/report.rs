@@ -79,7 +79,7 @@ pub fn summary_table(trace: &str, s: &[PolicySummary]) -> String {
     out.push_str("| policy | seeds | unallocated % | frag ratio % | failed pods |\n|---|---|---|---|---|\n");
     for p in s {
         if p.seeds == 0 {
-            let _ = writeln!(out, "| {} | 0 of {} | n/a: no run reached 100% arrival | | {:.0} |", p.policy, p.runs, p.failed_pods_mean);
+            let _ = writeln!(out, "| {} | 0 of {} | n/a: no run has an event at 100% arrival (it stopped short, or one pod's GPUs are over 1% of this cluster's and the arrivals stepped past it) | | {:.0} |", p.policy, p.runs, p.failed_pods_mean);
             continue;
         }
         let seeds = if p.seeds < p.runs { format!("{} of {}", p.seeds, p.runs) } else { p.seeds.to_string() };

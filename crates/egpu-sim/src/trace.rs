@@ -13,9 +13,10 @@ use std::fmt;
 /// Kubernetes' default pods-per-node limit in the published simulator's node files.
 pub const MAX_PODS_PER_NODE: u32 = 1001;
 
-/// A loading error, with the file and the 1-based line it is about.
+/// A loading error, with the file and the 1-based line it is about (0:
+/// the whole file, as for a gzip file that does not unpack).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{file}:{line}: {msg}")]
+#[error("{file}:{}{msg}", if *.line > 0 { format!("{line}: ") } else { " ".to_string() })]
 pub struct TraceError {
     pub file: String,
     pub line: u64,
@@ -241,7 +242,8 @@ fn pod_row(t: &Table, cluster: &Cluster, line: u64, f: &[String]) -> Result<Trac
     let cpu = int(t, line, "cpu_milli", &f[1])?;
     let mem = int(t, line, "memory_mib", &f[2])?;
     let count = int(t, line, "num_gpu", &f[3])?;
-    let milli = int(t, line, "gpu_milli", &f[4])?;
+    // A CPU-only pod's gpu_milli is not read (it may be empty).
+    let milli = if count == 0 { 0 } else { int(t, line, "gpu_milli", &f[4])? };
     if count > egpu_place::model::MAX_GPUS_PER_NODE as u64 {
         return Err(t.err(line, format!("pod '{name}' asks for {count} GPUs, more than any node can have")));
     }
@@ -260,7 +262,9 @@ fn pod_row(t: &Table, cluster: &Cluster, line: u64, f: &[String]) -> Result<Trac
     };
     let pod = Pod::new(cpu, mem, count as u32, milli as u32, types, qos).map_err(|e| t.err(line, format!("pod '{name}': {e}")))?;
     if !possible(cluster, &pod) {
-        return Err(t.err(line, format!("pod '{name}' can never be placed: no node in the node list is large enough (cpu {cpu}m, memory {mem}MiB, {count} GPUs)")));
+        let any_type = Pod::new(cpu, mem, count as u32, milli as u32, TypeSet::ANY, qos).is_ok_and(|p| possible(cluster, &p));
+        let why = if any_type { format!("no node of its gpu_spec '{}' is large enough, though nodes of other GPU types are", f[5].trim()) } else { "no node in the node list is large enough".to_string() };
+        return Err(t.err(line, format!("pod '{name}' can never be placed: {why} (cpu {cpu}m, memory {mem}MiB, {count} GPUs)")));
     }
     Ok(TracePod { name: name.to_string(), pod })
 }

@@ -113,6 +113,43 @@ fn flags_of_the_other_mode_are_refused() {
     }
 }
 
+/// Every flag of the elastic evaluation is refused without `--elastic`
+/// also beside a flag of the placement simulator (clap alone lets it pass
+/// there, unused), and the flags that read a usage file without that file.
+#[test]
+fn elastic_flags_are_refused_beside_placement_flags_too() {
+    use clap::Args;
+    let cmd = egpu_sim::cli::SimulateFlags::augment_args(clap::Command::new("simulate"));
+    let placement: Vec<&str> = cmd.get_arguments().filter(|a| cmd.get_arg_conflicts_with(a).iter().any(|c| c.get_id() == "elastic")).map(|a| a.get_id().as_str()).collect();
+    assert!(placement.contains(&"seeds") && placement.contains(&"policies"), "{placement:?}");
+    let mut checked = 0;
+    for a in cmd.get_arguments() {
+        let id = a.get_id().as_str();
+        if placement.contains(&id) || ["lenient", "out", "no_progress", "elastic"].contains(&id) {
+            continue;
+        }
+        let long = format!("--{}", a.get_long().unwrap());
+        let mut argv = vec!["--seeds".to_string(), "1".to_string(), long.clone()];
+        if a.get_action().takes_values() {
+            argv.push(a.get_default_values().first().map_or("1".to_string(), |v| v.to_string_lossy().into_owned()));
+        }
+        let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+        let e = parse(&argv).map(|_| ()).expect_err(&format!("{argv:?} accepted"));
+        assert!(e.to_string().contains(&long), "{argv:?}: {e}");
+        checked += 1;
+    }
+    assert!(checked >= 30, "only {checked} elastic flags");
+    // The flags both modes take are fine with either.
+    assert!(parse(&["--seeds", "1", "--lenient", "--no-progress"]).is_ok());
+    // A usage file's unit or step with genai-2026 (or with no file) has
+    // nothing to apply to; with the file it is fine.
+    for bad in [&["--elastic", "--genai-dir", "/x", "--duty-unit", "percent"][..], &["--elastic", "--genai-dir", "/x", "--memory-unit", "mib"], &["--elastic", "--genai-dir", "/x", "--usage-step", "60"]] {
+        let e = parse(bad).map(|_| ()).expect_err(&format!("{bad:?} accepted"));
+        assert!(e.to_string().contains("reads your own usage files"), "{bad:?}: {e}");
+    }
+    assert!(parse(&["--elastic", "--usage-duty", "d", "--usage-memory", "m", "--duty-unit", "percent", "--usage-step", "60"]).is_ok());
+}
+
 #[test]
 fn placement_flags_that_make_no_sense_are_usage_errors() {
     let d = dir("placement");

@@ -384,7 +384,12 @@ fn severity_says_how_much_time_the_cuts_cost_and_what_no_split_could_avoid() {
     // Three pods had a violation; c's 1 in 2 minutes is left out of the
     // per-pod fractions (it did not live an hour): a's 2 of 60 is the worst.
     assert_eq!(o.pods_violated, 3);
-    assert!((o.pod_violation_max - 2.0 / 60.0).abs() < 1e-9 && (o.pod_violation_p90 - 2.0 / 60.0).abs() < 1e-9, "{o:?}");
+    assert!((o.pod_violation_max.unwrap() - 2.0 / 60.0).abs() < 1e-9 && (o.pod_violation_p90.unwrap() - 2.0 / 60.0).abs() < 1e-9, "{o:?}");
+    // Where no pod lived an hour there is no per-pod fraction to give:
+    // none, not 0% (c alone, with its violation minute).
+    let short = elastic::run_fleet(&usage(&[("c", 0, vec![(0.0, 10.0), (95.0, 95.0)])]), 80.0, 1, 1, &cfg).outcome;
+    assert!(short.pods_violated == 1 && short.pod_violation_max.is_none() && short.pod_violation_p90.is_none(), "{short:?}");
+    assert!(serde_json::to_string(&short).unwrap().contains(r#""pod_violation_max":null"#));
     // The search reports the floor of every size it tried.
     let (_, s) = elastic::search_fleet(&u, 80.0, 1, 1, 2, &cfg);
     assert_eq!(s.floors.len(), s.tried.len());

@@ -11,9 +11,10 @@ const NODES: &str = "sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\n
 fn good_rows_load() {
     let (c, s) = load_nodes("nodes.csv", NODES, false).unwrap();
     assert_eq!((c.nodes().len(), c.gpu_count(), s.count), (2, 10, 0));
-    let pods = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase\np0,1000,100,1,500,,LS,Running\np1,2000,100,2,1000,G2|P100,BE,Running\np2,500,10,0,0,,BE,Running\n";
+    let pods = "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase\np0,1000,100,1,500,,LS,Running\np1,2000,100,2,1000,G2|P100,BE,Running\np2,500,10,0,0,,BE,Running\np3,500,10,0,,,BE,Running\n";
     let (p, _) = load_pods("pods.csv", pods, &c, false).unwrap();
-    assert_eq!(p.len(), 3);
+    assert_eq!(p.len(), 4, "a CPU-only pod's gpu_milli is not read, and may be empty");
+    assert_eq!(p[3].pod.total_gpu_milli(), 0);
     assert!(p[1].pod.gpu_types().allows(c.gpu_type("G2")));
     assert!(!p[1].pod.gpu_types().allows(None));
 }
@@ -31,6 +32,14 @@ fn bad_rows_name_the_line_and_the_problem() {
     assert!(pod_err("p1,1000,100,1,500,A100").contains("unknown GPU type 'A100'"));
     assert!(pod_err("p1,1000,100,1,1500,").contains("outside 1..=1000"));
     assert!(pod_err("p1,1000,100,9,1000,").contains("can never be placed"));
+    // An error about the whole file (a gzip file that does not unpack) has no line 0.
+    let whole = egpu_sim::trace::TraceError { file: "p.csv.gz".into(), line: 0, msg: "cannot decompress".into() };
+    assert_eq!(whole.to_string(), "p.csv.gz: cannot decompress");
+    let e = pod_err("p1,1000,100,9,1000,");
+    assert!(e.contains("no node in the node list is large enough"), "{e}");
+    // 4 GPUs fit the G2 node, not the 2-GPU P100 one the spec asks for.
+    let e = pod_err("p1,1000,100,4,1000,P100");
+    assert!(e.contains("no node of its gpu_spec 'P100' is large enough, though nodes of other GPU types are"), "{e}");
     assert!(pod_err("p1,1000,100,2,500,").contains("whole"));
     let e = load_nodes("nodes.csv", "sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,2,\n", false).unwrap_err();
     assert_eq!((e.line, e.msg.contains("no GPU model")), (2, true));
@@ -146,6 +155,11 @@ fn values_no_gpu_could_have_are_refused_with_their_line() {
     let e = usage::parse_metric("m", "value,timestamp,pod\n1e9,0,a\n1e40,60,a\n", false).unwrap_err();
     assert!(e.to_string().starts_with("m:3: value 1e40 is not a number from 0 to 1e18"), "{e}");
     assert_eq!(usage::parse_metric("m", "value,timestamp,pod\n1e9,0,a\n1e40,60,a\n", true).unwrap().1, 1);
+    // What is not a number is quoted, as the JSON reader quotes it.
+    let e = usage::parse_metric("m", "value,timestamp,pod\nten,0,a\n", false).unwrap_err();
+    assert!(e.to_string().starts_with("m:2: value 'ten' is not a number"), "{e}");
+    let e = usage::parse_metric("m", "value,timestamp,pod\n1,noon,a\n", false).unwrap_err();
+    assert!(e.to_string().starts_with("m:2: timestamp 'noon' is not a number"), "{e}");
 }
 
 proptest! {

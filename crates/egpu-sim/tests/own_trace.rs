@@ -180,12 +180,21 @@ fn workload_labels_renamed_by_prometheus_win_over_the_exporter_s_own() {
 fn a_pod_named_differently_in_the_two_files_is_an_error_unless_lenient() {
     // The memory series lack the gpu label: "ns/a" is not "ns/a#0".
     let d = dir("names");
-    let duty = write(&d, "duty.json", &prom("DCGM_FI_DEV_GPU_UTIL", &[("a", "0", "30")], 5));
-    let mem = write(&d, "mem.json", &prom_labels("DCGM_FI_DEV_FB_USED", &[(r#""namespace":"ns","pod":"a""#.to_string(), "1000".to_string())], 5));
+    // Pod b is named the same way in both.
+    let duty = write(&d, "duty.json", &prom("DCGM_FI_DEV_GPU_UTIL", &[("a", "0", "30"), ("b", "1", "40")], 5));
+    let mem = write(
+        &d,
+        "mem.json",
+        &prom_labels("DCGM_FI_DEV_FB_USED", &[(r#""namespace":"ns","pod":"a""#.to_string(), "1000".to_string()), (r#""namespace":"ns","pod":"b","gpu":"1""#.to_string(), "2000".to_string())], 5),
+    );
     let e = run(&d, &["--usage-duty", &duty, "--usage-memory", &mem]).expect_err("mismatch").to_string();
     assert!(e.contains("1 pods have a duty cycle but no memory samples, e.g. ns/a#0") && e.contains("--lenient"), "{e}");
+    // Lenient: both halves of the mismatch are skipped, not evaluated with
+    // a metric of 0 (which would add a pod, and a GPU to the exclusive
+    // baseline); b is evaluated.
     let j = run(&d, &["--usage-duty", &duty, "--usage-memory", &mem, "--lenient"]).expect("runs when lenient");
-    assert_eq!(j[0]["pods"].as_u64(), Some(2));
+    assert_eq!(j[0]["pods"].as_u64(), Some(1), "{}", j[0]);
+    assert_eq!((j[0]["outcomes"][0]["strategy"].as_str(), j[0]["outcomes"][0]["gpus"].as_u64()), (Some("exclusive"), Some(1)), "{}", j[0]);
     let _ = std::fs::remove_dir_all(&d);
 }
 

@@ -222,7 +222,7 @@ fn a_run_that_never_reaches_full_arrival_is_not_averaged_as_nan() {
     let s = report::summarize(&[r]);
     assert_eq!((s[0].seeds, s[0].runs), (0, 1));
     let table = report::summary_table("tiny", &s);
-    assert!(table.contains("| fgd | 0 of 1 | n/a: no run reached 100% arrival |") && !table.contains("NaN"), "{table}");
+    assert!(table.contains("| fgd | 0 of 1 | n/a: no run has an event at 100% arrival (") && !table.contains("NaN"), "{table}");
 }
 
 #[test]

@@ -124,10 +124,11 @@ pub struct Outcome {
     /// Pods with at least one violation minute, and over the pods that
     /// lived at least an hour ([`LONG_LIVED`]: a pod of 5 minutes with 2
     /// bad ones would say little), the 90th percentile and the largest
-    /// fraction of a pod's live minutes that were violations.
+    /// fraction of a pod's live minutes that were violations (`None`,
+    /// `null` in JSON, when no pod lived that long).
     pub pods_violated: usize,
-    pub pod_violation_p90: f64,
-    pub pod_violation_max: f64,
+    pub pod_violation_p90: Option<f64>,
+    pub pod_violation_max: Option<f64>,
     /// GPUs in use at each minute.
     #[serde(skip)]
     pub in_use: Vec<u32>,
@@ -164,8 +165,8 @@ impl Outcome {
             cut_served_p50: 1.0,
             cut_served_p10: 1.0,
             pods_violated: 0,
-            pod_violation_p90: 0.0,
-            pod_violation_max: 0.0,
+            pod_violation_p90: None,
+            pod_violation_max: None,
             in_use: Vec::with_capacity(minutes),
             served_when_cut: Vec::new(),
             per_pod: Vec::new(),
@@ -219,8 +220,8 @@ impl Outcome {
         let frac: Vec<f64> = self.per_pod.iter().filter(|p| p.0 >= LONG_LIVED).map(|&(live, bad)| f64::from(bad) / f64::from(live)).collect();
         self.pods_violated = self.per_pod.iter().filter(|p| p.1 > 0).count();
         if !frac.is_empty() {
-            self.pod_violation_p90 = quantile(&frac, 0.9);
-            self.pod_violation_max = frac.iter().copied().fold(0.0, f64::max);
+            self.pod_violation_p90 = Some(quantile(&frac, 0.9));
+            self.pod_violation_max = Some(frac.iter().copied().fold(0.0, f64::max));
         }
     }
 }

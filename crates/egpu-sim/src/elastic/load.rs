@@ -106,8 +106,14 @@ pub fn parse_metric(file: &str, text: &str, lenient: bool) -> Result<(Vec<Sample
                     if r.len() > headers.len() {
                         return Err(err(line, format!("{} fields but the header has {}: quote a value that holds a comma", r.len(), headers.len())));
                     }
-                    let v: f64 = get(vi, "value")?.parse().map_err(|_| err(line, "value is not a number".into()))?;
-                    let t: f64 = get(ti, "timestamp")?.parse().map_err(|_| err(line, "timestamp is not a number".into()))?;
+                    let number = |i: usize, what: &str| -> Result<f64, UsageError> {
+                        let text = get(i, what)?;
+                        let shown: String = text.chars().take(40).collect();
+                        let more = if text.chars().count() > 40 { "…" } else { "" };
+                        text.parse().map_err(|_| err(line, format!("{what} '{shown}{more}' is not a number")))
+                    };
+                    let v = number(vi, "value")?;
+                    let t = number(ti, "timestamp")?;
                     let p = get(pi, "pod")?.to_string();
                     if !t.is_finite() {
                         return Err(err(line, format!("timestamp {} is not a finite number of seconds", short(t))));

@@ -46,7 +46,11 @@ pub fn severity(evals: &[Evaluation]) -> String {
     for e in evals {
         for o in &e.outcomes {
             let lost = 100.0 * o.short_gpu_minutes / o.demand_gpu_minutes.max(1e-9);
-            let _ = writeln!(s, "| {} GiB | {} | {:.3}% | {:.0}%, {:.0}% | {} | {:.2}%, {:.2}% |", e.config.gpu_mem_gib, o.strategy, lost, 100.0 * o.cut_served_p50, 100.0 * o.cut_served_p10, o.pods_violated, 100.0 * o.pod_violation_p90, 100.0 * o.pod_violation_max);
+            let long_lived = match (o.pod_violation_p90, o.pod_violation_max) {
+                (Some(p90), Some(max)) => format!("{:.2}%, {:.2}%", 100.0 * p90, 100.0 * max),
+                _ => "n/a: no pod lived that long".to_string(),
+            };
+            let _ = writeln!(s, "| {} GiB | {} | {:.3}% | {:.0}%, {:.0}% | {} | {long_lived} |", e.config.gpu_mem_gib, o.strategy, lost, 100.0 * o.cut_served_p50, 100.0 * o.cut_served_p10, o.pods_violated);
         }
     }
     s
