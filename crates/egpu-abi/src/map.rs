@@ -405,7 +405,12 @@ pub(crate) fn create_atomically(path: &std::path::Path, len: usize, mode: u32, i
     }
     let file = std::fs::OpenOptions::new().read(true).write(true).create_new(true).mode(mode).open(&tmp)?;
     let res = (|| {
-        file.set_len(len as u64)?;
+        // Written, not just sized: on a full filesystem a sparse file's
+        // pages fail only when the mapping below touches them (SIGBUS,
+        // caught by the guard into private zeros), and the file would be
+        // renamed into place with no header, to be read as corrupt. A
+        // write says ENOSPC here instead.
+        io::Write::write_all(&mut &file, &vec![0u8; len])?;
         // set_len respects the umask-free mode only at creation; make it explicit.
         use std::os::unix::fs::PermissionsExt;
         file.set_permissions(std::fs::Permissions::from_mode(mode))?;
@@ -413,6 +418,10 @@ pub(crate) fn create_atomically(path: &std::path::Path, len: usize, mode: u32, i
         // while it is filled, and must not bring `egpud` down either.
         let m = Mapping::map_guarded(&file, len)?;
         init(&m);
+        if m.guard_faults() > 0 || m.guard_detached() {
+            return Err(io::Error::other("the new file's pages could not be written (is the filesystem full?)"));
+        }
+        drop(m);
         file.sync_all()?;
         std::fs::rename(&tmp, path)
     })();

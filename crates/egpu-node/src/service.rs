@@ -111,7 +111,10 @@ impl node_server::Node for NodeService {
     async fn list_slices(&self, _: Request<proto::ListSlicesRequest>) -> Result<Response<proto::ListSlicesResponse>, Status> {
         self.blocking(|node| {
             let m = node.slices();
-            Ok(proto::ListSlicesResponse { slices: m.slices().map(|s| wire::with_compute(wire::slice_to_wire(s), node.compute.slice(s.name()))).collect() })
+            Ok(proto::ListSlicesResponse {
+                slices: m.slices().map(|s| wire::with_compute(wire::slice_to_wire(s), node.compute.slice(s.name()))).collect(),
+                unadopted: m.unadopted().map(|u| proto::UnadoptedSlice { name: u.record.spec.name.clone(), id: u.record.id.clone(), error: u.error.clone() }).collect(),
+            })
         })
         .await
     }

@@ -89,7 +89,12 @@ pub enum StoreError {
 }
 
 pub struct Store {
-    db: redb::Database,
+    /// `None` after a write failed on I/O (a full disk): redb then refuses
+    /// every later transaction until the database is opened again, so the
+    /// next call opens it again (recovering the last committed state)
+    /// instead of leaving the node unable to change a slice until egpud
+    /// restarts.
+    db: std::sync::Mutex<Option<redb::Database>>,
     path: PathBuf,
 }
 
@@ -117,7 +122,7 @@ impl Store {
             Ok(Err(e)) => return Err(corrupt(e.to_string())),
             Err(_) => return Err(corrupt("the database code panicked reading it".into())),
         };
-        let store = Store { db, path };
+        let store = Store { db: std::sync::Mutex::new(Some(db)), path };
         store.init_schema()?;
         // Decode everything now, so a bad record stops the start, not a later request.
         store.load_all()?;
@@ -154,7 +159,7 @@ impl Store {
         };
         // redb makes a new database in an empty file.
         let db = redb::Database::create(&tmp.0).map_err(|e| StoreError::Db { path: tmp.0.clone(), op: "create", source: Box::new(e.into()) })?;
-        Store { db, path: tmp.0.clone() }.init_schema()?;
+        Store { db: std::sync::Mutex::new(Some(db)), path: tmp.0.clone() }.init_schema()?;
         match std::fs::hard_link(&tmp.0, path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
@@ -172,8 +177,34 @@ impl Store {
         move |source| StoreError::Db { path: self.path.clone(), op, source: Box::new(source) }
     }
 
+    /// Runs `f` on the database, opening it again first if an earlier
+    /// write failed on I/O, and letting it go if this one does.
+    fn with_db<T>(&self, f: impl FnOnce(&redb::Database) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let mut db = self.db.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if db.is_none() {
+            let reopened = redb::Database::create(&self.path).map_err(|e| StoreError::Db { path: self.path.clone(), op: "reopen", source: Box::new(e.into()) })?;
+            tracing::warn!("state store {} opened again after the I/O error", self.path.display());
+            *db = Some(reopened);
+        }
+        let r = f(db.as_ref().expect("opened above"));
+        if let Err(StoreError::Db { source, op, .. }) = &r
+            && matches!(**source, redb::Error::Io(_) | redb::Error::PreviousIo)
+        {
+            tracing::error!(
+                "state store {}: {op} failed on I/O ({source}): nothing was changed; the store is opened again at the next change (free space in the state directory if it is full)",
+                self.path.display()
+            );
+            *db = None;
+        }
+        r
+    }
+
     fn init_schema(&self) -> Result<(), StoreError> {
-        let tx = self.db.begin_write().map_err(|e| self.db_err("begin")(e.into()))?;
+        self.with_db(|db| self.init_schema_in(db))
+    }
+
+    fn init_schema_in(&self, db: &redb::Database) -> Result<(), StoreError> {
+        let tx = db.begin_write().map_err(|e| self.db_err("begin")(e.into()))?;
         {
             let mut meta = tx.open_table(META).map_err(|e| self.db_err("open meta")(e.into()))?;
             let found = meta.get("schema").map_err(|e| self.db_err("read meta")(e.into()))?.map(|v| v.value());
@@ -191,7 +222,11 @@ impl Store {
 
     /// Every stored slice, by name order.
     pub fn load_all(&self) -> Result<Vec<SliceRecord>, StoreError> {
-        let tx = self.db.begin_read().map_err(|e| self.db_err("begin read")(e.into()))?;
+        self.with_db(|db| self.load_all_in(db))
+    }
+
+    fn load_all_in(&self, db: &redb::Database) -> Result<Vec<SliceRecord>, StoreError> {
+        let tx = db.begin_read().map_err(|e| self.db_err("begin read")(e.into()))?;
         let t = tx.open_table(SLICES).map_err(|e| self.db_err("open slices")(e.into()))?;
         let mut out = Vec::new();
         for row in t.iter().map_err(|e| self.db_err("scan")(e.into()))? {
@@ -208,22 +243,26 @@ impl Store {
     /// Inserts or replaces `rec` durably.
     pub fn put(&self, rec: &SliceRecord) -> Result<(), StoreError> {
         let bytes = serde_json::to_vec(rec).expect("slice records always serialize");
-        let tx = self.db.begin_write().map_err(|e| self.db_err("begin")(e.into()))?;
-        {
-            let mut t = tx.open_table(SLICES).map_err(|e| self.db_err("open slices")(e.into()))?;
-            t.insert(rec.spec.name.as_str(), bytes.as_slice()).map_err(|e| self.db_err("insert")(e.into()))?;
-        }
-        tx.commit().map_err(|e| self.db_err("commit")(e.into()))
+        self.with_db(|db| {
+            let tx = db.begin_write().map_err(|e| self.db_err("begin")(e.into()))?;
+            {
+                let mut t = tx.open_table(SLICES).map_err(|e| self.db_err("open slices")(e.into()))?;
+                t.insert(rec.spec.name.as_str(), bytes.as_slice()).map_err(|e| self.db_err("insert")(e.into()))?;
+            }
+            tx.commit().map_err(|e| self.db_err("commit")(e.into()))
+        })
     }
 
     /// Removes slice `name` durably; no error if absent.
     pub fn remove(&self, name: &str) -> Result<(), StoreError> {
-        let tx = self.db.begin_write().map_err(|e| self.db_err("begin")(e.into()))?;
-        {
-            let mut t = tx.open_table(SLICES).map_err(|e| self.db_err("open slices")(e.into()))?;
-            t.remove(name).map_err(|e| self.db_err("remove")(e.into()))?;
-        }
-        tx.commit().map_err(|e| self.db_err("commit")(e.into()))
+        self.with_db(|db| {
+            let tx = db.begin_write().map_err(|e| self.db_err("begin")(e.into()))?;
+            {
+                let mut t = tx.open_table(SLICES).map_err(|e| self.db_err("open slices")(e.into()))?;
+                t.remove(name).map_err(|e| self.db_err("remove")(e.into()))?;
+            }
+            tx.commit().map_err(|e| self.db_err("commit")(e.into()))
+        })
     }
 }
 
@@ -253,11 +292,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let set = |v: u64| {
             let s = Store::open(dir.path()).unwrap();
-            let tx = s.db.begin_write().unwrap();
+            let db = s.db.lock().unwrap().take().unwrap();
+            let tx = db.begin_write().unwrap();
             tx.open_table(META).unwrap().insert("schema", v).unwrap();
             tx.commit().unwrap();
         };
-        let get = |s: &Store| s.db.begin_read().unwrap().open_table(META).unwrap().get("schema").unwrap().unwrap().value();
+        let get = |s: &Store| s.db.lock().unwrap().as_ref().unwrap().begin_read().unwrap().open_table(META).unwrap().get("schema").unwrap().unwrap().value();
         set(1);
         let s = Store::open(dir.path()).unwrap();
         assert_eq!(get(&s), SCHEMA_VERSION, "an older build now gets the 'written by a newer egpud' error, not a decode failure");

@@ -20,6 +20,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<i32> {
         Command::Ls(o) => {
             let mut c = connect(socket).await?;
             let list = c.list_slices(proto::ListSlicesRequest {}).await.map_err(exit::status)?.into_inner();
+            // Not in the list (they have no limits egpud can read), but
+            // their memory is reserved: say which and why, beside it.
+            for u in &list.unadopted {
+                eprintln!("egpu: slice '{}' ({}) is stored but egpud could not open its slice-table files, so it is not listed; its memory stays reserved at its burst cap and egpud tries again at every sweep: {}", u.name, u.id, u.error);
+            }
             let slices: Vec<_> = list.slices.into_iter().map(output::slice_out).collect();
             print_out(o.format, &slices, |s| output::slices_table(s))?;
         }

@@ -245,3 +245,34 @@ fn egpu_run_from_another_pid_namespace_is_owned_by_its_real_process() {
     assert_ne!(ids[0], "1", "egpud recorded it by its own namespace's pid: {nspid}");
     assert!(node.slices().is_empty(), "egpu run removed its slice");
 }
+
+/// A stored slice whose files egpud cannot open is not listed (it has no
+/// limits egpud can read), but `egpu ls` says which one and why, so memory
+/// that no listed slice accounts for is explained; once the file is back,
+/// a sweep adopts it and it is listed again.
+#[test]
+fn ls_names_a_slice_egpud_could_not_adopt() {
+    let mut node = Node::start("1x16GiB");
+    node.ok(&["create", "--name", "g", "--gpu-memory", "2GiB"]);
+    node.ok(&["create", "--name", "ok", "--gpu-memory", "1GiB"]);
+    node.kill9();
+    let limits = node.run_dir().join("slices/g/limits");
+    let aside = node.run_dir().join("g.limits");
+    std::fs::rename(&limits, &aside).unwrap();
+    std::fs::create_dir(&limits).unwrap();
+    node.restart();
+    let o = node.egpu(&["ls"]);
+    let (out, err) = (String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+    assert!(o.status.success() && out.contains("ok") && !out.lines().any(|l| l.starts_with("g ")), "{out}\n{err}");
+    assert!(err.contains("slice 'g'") && err.contains("could not open its slice-table files") && err.contains("reserved"), "{err}");
+    // JSON on stdout stays a list of the adopted slices; the note goes to stderr.
+    let o = node.egpu(&["ls", "-o", "json"]);
+    let names: Vec<String> = serde_json::from_slice::<Vec<serde_json::Value>>(&o.stdout).unwrap().iter().map(|s| s["name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(names, ["ok"]);
+    assert!(String::from_utf8_lossy(&o.stderr).contains("slice 'g'"));
+    // The file back: adopted by a sweep, listed, and no note.
+    std::fs::remove_dir(&limits).unwrap();
+    std::fs::rename(&aside, &limits).unwrap();
+    assert!(wait_until(Duration::from_secs(30), || node.slices().iter().any(|s| s["name"] == "g")), "{}", node.log());
+    assert!(!String::from_utf8_lossy(&node.egpu(&["ls"]).stderr).contains("slice 'g'"));
+}
