@@ -33,25 +33,28 @@ pub struct OutputArgs {
 /// Limits of a slice, as flags (shared by run, create and resize).
 #[derive(Debug, Args, Clone, Default)]
 pub struct LimitArgs {
-    /// Hard GPU-memory limit per device, e.g. 8GiB, 512MiB, 1.5GB.
-    #[arg(long = "gpu-memory", value_name = "SIZE")]
+    /// Hard GPU-memory limit per device, e.g. 8GiB, 512MiB, 1.5GB (with
+    /// --gpu-memory-burst: the guarantee, reserved).
+    #[arg(long = "gpu-memory", value_name = "SIZE", allow_negative_numbers = true)]
     pub memory: Option<Bytes>,
     /// Burst cap per device: above --gpu-memory (which stays reserved), the
     /// limit grows on demand up to SIZE while the device has memory no slice
     /// reserved, and shrinks back when unused. 0 turns bursting off.
-    #[arg(long = "gpu-memory-burst", value_name = "SIZE")]
+    #[arg(long = "gpu-memory-burst", value_name = "SIZE", allow_negative_numbers = true)]
     pub memory_burst: Option<Bytes>,
-    /// Guaranteed share of each device's time, e.g. 30%.
-    #[arg(long = "gpu-compute", value_name = "PERCENT")]
+    /// Guaranteed share of each device's time, e.g. 30% (new slice: 0%).
+    #[arg(long = "gpu-compute", value_name = "PERCENT", allow_negative_numbers = true)]
     pub compute_share: Option<Percent>,
-    /// Cap on each device's time (at least the share, above 0%), e.g. 100%.
-    #[arg(long = "gpu-compute-limit", value_name = "PERCENT", value_parser = compute_cap)]
+    /// Cap on each device's time (at least the share, above 0%), e.g. 80%
+    /// (new slice: 100%).
+    #[arg(long = "gpu-compute-limit", value_name = "PERCENT", value_parser = compute_cap, allow_negative_numbers = true)]
     pub compute_limit: Option<Percent>,
-    /// Priority class: high, normal or best-effort.
+    /// Priority class: high, normal or best-effort (new slice: normal).
     #[arg(long)]
     pub priority: Option<Priority>,
-    /// Device indices, comma-separated (e.g. 0,1). Default for a new slice: the first device with room.
-    #[arg(long = "device", value_delimiter = ',', value_name = "N[,N...]")]
+    /// Device indices, comma-separated (e.g. 0,1). Default for a new slice:
+    /// the first device with room; for a resize: every device of the slice.
+    #[arg(long = "device", value_delimiter = ',', value_name = "N[,N...]", allow_negative_numbers = true)]
     pub devices: Vec<u32>,
 }
 

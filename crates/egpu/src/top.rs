@@ -24,7 +24,7 @@ use std::time::Duration;
 #[derive(Debug, clap::Args)]
 pub struct TopArgs {
     /// Refresh interval, e.g. 1s or 500ms.
-    #[arg(long, default_value = "1s", value_parser = interval)]
+    #[arg(long, default_value = "1s", value_parser = interval, allow_negative_numbers = true)]
     pub interval: Duration,
     /// Print one frame as plain text and exit (no raw mode; for scripts).
     #[arg(long)]
