@@ -1130,27 +1130,22 @@ fn a_container_larger_than_a_gpu_gets_whole_gpus() {
     assert!(!plugin_log().contains("panicked"), "{}", plugin_log());
 }
 
+/// The device plugin of `node`, with a kubelet directory under `dir` where
+/// no kubelet answers, its stderr to `stderr`; and the socket it serves.
+fn plugin_without_kubelet(node: &Node, dir: &Path, extra: &[&str], stderr: Stdio) -> (Plugin, PathBuf) {
+    let kdir = dir.join("kubelet");
+    std::fs::create_dir_all(kdir.join("device-plugins")).unwrap();
+    let child = clean("egpu-device-plugin").arg("--socket").arg(node.socket()).arg("--kubelet-dir").arg(&kdir).args(["--poll", "50ms"]).args(extra).stdout(Stdio::null()).stderr(stderr).spawn().unwrap();
+    (Plugin(child), kdir.join("device-plugins/egpu-gpu-memory.sock"))
+}
+
 /// SIGTERM while the kubelet is not answering: a clean exit, no panic.
 #[test]
 fn device_plugin_stops_cleanly_before_it_has_registered() {
     let tmp = tempfile::tempdir().unwrap();
     let node = Node::start("1x16GiB");
-    let kdir = tmp.path().join("kubelet");
-    std::fs::create_dir_all(kdir.join("device-plugins")).unwrap();
     let log = tmp.path().join("plugin.log");
-    let mut plugin = Plugin(
-        clean("egpu-device-plugin")
-            .arg("--socket")
-            .arg(node.socket())
-            .arg("--kubelet-dir")
-            .arg(&kdir)
-            .args(["--poll", "50ms"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap(),
-    );
-    let sock = kdir.join("device-plugins/egpu-gpu-memory.sock");
+    let (mut plugin, sock) = plugin_without_kubelet(&node, tmp.path(), &[], std::fs::File::create(&log).unwrap().into());
     // It serves, and retries registering with a kubelet that is not there.
     let text = || std::fs::read_to_string(&log).unwrap_or_default();
     assert!(wait_until(WAIT, || sock.exists() && text().contains("retrying")), "{}", text());
@@ -1172,21 +1167,7 @@ fn daemons_outlive_a_stderr_whose_reader_is_gone() {
     };
     let tmp = tempfile::tempdir().unwrap();
     let node = Node::start("1x16GiB");
-    let kdir = tmp.path().join("kubelet");
-    std::fs::create_dir_all(kdir.join("device-plugins")).unwrap();
-    let mut plugin = Plugin(
-        clean("egpu-device-plugin")
-            .arg("--socket")
-            .arg(node.socket())
-            .arg("--kubelet-dir")
-            .arg(&kdir)
-            .args(["--poll", "50ms", "--log", "debug"])
-            .stdout(Stdio::null())
-            .stderr(closed())
-            .spawn()
-            .unwrap(),
-    );
-    let sock = kdir.join("device-plugins/egpu-gpu-memory.sock");
+    let (mut plugin, sock) = plugin_without_kubelet(&node, tmp.path(), &["--log", "debug"], closed().into());
     let mut exited = None;
     assert!(wait_until(WAIT, || {
         exited = plugin.0.try_wait().unwrap();
