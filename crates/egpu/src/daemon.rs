@@ -18,7 +18,7 @@ pub struct DaemonArgs {
     #[arg(long)]
     pub socket: Option<PathBuf>,
     /// Use simulated GPUs instead of NVML's, e.g. 2x16GiB or 8xH100-80GB.
-    #[arg(long, value_name = "SPEC")]
+    #[arg(long, value_name = "SPEC", value_parser = sim_spec)]
     pub simulate: Option<String>,
     /// The interposer preloaded into workloads [default: libegpu.so next to egpud].
     #[arg(long)]
@@ -94,4 +94,10 @@ impl DaemonArgs {
             memory_audit_slack: self.memory_audit_slack.0,
         }
     }
+}
+
+/// `--simulate`: checked when the flag is read, so a bad spec is a usage
+/// error (exit 2) as every other bad flag is.
+fn sim_spec(s: &str) -> Result<String, String> {
+    s.parse::<egpu_core::SimSpec>().map(|_| s.to_string()).map_err(|e| e.to_string())
 }

@@ -224,6 +224,11 @@ fn zero_caps_short_intervals_and_a_missing_interposer_are_refused() {
     let o = std::process::Command::new(EGPUD).args(["--simulate", "1x1GiB", "--log", "info,a=b=c"]).output().unwrap();
     assert_fails(&o, 2, &["--log", "give a level"]);
     // The memory audit's flags.
+    // A bad simulated-GPU spec is a usage error too, before anything starts.
+    let o = std::process::Command::new(EGPUD).args(["--simulate", "0x16GiB"]).output().unwrap();
+    assert_fails(&o, 2, &["--simulate", "device count must be 1..=64"]);
+    let o = std::process::Command::new(EGPUD).args(["--simulate", "2xfoo"]).output().unwrap();
+    assert_fails(&o, 2, &["--simulate", "'2xfoo'"]);
     let o = std::process::Command::new(EGPUD).args(["--simulate", "1x1GiB", "--memory-audit", "on"]).output().unwrap();
     assert_fails(&o, 2, &["--memory-audit", "use off, report or charge"]);
     let o = std::process::Command::new(EGPUD).args(["--simulate", "1x1GiB", "--memory-audit-slack", "64XB"]).output().unwrap();
