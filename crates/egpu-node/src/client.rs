@@ -7,12 +7,10 @@ use tonic::transport::{Channel, Endpoint, Uri};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("cannot reach egpud at {path}: start it with `egpud --simulate 2x16GiB` (or plain `egpud` on a GPU node), or point EGPU_SOCKET / --socket at its socket")]
-    Unreachable {
-        path: PathBuf,
-        #[source]
-        source: tonic::transport::Error,
-    },
+    /// `reason` is the innermost cause (tonic's transport error repeats
+    /// its source in its own message, so a cause chain would say it twice).
+    #[error("cannot reach egpud at {path} ({reason}): start it with `egpud --simulate 2x16GiB` (or plain `egpud` on a GPU node), or point EGPU_SOCKET / --socket at its socket")]
+    Unreachable { path: PathBuf, reason: String },
 }
 
 pub type Client = NodeClient<Channel>;
@@ -26,7 +24,13 @@ pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(
 pub async fn connect(socket: &Path) -> Result<Client, ClientError> {
     let channel = unix_channel(socket, std::time::Duration::from_secs(10), REQUEST_TIMEOUT)
         .await
-        .map_err(|source| ClientError::Unreachable { path: socket.to_path_buf(), source })?;
+        .map_err(|e| {
+            let mut root: &dyn std::error::Error = &e;
+            while let Some(next) = root.source() {
+                root = next;
+            }
+            ClientError::Unreachable { path: socket.to_path_buf(), reason: root.to_string() }
+        })?;
     Ok(NodeClient::new(channel))
 }
 
