@@ -411,7 +411,7 @@ pub(crate) fn create_atomically(path: &std::path::Path, len: usize, mode: u32, i
         // renamed into place with no header, to be read as corrupt. A
         // write says ENOSPC here instead.
         io::Write::write_all(&mut &file, &vec![0u8; len])?;
-        // set_len respects the umask-free mode only at creation; make it explicit.
+        // The mode given at creation is cut by the umask; make it explicit.
         use std::os::unix::fs::PermissionsExt;
         file.set_permissions(std::fs::Permissions::from_mode(mode))?;
         // Guarded: a usage file's temporary is writable by everyone (0666)

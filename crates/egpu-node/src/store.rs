@@ -177,24 +177,38 @@ impl Store {
         move |source| StoreError::Db { path: self.path.clone(), op, source: Box::new(source) }
     }
 
-    /// Runs `f` on the database, opening it again first if an earlier
-    /// write failed on I/O, and letting it go if this one does.
+    /// Opens the database again after an I/O error, as [`Store::open`]
+    /// judges what it finds (another process holding it, a panic in redb).
+    fn reopen(&self) -> Result<redb::Database, StoreError> {
+        match std::panic::catch_unwind(|| redb::Database::create(&self.path)) {
+            Ok(Ok(db)) => Ok(db),
+            Ok(Err(redb::DatabaseError::DatabaseAlreadyOpen)) => Err(StoreError::InUse { path: self.path.clone() }),
+            Ok(Err(e)) => Err(StoreError::Db { path: self.path.clone(), op: "reopen", source: Box::new(e.into()) }),
+            Err(_) => Err(StoreError::Corrupt { path: self.path.clone(), detail: "the database code panicked reading it".into() }),
+        }
+    }
+
+    /// Runs `f` on the database. If `f` fails on I/O, the database is
+    /// opened again at once (redb refuses every later transaction until
+    /// then), holding the lock, so that no other egpud can take the store
+    /// meanwhile; if that fails too (the disk is still full), at the next
+    /// call.
     fn with_db<T>(&self, f: impl FnOnce(&redb::Database) -> Result<T, StoreError>) -> Result<T, StoreError> {
         let mut db = self.db.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if db.is_none() {
-            let reopened = redb::Database::create(&self.path).map_err(|e| StoreError::Db { path: self.path.clone(), op: "reopen", source: Box::new(e.into()) })?;
-            tracing::warn!("state store {} opened again after the I/O error", self.path.display());
-            *db = Some(reopened);
+            *db = Some(self.reopen()?);
+            tracing::warn!("state store {} opened again after an I/O error", self.path.display());
         }
         let r = f(db.as_ref().expect("opened above"));
         if let Err(StoreError::Db { source, op, .. }) = &r
             && matches!(**source, redb::Error::Io(_) | redb::Error::PreviousIo)
         {
-            tracing::error!(
-                "state store {}: {op} failed on I/O ({source}): nothing was changed; the store is opened again at the next change (free space in the state directory if it is full)",
-                self.path.display()
-            );
+            tracing::error!("state store {}: {op} failed on I/O ({source}): nothing was changed (free space in the state directory if it is full)", self.path.display());
             *db = None;
+            match self.reopen() {
+                Ok(again) => *db = Some(again),
+                Err(e) => tracing::error!("state store {} could not be opened again ({e}); the next change tries again", self.path.display()),
+            }
         }
         r
     }

@@ -571,6 +571,9 @@ fn load_usage(args: &SimulateFlags) -> Result<(elastic::Usage, String)> {
             duty.retain(|s| !skip.contains(&s.0));
             mem.retain(|s| !skip.contains(&s.0));
         }
+        if !skip.is_empty() && (duty.is_empty() || mem.is_empty()) {
+            bail!("no pod is named the same way in {} and {}: every pod was skipped (see the warnings above)", dp.display(), mp.display());
+        }
         let usage = elastic::load::align_with(&duty, &mem, args.usage_step, elastic::load::MAX_CELLS);
         if usage.pods.is_empty() {
             bail!("no usage samples in {} and {}", dp.display(), mp.display());

@@ -195,6 +195,10 @@ fn a_pod_named_differently_in_the_two_files_is_an_error_unless_lenient() {
     let j = run(&d, &["--usage-duty", &duty, "--usage-memory", &mem, "--lenient"]).expect("runs when lenient");
     assert_eq!(j[0]["pods"].as_u64(), Some(1), "{}", j[0]);
     assert_eq!((j[0]["outcomes"][0]["strategy"].as_str(), j[0]["outcomes"][0]["gpus"].as_u64()), (Some("exclusive"), Some(1)), "{}", j[0]);
+    // Lenient with no pod named alike in both: said so, not "no samples".
+    let mem_a = write(&d, "mem-a.json", &prom_labels("DCGM_FI_DEV_FB_USED", &[(r#""namespace":"ns","pod":"a""#.to_string(), "1000".to_string())], 5));
+    let e = run(&d, &["--usage-duty", &duty, "--usage-memory", &mem_a, "--lenient"]).expect_err("nothing left").to_string();
+    assert!(e.contains("no pod is named the same way") && e.contains("every pod was skipped"), "{e}");
     let _ = std::fs::remove_dir_all(&d);
 }
 

@@ -157,8 +157,9 @@ impl DraConfig {
     /// Checks the names the API and the kubelet will see.
     pub fn check(&self) -> Result<(), String> {
         let dns = crate::names::is_dns_subdomain;
-        if !dns(&self.driver) || !self.driver.contains('.') {
-            return Err(format!("--driver '{}' must be a DNS subdomain with a domain, e.g. {DEFAULT_DRIVER}", self.driver));
+        // A DRA driver name is at most 63 characters.
+        if !dns(&self.driver) || !self.driver.contains('.') || self.driver.len() > 63 {
+            return Err(format!("--driver '{}' must be a DNS subdomain with a domain, of at most 63 characters, e.g. {DEFAULT_DRIVER}", self.driver));
         }
         if !dns(&self.node) {
             return Err(format!("--node-name '{}' is not a node name (a DNS subdomain)", self.node));

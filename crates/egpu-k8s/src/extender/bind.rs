@@ -58,8 +58,7 @@ impl Extender {
         // The names go into the API's URLs: what is not a name is refused
         // here, not sent (a namespace is a DNS label, a pod or node name a
         // DNS subdomain).
-        let label = |s: &str| crate::names::is_dns_subdomain(s) && !s.contains('.') && s.len() <= 63;
-        if !label(&a.pod_namespace) || !crate::names::is_dns_subdomain(&a.pod_name) || !crate::names::is_dns_subdomain(&a.node) {
+        if !crate::names::is_dns_label(&a.pod_namespace) || !crate::names::is_dns_subdomain(&a.pod_name) || !crate::names::is_dns_subdomain(&a.node) {
             return Err(BindError { refused: true, why: format!("'{}' (namespace), '{}' (pod) or '{}' (node) is not a Kubernetes name", egpu_core::slice::shown(&a.pod_namespace), egpu_core::slice::shown(&a.pod_name), egpu_core::slice::shown(&a.node)) });
         }
         let deadline = tokio::time::Instant::now() + BIND_DEADLINE;
