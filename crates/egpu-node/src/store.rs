@@ -89,11 +89,11 @@ pub enum StoreError {
 }
 
 pub struct Store {
-    /// `None` after a write failed on I/O (a full disk): redb then refuses
-    /// every later transaction until the database is opened again, so the
-    /// next call opens it again (recovering the last committed state)
-    /// instead of leaving the node unable to change a slice until egpud
-    /// restarts.
+    /// After a write fails on I/O (a full disk) redb refuses every later
+    /// transaction until the database is opened again, so [`Store::with_db`]
+    /// opens it again (recovering the last committed state) instead of
+    /// leaving the node unable to change a slice until egpud restarts;
+    /// `None` while that failed too, until the next call.
     db: std::sync::Mutex<Option<redb::Database>>,
     path: PathBuf,
 }
@@ -189,10 +189,10 @@ impl Store {
     }
 
     /// Runs `f` on the database. If `f` fails on I/O, the database is
-    /// opened again at once (redb refuses every later transaction until
-    /// then), holding the lock, so that no other egpud can take the store
-    /// meanwhile; if that fails too (the disk is still full), at the next
-    /// call.
+    /// closed and opened again at once (redb refuses every later
+    /// transaction until then), so its file goes without redb's lock only
+    /// between the two, not until the next request; if opening fails too
+    /// (the disk is still full), the next call tries again.
     fn with_db<T>(&self, f: impl FnOnce(&redb::Database) -> Result<T, StoreError>) -> Result<T, StoreError> {
         let mut db = self.db.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if db.is_none() {

@@ -1,6 +1,6 @@
 //! A state-store write that fails on I/O fails alone. redb refuses every
 //! transaction after an I/O error until the database is opened again; the
-//! store does that at the next call, so a full disk that is freed again
+//! store does that at once (or at the next call), so a full disk that is freed again
 //! does not leave egpud unable to create, resize or delete a slice until
 //! it restarts. A test binary of its own: it lowers the process's file-size
 //! limit, which would touch any other test running in the same process.

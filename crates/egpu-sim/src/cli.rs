@@ -355,8 +355,9 @@ impl clap::FromArgMatches for SimulateArgs {
         check_modes(m)?;
         SimulateFlags::from_arg_matches(m).map(SimulateArgs)
     }
+    /// An update's matches hold only the flags it changes, so the modes
+    /// (which need the whole command line) are not checked here.
     fn update_from_arg_matches(&mut self, m: &clap::ArgMatches) -> Result<(), clap::Error> {
-        check_modes(m)?;
         self.0.update_from_arg_matches(m)
     }
 }
