@@ -29,8 +29,9 @@ pub struct TopArgs {
     /// Print one frame as plain text and exit (no raw mode; for scripts).
     #[arg(long)]
     pub once: bool,
-    /// Width of the `--once` frame in columns.
-    #[arg(long, default_value_t = 120, requires = "once")]
+    /// Width of the `--once` frame in columns (40 to 1000; a narrower
+    /// frame cuts every column to nothing).
+    #[arg(long, default_value_t = 120, requires = "once", value_parser = clap::value_parser!(u16).range(40..=1000))]
     pub width: u16,
 }
 

@@ -40,3 +40,11 @@ fn top_without_egpud_fails_with_exit_5() {
     let o = std::process::Command::new(EGPU).args(["top", "--once"]).env("EGPU_SOCKET", dir.path().join("none.sock")).output().unwrap();
     assert_fails(&o, 5, &["cannot reach egpud"]);
 }
+
+#[test]
+fn a_frame_too_narrow_to_show_anything_is_refused() {
+    for w in ["0", "39"] {
+        let o = std::process::Command::new(EGPU).args(["top", "--once", "--width", w]).env("EGPU_SOCKET", "/nonexistent/egpud.sock").output().unwrap();
+        assert_fails(&o, 2, &["--width", "40..=1000"]);
+    }
+}
