@@ -49,6 +49,12 @@ pub fn check_extended_resource(s: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// [`check_extended_resource`] as a clap value parser, for the binaries'
+/// `--resource` flags.
+pub fn resource_flag(s: &str) -> Result<String, String> {
+    check_extended_resource(s).map(|()| s.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

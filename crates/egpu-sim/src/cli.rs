@@ -335,8 +335,8 @@ fn check_modes(m: &clap::ArgMatches) -> Result<(), clap::Error> {
     use clap::error::ErrorKind;
     let given = |id: &str| m.try_contains_id(id).unwrap_or(false) && m.value_source(id) == Some(clap::parser::ValueSource::CommandLine);
     let flag = |id: &str| format!("--{}", id.replace('_', "-"));
-    let cmd = <SimulateFlags as clap::Args>::augment_args(clap::Command::new("simulate"));
     if !m.get_flag("elastic") {
+        let cmd = <SimulateFlags as clap::Args>::augment_args(clap::Command::new("simulate"));
         let placement: Vec<&str> = cmd.get_arguments().filter(|a| cmd.get_arg_conflicts_with(a).iter().any(|c| c.get_id() == "elastic")).map(|a| a.get_id().as_str()).collect();
         if let Some(a) = cmd.get_arguments().map(|a| a.get_id().as_str()).find(|id| !SHARED_FLAGS.contains(id) && !placement.contains(id) && given(id)) {
             return Err(clap::Error::raw(ErrorKind::MissingRequiredArgument, format!("{} is a flag of the elastic evaluation: add --elastic, or leave it out to run the placement simulator", flag(a))));

@@ -19,7 +19,7 @@ struct Args {
     #[arg(long, default_value = "/var/lib/kubelet")]
     kubelet_dir: PathBuf,
     /// The extended resource to advertise (domain/name).
-    #[arg(long, default_value = DEFAULT_RESOURCE, value_parser = resource_name)]
+    #[arg(long, default_value = DEFAULT_RESOURCE, value_parser = egpu_k8s::names::resource_flag)]
     resource: String,
     /// GPU memory per unit of the resource: a pod asking for N gets N of these.
     #[arg(long, default_value = "1GiB")]
@@ -65,12 +65,6 @@ struct Args {
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, env = "EGPU_LOG", default_value = "info", value_parser = egpu_node::logging::log_filter)]
     log: String,
-}
-
-/// `--resource`: a name the kubelet and the API server would take for an
-/// extended resource.
-fn resource_name(s: &str) -> Result<String, String> {
-    egpu_k8s::names::check_extended_resource(s).map(|()| s.to_string())
 }
 
 /// `--node-name`: empty (no annotation) or a node name.

@@ -23,7 +23,9 @@ struct Args {
     #[arg(long, default_value = "127.0.0.1:8888")]
     listen: SocketAddr,
     /// The extended resource the device plugin advertises.
-    #[arg(long, default_value = DEFAULT_RESOURCE, value_parser = resource_name)]
+    // Checked as the API server checks one: a typo would read every pod as
+    // asking for nothing.
+    #[arg(long, default_value = DEFAULT_RESOURCE, value_parser = egpu_k8s::names::resource_flag)]
     resource: String,
     /// How long a pod this extender bound keeps its units on its node when
     /// the node's annotation does not count them (admission failed, the pod
@@ -48,12 +50,6 @@ struct Args {
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, env = "EGPU_LOG", default_value = "info", value_parser = egpu_node::logging::log_filter)]
     log: String,
-}
-
-/// `--resource`: a name the API server would take for an extended
-/// resource (a typo here would read every pod as asking for nothing).
-fn resource_name(s: &str) -> Result<String, String> {
-    egpu_k8s::names::check_extended_resource(s).map(|()| s.to_string())
 }
 
 fn positive_duration(s: &str) -> Result<std::time::Duration, String> {
