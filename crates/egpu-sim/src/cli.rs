@@ -395,7 +395,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     let Some(last_seed) = args.first_seed.checked_add(args.seeds - 1) else {
         usage!("--first-seed {} with --seeds {} runs past the largest seed ({}): start lower", args.first_seed, args.seeds, u64::MAX);
     };
-    let (t, source) = load_trace(&args)?;
+    let (t, source, left_out) = load_trace(&args)?;
     let inputs: Vec<PathBuf> = [node_file(&args), pod_file(&args)].into_iter().flatten().collect();
     prepare_out(&args.out, &inputs.iter().map(PathBuf::as_path).collect::<Vec<_>>(), &report::FILES.map(String::from))?;
     let seeds: Vec<u64> = (args.first_seed..=last_seed).collect();
@@ -414,19 +414,20 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     if let Some(bad) = runs.iter().find(|r| r.invalid > 0) {
         bail!("policy {} returned {} placements the cluster refused: this is a bug, please report it", bad.policy, bad.invalid);
     }
-    let summary = report::write_all(&args.out, &t.name, &source, args.inflation, elapsed, &runs).context("writing the report")?;
+    let summary = report::write_all(&args.out, &t.name, &source, args.inflation, elapsed, left_out, &runs).context("writing the report")?;
     say(&format!("{}\n{} runs in {elapsed:.1} s; report in {}", report::summary_table(&t.name, &summary), runs.len(), args.out.display()))
 }
 
 /// A trace file's text: plain or gzip; with `lenient`, lines that are not
-/// UTF-8 are skipped (and said), else they are an error naming the line.
-fn read(path: &Path, lenient: bool) -> Result<String> {
+/// UTF-8 are skipped (said, and counted in the second value), else they
+/// are an error naming the line.
+fn read(path: &Path, lenient: bool) -> Result<(String, usize)> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let (text, bad) = crate::text::decode(&bytes, lenient).map_err(|(line, msg)| trace::TraceError { file: path.display().to_string(), line, msg })?;
     if bad > 0 {
         eprintln!("warning: {}: {bad} lines that are not UTF-8 text skipped", path.display());
     }
-    Ok(text)
+    Ok((text, bad))
 }
 
 /// The node list file to read: `--node-list`, else the one in
@@ -441,16 +442,24 @@ fn pod_file(args: &SimulateFlags) -> Option<PathBuf> {
     args.pod_list.clone().or_else(|| args.trace_dir.as_ref().map(|d| d.join(format!("openb_pod_list_{}.csv", args.trace))))
 }
 
-fn load_trace(args: &SimulateFlags) -> Result<(Trace, String)> {
+/// The trace, how the report names its source, and what `--lenient` left out of it.
+fn load_trace(args: &SimulateFlags) -> Result<(Trace, String, report::LeftOut)> {
+    let mut left_out = report::LeftOut::default();
     let (nodes_name, nodes_text) = match node_file(args) {
-        Some(p) => (p.display().to_string(), read(&p, args.lenient)?),
+        Some(p) => {
+            let (text, bad) = read(&p, args.lenient)?;
+            left_out.non_utf8_lines += bad;
+            (p.display().to_string(), text)
+        }
         None => ("embedded openb_node_list_gpu_node.csv".to_string(), data::OPENB_NODES.to_string()),
     };
     let (pods_name, pods_text, name) = match pod_file(args) {
         Some(p) => {
             // A file of your own is named by its stem, one of --trace-dir by --trace.
             let name = if args.pod_list.is_some() { p.file_stem().map_or("pods".into(), |s| s.to_string_lossy().into_owned()) } else { args.trace.clone() };
-            (p.display().to_string(), read(&p, args.lenient)?, name)
+            let (text, bad) = read(&p, args.lenient)?;
+            left_out.non_utf8_lines += bad;
+            (p.display().to_string(), text, name)
         }
         None => {
             if args.trace != "default" {
@@ -462,6 +471,7 @@ fn load_trace(args: &SimulateFlags) -> Result<(Trace, String)> {
     let (cluster, skipped_nodes) = trace::load_nodes(&nodes_name, &nodes_text, args.lenient)?;
     let (mut pods, skipped_pods) = trace::load_pods(&pods_name, &pods_text, &cluster, args.lenient)?;
     let skipped = skipped_pods.count;
+    (left_out.node_rows, left_out.pod_rows) = (skipped_nodes.count, skipped_pods.count);
     for s in [skipped_nodes, skipped_pods] {
         if s.count > 0 {
             eprintln!("warning: {s}");
@@ -479,7 +489,7 @@ fn load_trace(args: &SimulateFlags) -> Result<(Trace, String)> {
         name = format!("{name}+gpuspec{:.0}", 100.0 * args.gpu_spec_fraction);
     }
     let source = if args.trace_dir.is_none() && args.pod_list.is_none() { data::ATTRIBUTION.to_string() } else { format!("{pods_name} on {nodes_name}") };
-    Ok((Trace::new(name, cluster, pods, args.coverage), source))
+    Ok((Trace::new(name, cluster, pods, args.coverage), source, left_out))
 }
 
 fn positive_seconds(s: &str) -> std::result::Result<f64, String> {
@@ -499,9 +509,10 @@ fn read_usage(path: &Path, lenient: bool) -> Result<elastic::load::Metric> {
     let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
     let name = path.display().to_string();
     let (text, bad) = elastic::load::decode(&name, &bytes, lenient)?;
-    let m = elastic::load::parse_usage_file(&name, &text, lenient)?;
-    if m.skipped + bad > 0 {
-        eprintln!("warning: {name}: {} rows or samples skipped", m.skipped + bad);
+    let mut m = elastic::load::parse_usage_file(&name, &text, lenient)?;
+    m.skipped += bad;
+    if m.skipped > 0 {
+        eprintln!("warning: {name}: {} rows or samples skipped", m.skipped);
     }
     if m.series_without_pod > 0 {
         eprintln!("note: {name}: {} series without a pod (GPUs no pod holds) left out", m.series_without_pod);
@@ -514,6 +525,7 @@ fn read_usage(path: &Path, lenient: bool) -> Result<elastic::load::Metric> {
 fn load_usage(args: &SimulateFlags) -> Result<(elastic::Usage, String)> {
     if let (Some(dp), Some(mp)) = (&args.usage_duty, &args.usage_memory) {
         let (d, m) = (read_usage(dp, args.lenient)?, read_usage(mp, args.lenient)?);
+        let skipped_rows = d.skipped + m.skipped;
         let named = |m: &elastic::load::Metric, names: &[&str]| m.name.as_deref().is_some_and(|n| names.contains(&n));
         let to_percent = match args.duty_unit.as_str() {
             "fraction" => 100.0,
@@ -575,22 +587,25 @@ fn load_usage(args: &SimulateFlags) -> Result<(elastic::Usage, String)> {
         if !skip.is_empty() && (duty.is_empty() || mem.is_empty()) {
             bail!("no pod is named the same way in {} and {}: every pod was skipped (see the warnings above)", dp.display(), mp.display());
         }
-        let usage = elastic::load::align_with(&duty, &mem, args.usage_step, elastic::load::MAX_CELLS);
+        let mut usage = elastic::load::align_with(&duty, &mem, args.usage_step, elastic::load::MAX_CELLS);
         if usage.pods.is_empty() {
             bail!("no usage samples in {} and {}", dp.display(), mp.display());
         }
+        usage.left_out.rows_or_samples = skipped_rows;
+        usage.left_out.pods_in_one_file = skip.len();
         return Ok((usage, format!("your trace ({}, {})", dp.display(), mp.display())));
     }
     let dir = match &args.genai_dir {
         Some(d) => d.clone(),
         None => default_genai_dir().context("genai-2026 not found: pass --genai-dir <DIR> (it holds pod_gpu_duty_cycle_anon.csv.gz and pod_gpu_memory_used_bytes_anon.csv.gz), or your own trace with --usage-duty and --usage-memory")?,
     };
-    let duty = read_usage(&dir.join("pod_gpu_duty_cycle_anon.csv.gz"), args.lenient)?.samples;
-    let mem = read_usage(&dir.join("pod_gpu_memory_used_bytes_anon.csv.gz"), args.lenient)?.samples;
-    let usage = elastic::load::align(&duty, &mem);
+    let duty = read_usage(&dir.join("pod_gpu_duty_cycle_anon.csv.gz"), args.lenient)?;
+    let mem = read_usage(&dir.join("pod_gpu_memory_used_bytes_anon.csv.gz"), args.lenient)?;
+    let mut usage = elastic::load::align(&duty.samples, &mem.samples);
     if usage.pods.is_empty() {
         bail!("no usage rows in {}", dir.display());
     }
+    usage.left_out.rows_or_samples = duty.skipped + mem.skipped;
     Ok((usage, "genai-2026 (Alibaba clusterdata, CC BY 4.0)".to_string()))
 }
 
@@ -598,7 +613,7 @@ fn run_elastic(args: &SimulateFlags) -> Result<()> {
     if let Some(g) = args.gpu_mem_gib.iter().enumerate().find_map(|(i, g)| args.gpu_mem_gib[..i].contains(g).then_some(g)) {
         usage!("--gpu-mem-gib lists {g} twice: list each GPU size once");
     }
-    let (usage, source) = load_usage(args)?;
+    let (mut usage, source) = load_usage(args)?;
     if usage.dropped_samples > 0 {
         let what = format!(
             "{} pods × {}-second periods from the first timestamp ({}) to the last ({}) is more than {} cells or {} periods: {} samples past period {} would be left out",
@@ -615,6 +630,7 @@ fn run_elastic(args: &SimulateFlags) -> Result<()> {
             bail!("{what}; check for a stray timestamp, shorten the trace, or give a longer --usage-step (or pass --lenient to use the first {} periods)", usage.minutes);
         }
         eprintln!("warning: {what}");
+        usage.left_out.samples_past_grid = usage.dropped_samples;
     }
     // A pod bigger than a GPU fits no slice on it (its excess is refused
     // memory in every strategy); often a wrong --memory-unit.

@@ -121,21 +121,36 @@ struct JsonReport<'a> {
     source: &'a str,
     inflation: f64,
     elapsed_s: f64,
+    left_out: LeftOut,
     summary: &'a [PolicySummary],
     runs: &'a [RunResult],
+}
+
+/// What `--lenient` left out of the trace files, kept in the report
+/// (`results.json`'s `left_out`, a line of `summary.md`) so a result read
+/// later says it came from part of the files.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct LeftOut {
+    pub node_rows: usize,
+    pub pod_rows: usize,
+    /// Lines that are not UTF-8, in both files.
+    pub non_utf8_lines: usize,
 }
 
 /// The files [`write_all`] writes into its directory.
 pub const FILES: [&str; 4] = ["summary.md", "results.json", "curves.csv", "allocation.svg"];
 
 /// Write `summary.md`, `results.json`, `curves.csv` and `allocation.svg` into `dir`.
-pub fn write_all(dir: &Path, trace: &str, source: &str, inflation: f64, elapsed_s: f64, runs: &[RunResult]) -> Result<Vec<PolicySummary>, ReportError> {
+pub fn write_all(dir: &Path, trace: &str, source: &str, inflation: f64, elapsed_s: f64, left_out: LeftOut, runs: &[RunResult]) -> Result<Vec<PolicySummary>, ReportError> {
     std::fs::create_dir_all(dir).map_err(|source| ReportError::Io { path: dir.display().to_string(), source })?;
     let summary = summarize(runs);
     let mut md = summary_table(trace, &summary);
     let _ = write!(md, "\nInflation {inflation}; data: {source}\n");
+    if left_out != LeftOut::default() {
+        let _ = write!(md, "\n**Part of the input was left out** (`--lenient`): {} node rows, {} pod rows and {} lines that are not UTF-8 skipped.\n", left_out.node_rows, left_out.pod_rows, left_out.non_utf8_lines);
+    }
     write(&dir.join("summary.md"), &md)?;
-    let json = serde_json::to_string_pretty(&JsonReport { trace, source, inflation, elapsed_s, summary: &summary, runs })?;
+    let json = serde_json::to_string_pretty(&JsonReport { trace, source, inflation, elapsed_s, left_out, summary: &summary, runs })?;
     write(&dir.join("results.json"), &json)?;
     write(&dir.join("curves.csv"), &curves_csv(runs))?;
     let names: Vec<String> = summary.iter().map(|s| s.policy.clone()).collect();

@@ -24,13 +24,9 @@ pub fn decode(bytes: &[u8], lenient: bool) -> Result<(String, usize), (u64, Stri
 
 /// [`decode`] with a gzip file unpacking to at most `max` bytes.
 fn decode_within(bytes: &[u8], lenient: bool, max: u64) -> Result<(String, usize), (u64, String)> {
-    let mut unpacked = Vec::new();
-    let bytes = if bytes.starts_with(&[0x1f, 0x8b]) {
-        flate2::read::MultiGzDecoder::new(bytes).take(max + 1).read_to_end(&mut unpacked).map_err(|e| (0, format!("cannot decompress: {e}")))?;
-        if unpacked.len() as u64 > max {
-            let bound = if max >= 1 << 30 { format!("{} GiB", max >> 30) } else { format!("{max} bytes") };
-            return Err((0, format!("decompresses to more than {bound}: split the trace, or give it a shorter range")));
-        }
+    let unpacked;
+    let bytes = if bytes.starts_with(&GZIP_MAGIC) {
+        unpacked = gunzip(bytes, max)?;
         &unpacked[..]
     } else {
         bytes
@@ -59,6 +55,42 @@ fn decode_within(bytes: &[u8], lenient: bool, max: u64) -> Result<(String, usize
                 }
             }
             Ok((out, bad))
+        }
+    }
+}
+
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
+/// The bytes of a gzip file: every member of it (files concatenated with
+/// `cat` are one file to `gzip -d`), at most `max` bytes. Zeros after the
+/// last member (padding a copy or a tape left) are passed over as gzip
+/// passes them; other bytes there are refused, not dropped unseen, since
+/// they may be a damaged member holding the rest of the trace.
+fn gunzip(bytes: &[u8], max: u64) -> Result<Vec<u8>, (u64, String)> {
+    let too_large = || {
+        let bound = if max >= 1 << 30 { format!("{} GiB", max >> 30) } else { format!("{max} bytes") };
+        (0, format!("decompresses to more than {bound}: split the trace, or give it a shorter range"))
+    };
+    let mut out = Vec::new();
+    let mut rest = bytes;
+    loop {
+        let at = bytes.len() - rest.len();
+        let mut member = flate2::bufread::GzDecoder::new(rest);
+        let room = (max + 1).saturating_sub(out.len() as u64);
+        (&mut member).take(room).read_to_end(&mut out).map_err(|e| {
+            let why = if e.kind() == std::io::ErrorKind::UnexpectedEof { "the gzip data ends early: the file is truncated (an interrupted copy or download?) or damaged".to_string() } else { format!("cannot decompress: {e}") };
+            (0, if at > 0 { format!("{why} (in the gzip member at byte {at})") } else { why })
+        })?;
+        if out.len() as u64 > max {
+            return Err(too_large());
+        }
+        rest = member.into_inner();
+        if rest.iter().all(|&b| b == 0) {
+            return Ok(out);
+        }
+        if !rest.starts_with(&GZIP_MAGIC) {
+            let at = bytes.len() - rest.len();
+            return Err((0, format!("{} bytes after the end of the gzip data (from byte {at}) are not gzip: the file is damaged or has something appended; `zcat` it into a plain file to see what is there and keep what is good", rest.len())));
         }
     }
 }
@@ -147,7 +179,7 @@ mod tests {
         gz.write_all(b"x,y\n1,2\n").unwrap();
         let (text, _) = decode(&gz.finish().unwrap(), false).unwrap();
         assert_eq!(text, "x,y\n1,2\n");
-        assert!(decode(&[0x1f, 0x8b, 0, 1], false).unwrap_err().1.contains("cannot decompress"));
+        assert!(decode(&[0x1f, 0x8b, 0, 1], false).unwrap_err().1.contains("ends early: the file is truncated"));
         // A file that unpacks past the bound is refused, not read on.
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         gz.write_all(&[b'0'; 4096]).unwrap();
@@ -155,5 +187,41 @@ mod tests {
         assert_eq!(decode_within(&small, false, 4096).unwrap().0.len(), 4096);
         let e = decode_within(&small, false, 4095).unwrap_err().1;
         assert!(e.contains("decompresses to more than"), "{e}");
+        // The bound holds over all the members together.
+        let two = [small.clone(), small.clone()].concat();
+        assert_eq!(decode_within(&two, false, 8192).unwrap().0.len(), 8192);
+        assert!(decode_within(&two, false, 8191).unwrap_err().1.contains("decompresses to more than"));
+    }
+
+    fn gz(text: &[u8]) -> Vec<u8> {
+        use std::io::Write;
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(text).unwrap();
+        gz.finish().unwrap()
+    }
+
+    #[test]
+    fn gzip_members_are_all_read_and_bytes_after_them_are_judged() {
+        let (a, b) = (gz(b"x,y\n1,2\n"), gz(b"3,4\n"));
+        // Concatenated members are one file, as `cat a.gz b.gz` makes it.
+        let (text, _) = decode(&[a.clone(), b.clone()].concat(), false).unwrap();
+        assert_eq!(text, "x,y\n1,2\n3,4\n");
+        // Zero padding after the last member is passed over.
+        let (text, _) = decode(&[a.clone(), vec![0; 512]].concat(), false).unwrap();
+        assert_eq!(text, "x,y\n1,2\n");
+        // Anything else after it is refused with where it starts.
+        let e = decode(&[a.clone(), b"junk".to_vec()].concat(), false).unwrap_err().1;
+        assert!(e.contains(&format!("4 bytes after the end of the gzip data (from byte {})", a.len())) && e.contains("zcat"), "{e}");
+        // A truncated file says so, also in a later member.
+        let e = decode(&a[..a.len() - 3], false).unwrap_err().1;
+        assert!(e.contains("ends early: the file is truncated"), "{e}");
+        let e = decode(&[a.clone(), b[..b.len() - 5].to_vec()].concat(), false).unwrap_err().1;
+        assert!(e.contains("truncated") && e.contains(&format!("member at byte {}", a.len())), "{e}");
+        // A damaged member (a flipped byte of its checksum) fails its check.
+        let mut bad = a.clone();
+        let crc = bad.len() - 8;
+        bad[crc] ^= 0xff;
+        let e = decode(&bad, false).unwrap_err().1;
+        assert!(e.contains("cannot decompress"), "{e}");
     }
 }

@@ -228,6 +228,10 @@ fn the_report_directory_is_checked_before_the_run_and_never_overwrites_an_input(
     assert!(other.join("elastic-80GiB.svg").exists());
     let fleet = std::fs::read_to_string(other.join("elastic-fleet-80GiB.svg")).expect("the fleet search's chart");
     assert!(fleet.contains("violations by fleet size") && fleet.contains("budget 1.00%"), "{fleet}");
+    // One size tried: the axis is labelled with it once, not with rounded
+    // ticks on either side that repeat it.
+    let whole: Vec<&str> = fleet.split("</text>").filter_map(|t| t.rsplit('>').next()).map(str::trim).filter(|t| !t.is_empty() && t.bytes().all(|b| b.is_ascii_digit())).collect();
+    assert_eq!(whole, ["1"], "{fleet}");
     let md = std::fs::read_to_string(other.join("elastic.md")).unwrap();
     assert!(md.contains("Charts of this run: elastic-80GiB.svg, elastic-fleet-80GiB.svg\n"), "{md}");
     // The fleet chart's name is a report file too: an input by that name is kept.
@@ -254,5 +258,20 @@ fn trace_files_may_be_gzip_and_a_bad_byte_names_its_line() {
     std::fs::write(&bad, b"name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,4000,8192,1,500\np\xff1,4000,8192,1,500\n").unwrap();
     let e = run(&d, &["--pod-list", bad.to_str().unwrap()]).expect_err("refused").to_string();
     assert!(e.contains("bad.csv:3: not UTF-8 text"), "{e}");
-    run(&d, &["--pod-list", bad.to_str().unwrap(), "--lenient", "--policies", "fgd"]).expect("the line skipped");
+    let out = d.join("lenient-report");
+    run(&d, &["--pod-list", bad.to_str().unwrap(), "--lenient", "--policies", "fgd", "--out", out.to_str().unwrap()]).expect("the line skipped");
+    // The report keeps what was left out, for whoever reads it later.
+    let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    assert_eq!(j["left_out"], serde_json::json!({"node_rows": 0, "pod_rows": 0, "non_utf8_lines": 1}), "{}", j["left_out"]);
+    let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
+    assert!(md.contains("left out** (`--lenient`): 0 node rows, 0 pod rows and 1 lines that are not UTF-8 skipped"), "{md}");
+    let bad_row = d.join("bad-row.csv");
+    std::fs::write(&bad_row, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,4000,8192,1,500\np1,x,8192,1,500\n").unwrap();
+    run(&d, &["--pod-list", bad_row.to_str().unwrap(), "--lenient", "--policies", "fgd", "--out", out.to_str().unwrap()]).expect("the row skipped");
+    let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    assert_eq!(j["left_out"]["pod_rows"], 1, "{}", j["left_out"]);
+    // Without anything left out, the summary says nothing of it.
+    run(&d, &["--pod-list", bad_row.to_str().unwrap(), "--policies", "fgd", "--out", out.to_str().unwrap()]).expect_err("strict refuses the row");
+    run(&d, &["--policies", "fgd", "--out", out.to_str().unwrap()]).expect("clean input");
+    assert!(!std::fs::read_to_string(out.join("summary.md")).unwrap().contains("left out"));
 }

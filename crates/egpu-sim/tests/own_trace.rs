@@ -133,7 +133,14 @@ fn bad_own_traces_get_errors_that_say_what_to_do() {
     assert!(err(&nan, &[]).contains("value NaN at time 1700000000 is not a number from 0 to 1e18"));
     // --lenient skips what is bad and keeps the rest.
     let p = write(&d, "duty.json", &bad_value);
-    assert!(run(&d, &["--usage-duty", &p, "--usage-memory", &mem, "--lenient"]).is_ok());
+    let j = run(&d, &["--usage-duty", &p, "--usage-memory", &mem, "--lenient"]).expect("lenient runs");
+    // The report says what was left out, for whoever reads it later.
+    assert_eq!(j[0]["left_out"], serde_json::json!({"rows_or_samples": 1, "pods_in_one_file": 0, "samples_past_grid": 0}), "{}", j[0]);
+    let md = std::fs::read_to_string(d.join("report/elastic.md")).unwrap();
+    assert!(md.contains("Part of the input was left out** (`--lenient`): 1 rows or samples skipped"), "{md}");
+    let j = run(&d, &["--usage-duty", &write(&d, "duty.json", &prom("DCGM_FI_DEV_GPU_UTIL", &[("a", "0", "10")], 5)), "--usage-memory", &mem]).expect("runs");
+    assert_eq!(j[0]["left_out"]["rows_or_samples"], 0, "{}", j[0]);
+    assert!(!std::fs::read_to_string(d.join("report/elastic.md")).unwrap().contains("left out"));
     let e = err("{\"status\":\"success\",\n\"data\": {", &[]);
     assert!(e.contains("duty.json:2: not the JSON of a Prometheus range query"), "{e}");
     // An instant query, even as a bare result array, is not a trace.
@@ -195,6 +202,7 @@ fn a_pod_named_differently_in_the_two_files_is_an_error_unless_lenient() {
     let j = run(&d, &["--usage-duty", &duty, "--usage-memory", &mem, "--lenient"]).expect("runs when lenient");
     assert_eq!(j[0]["pods"].as_u64(), Some(1), "{}", j[0]);
     assert_eq!((j[0]["outcomes"][0]["strategy"].as_str(), j[0]["outcomes"][0]["gpus"].as_u64()), (Some("exclusive"), Some(1)), "{}", j[0]);
+    assert_eq!((j[0]["left_out"]["pods_in_one_file"].as_u64(), j[0]["left_out"]["rows_or_samples"].as_u64()), (Some(2), Some(0)), "{}", j[0]);
     // Lenient with no pod named alike in both: said so, not "no samples".
     let mem_a = write(&d, "mem-a.json", &prom_labels("DCGM_FI_DEV_FB_USED", &[(r#""namespace":"ns","pod":"a""#.to_string(), "1000".to_string())], 5));
     let e = run(&d, &["--usage-duty", &duty, "--usage-memory", &mem_a, "--lenient"]).expect_err("nothing left").to_string();

@@ -46,7 +46,7 @@ fn sweep_produces_curves_and_fgd_beats_random() {
     let un = |p: &str| runs.iter().find(|r| r.policy == p).and_then(|r| r.unallocated_at(100)).unwrap();
     assert!(un("fgd") < un("random"), "fgd {} vs random {}", un("fgd"), un("random"));
     let dir = std::env::temp_dir().join(format!("egpu-sim-test-{}", std::process::id()));
-    let s = report::write_all(&dir, "default/8", "test", 1.3, 0.0, &runs).unwrap();
+    let s = report::write_all(&dir, "default/8", "test", 1.3, 0.0, report::LeftOut::default(), &runs).unwrap();
     assert_eq!(s.len(), 3);
     for f in ["summary.md", "results.json", "curves.csv", "allocation.svg"] {
         assert!(std::fs::metadata(dir.join(f)).unwrap().len() > 100, "{f} is empty");
@@ -245,3 +245,4 @@ fn on_a_type_constrained_workload_egpu_honours_the_types_and_keeps_its_lead() {
     // which this bound refuses. Deterministic: fixed seeds and code.
     assert!(mean("egpu") + 1.0 < mean("fgd"), "egpu {} vs fgd {}", mean("egpu"), mean("fgd"));
 }
+

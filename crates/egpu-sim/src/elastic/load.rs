@@ -31,14 +31,37 @@ pub struct Usage {
     pub duty: Vec<Vec<f32>>,
     /// GPU memory used, bytes, `[pod][period]`.
     pub mem: Vec<Vec<f32>>,
-    pub skipped_rows: usize,
+    /// What `--lenient` left out of the files (all 0 without it, where
+    /// each of these is an error instead).
+    pub left_out: LeftOut,
     /// Samples past the grid's size bound ([`MAX_CELLS`], [`MAX_PERIODS`]), not used.
     pub dropped_samples: usize,
 }
 
+/// What `--lenient` left out of a usage trace, kept in the report
+/// (`elastic.json`'s `left_out`, a line of `elastic.md`) so a result read
+/// later says it came from part of the files.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LeftOut {
+    /// Rows (CSV), samples (Prometheus JSON) and lines that are not UTF-8
+    /// skipped, in both files.
+    pub rows_or_samples: usize,
+    /// Pods that only one of the two files names.
+    pub pods_in_one_file: usize,
+    /// Samples past the grid's size bound ([`Usage::dropped_samples`]).
+    pub samples_past_grid: usize,
+}
+
+impl LeftOut {
+    /// `true` when nothing was left out.
+    pub fn is_empty(&self) -> bool {
+        *self == LeftOut::default()
+    }
+}
+
 impl Default for Usage {
     fn default() -> Self {
-        Usage { pods: Vec::new(), minutes: 0, step_s: 60.0, first_s: 0.0, last_s: 0.0, duty: Vec::new(), mem: Vec::new(), skipped_rows: 0, dropped_samples: 0 }
+        Usage { pods: Vec::new(), minutes: 0, step_s: 60.0, first_s: 0.0, last_s: 0.0, duty: Vec::new(), mem: Vec::new(), left_out: LeftOut::default(), dropped_samples: 0 }
     }
 }
 
@@ -342,7 +365,7 @@ pub fn align_with(duty: &[Sample], mem: &[Sample], step: Option<f64>, max_cells:
     let span = ((t1 - t0) / step).round().min(1e15) as usize;
     let minutes = span.min((max_cells / pods.len().max(1)).saturating_sub(1)).min(MAX_PERIODS - 1) + 1;
     let n = pods.len();
-    let mut u = Usage { minutes, step_s: step, first_s: t0, last_s: t1, duty: vec![vec![f32::NAN; minutes]; n], mem: vec![vec![f32::NAN; minutes]; n], pods, skipped_rows: 0, dropped_samples: 0 };
+    let mut u = Usage { minutes, step_s: step, first_s: t0, last_s: t1, duty: vec![vec![f32::NAN; minutes]; n], mem: vec![vec![f32::NAN; minutes]; n], pods, left_out: LeftOut::default(), dropped_samples: 0 };
     // Duty: a running mean per cell (its sample count beside it).
     let mut count = vec![vec![0u32; minutes]; n];
     for (p, t, v) in duty {

@@ -12,7 +12,7 @@ pub mod load;
 
 pub use eval::{ElasticConfig, Evaluation, GpuRisk, Moves, Outcome, evaluate, evaluate_with};
 pub use fleet::{FleetConfig, FleetRun, FleetSearch, Share, run_fleet, run_fleet_hindsight, search_fleet};
-pub use load::{Usage, UsageError};
+pub use load::{LeftOut, Usage, UsageError};
 
 use crate::report::{ReportError, line_chart};
 use std::fmt::Write as _;
@@ -117,9 +117,16 @@ fn fleet_chart(path: &Path, gpu_mem_gib: f64, budget: f64, f: &fleet::FleetSearc
         .y_label_area_size(64)
         .build_cartesian_2d(lo..hi, (bottom..top).log_scale())
         .map_err(|e| err(e.to_string()))?;
-    chart.configure_mesh().max_light_lines(1).x_desc("GPUs in the fleet").y_desc("violation pod-minutes (% of all, log scale)").x_label_formatter(&|x| format!("{x:.0}")).draw().map_err(|e| err(e.to_string()))?;
+    chart.configure_mesh().max_light_lines(1).x_desc("GPUs in the fleet").y_desc("violation pod-minutes (% of all, log scale)").x_labels(f.tried.len().clamp(2, 12) + 1).x_label_formatter(&whole_label).draw().map_err(|e| err(e.to_string()))?;
     crate::report::lines(&mut chart, &series, SeriesLabelPosition::UpperRight, &err)?;
     root.present().map_err(|e| err(e.to_string()))
+}
+
+/// A fleet size's tick label: only at whole numbers of GPUs (on a search
+/// of a few sizes the axis puts ticks between them, and rounded they
+/// repeat the sizes beside them).
+fn whole_label(x: &f64) -> String {
+    if (x - x.round()).abs() < 1e-6 { format!("{x:.0}") } else { String::new() }
 }
 
 /// Write `elastic.md`, `elastic.json`, one `elastic-<size>GiB.svg` per GPU
@@ -130,6 +137,9 @@ pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<St
     if let Some(e) = evals.first() {
         let c = e.config;
         let _ = write!(md, "{} pods, {} sampling periods of {} s (the trace's own step; \"minutes\" below are these periods). Elastic: resize every {} min; memory from the last {} min, headroom {:.0}%, floor {:.1} GiB; compute from the last {} min, headroom {:.0}%, floor {:.2} GPU. Slices decided at minute t see samples up to t − 1. {}\n\nConfig: `{:?}`\n\n", e.pods, e.minutes, e.step_s, c.resize_every, c.window, 100.0 * c.mem_headroom.unwrap_or(c.headroom), c.mem_floor_gib, c.compute_window.unwrap_or(c.window), 100.0 * c.headroom, c.compute_floor, if c.carry_unserved { "Compute work a saturated GPU could not serve in its minute waits for the next minute (--unserved-compute carry)." } else { "Compute work a saturated GPU could not serve in its minute is dropped (--unserved-compute drop: understates the violations)." }, c);
+    }
+    if let Some(l) = evals.first().map(|e| e.left_out).filter(|l| !l.is_empty()) {
+        let _ = write!(md, "**Part of the input was left out** (`--lenient`): {} rows or samples skipped, {} pods that only one file names, {} samples past the grid's size bound.\n\n", l.rows_or_samples, l.pods_in_one_file, l.samples_past_grid);
     }
     md.push_str(&table(evals));
     md.push('\n');
