@@ -109,24 +109,33 @@ impl FromStr for Bytes {
 }
 
 impl fmt::Display for Bytes {
-    /// Prints the largest binary unit that keeps at most two decimals, e.g. `8GiB`, `1.5GiB`, `300B`.
+    /// Prints the largest binary unit that holds the value exactly in at
+    /// most two decimals (`8GiB`, `1.5GiB`, `300B`), looking down to MiB
+    /// (`16389MiB`: a limit typed in MiB reads back as typed, and two sizes
+    /// a few MiB apart do not print alike), or else the largest unit
+    /// rounded down to two decimals, always both shown (`16.00GiB` is a
+    /// little over 16GiB, never exactly it).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let v = self.0;
-        for (unit, factor) in [("TiB", Self::TIB), ("GiB", Self::GIB), ("MiB", Self::MIB), ("KiB", Self::KIB)] {
-            if v >= factor {
-                if v.is_multiple_of(factor) {
-                    return write!(f, "{}{unit}", v / factor);
-                }
-                let hundredths = (v as u128 * 100 / factor as u128) as u64;
-                let (whole, frac) = (hundredths / 100, hundredths % 100);
-                return if frac % 10 == 0 {
-                    write!(f, "{whole}.{}{unit}", frac / 10)
-                } else {
-                    write!(f, "{whole}.{frac:02}{unit}")
-                };
-            }
+        let units = [("TiB", Self::TIB), ("GiB", Self::GIB), ("MiB", Self::MIB), ("KiB", Self::KIB)];
+        let Some(largest) = units.iter().position(|u| v >= u.1) else {
+            return write!(f, "{v}B");
+        };
+        let exact = |factor: u64| (v as u128 * 100).is_multiple_of(factor as u128);
+        // The largest unit that is exact, looking down to MiB (KiB only for
+        // a value under a MiB); else the largest, rounded.
+        let (unit, factor) = units[largest..].iter().take_while(|u| u.1 >= Self::MIB || largest == 3).find(|u| exact(u.1)).copied().unwrap_or(units[largest]);
+        let hundredths = (v as u128 * 100 / factor as u128) as u64;
+        let (whole, frac) = (hundredths / 100, hundredths % 100);
+        if !exact(factor) {
+            write!(f, "{whole}.{frac:02}{unit}")
+        } else if frac == 0 {
+            write!(f, "{whole}{unit}")
+        } else if frac % 10 == 0 {
+            write!(f, "{whole}.{}{unit}", frac / 10)
+        } else {
+            write!(f, "{whole}.{frac:02}{unit}")
         }
-        write!(f, "{v}B")
     }
 }
 
@@ -246,6 +255,11 @@ mod tests {
         assert_eq!(Bytes(8 << 30).to_string(), "8GiB");
         assert_eq!(Bytes(3 << 29).to_string(), "1.5GiB");
         assert_eq!(Bytes(300).to_string(), "300B");
+        assert_eq!(Bytes((16 << 30) + (5 << 20)).to_string(), "16389MiB", "a few MiB over 16GiB is not 16GiB");
+        assert_eq!(Bytes((16 << 30) + 5).to_string(), "16.00GiB", "not exact: both decimals");
+        assert_eq!(Bytes((3 << 29) + (1 << 19)).to_string(), "1536.5MiB");
+        assert_eq!(Bytes(1024 * 1024 + 512).to_string(), "1.00MiB");
+        assert_eq!(Bytes((1 << 40) + (1 << 30)).to_string(), "1025GiB");
     }
 
     proptest! {
@@ -253,11 +267,23 @@ mod tests {
         fn display_roundtrips_exact_units(n in 0u64..1_000_000, shift in prop::sample::select(vec![0u32, 10, 20, 30])) {
             let b = Bytes(n << shift);
             let parsed: Bytes = b.to_string().parse().unwrap();
-            // Display rounds down to two decimals of the largest unit; whole units roundtrip exactly.
-            if b.to_string().contains('.') {
-                prop_assert!(parsed.0 <= b.0 && b.0 - parsed.0 < b.0 / 100 + 1);
-            } else {
+            // Whole MiB (and bytes under a KiB) always print exactly.
+            if shift >= 20 || b.0 < Bytes::KIB {
                 prop_assert_eq!(parsed, b);
+            }
+            prop_assert!(parsed.0 <= b.0 && b.0 - parsed.0 < b.0 / 100 + 1);
+        }
+
+        #[test]
+        fn display_says_exact_only_when_it_is(v in 0u64..(1 << 44)) {
+            let text = Bytes(v).to_string();
+            let parsed: Bytes = text.parse().unwrap();
+            // Two different sizes never print alike unless both are
+            // inexact (two decimals shown), and a rounded value says so.
+            prop_assert!(parsed.0 <= v && v - parsed.0 < v / 100 + 1, "{text}");
+            if parsed.0 != v {
+                let decimals = text.split('.').nth(1).map(|d| d.bytes().take_while(u8::is_ascii_digit).count());
+                prop_assert_eq!(decimals, Some(2), "{}", text);
             }
         }
 
