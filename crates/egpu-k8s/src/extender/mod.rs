@@ -336,7 +336,11 @@ impl Extender {
                 };
                 let Ok(id) = cluster.add_node(spec) else { continue };
                 for (gi, gpu) in g.gpus.iter().enumerate().take(egpu_place::model::MAX_GPUS_PER_NODE) {
-                    let used = 1000 - (u64::from(gpu.free.min(gpu.units)) * 1000 / u64::from(gpu.units.max(1))) as u32;
+                    // Used milli rounded down, so free milli rounds up as a
+                    // pod's demand does (`milli`): a pod of exactly the free
+                    // units fits its hole (79-unit GPUs, 10 free: 127 milli
+                    // free against a 10-unit pod's 127, not 126).
+                    let used = (u64::from(gpu.units - gpu.free.min(gpu.units)) * 1000 / u64::from(gpu.units.max(1))) as u32;
                     if let Some(p) = (used > 0).then(|| sharing_pod(used, ty)).flatten() {
                         let _ = cluster.apply(&Placement::new(id, &p, &[gi as u8]));
                     }

@@ -7,10 +7,15 @@ use serde_json::json;
 const R: &str = "egpu.io/gpu-memory";
 
 fn node(name: &str, free: &[u32]) -> Value {
+    node_of(name, 16, free)
+}
+
+/// [`node`] with GPUs of `units` units each.
+fn node_of(name: &str, units: u32, free: &[u32]) -> Value {
     let g = NodeGpus {
         v: VERSION,
         unit_bytes: 1 << 30,
-        gpus: free.iter().enumerate().map(|(i, &f)| GpuFree { index: i as u32, uuid: format!("GPU-{name}-{i}"), model: "m".into(), units: 16, free: f }).collect(),
+        gpus: free.iter().enumerate().map(|(i, &f)| GpuFree { index: i as u32, uuid: format!("GPU-{name}-{i}"), model: "m".into(), units, free: f }).collect(),
         pods: None,
         holds: None,
     };
@@ -264,6 +269,35 @@ fn node_names_with_the_cache_answer_as_node_objects_do() {
     assert!(e.contains("nodeCacheCapable: false"), "{e}");
     let e = by_names.filter(serde_json::from_value(json!({"Pod": pod(&["1"])})).unwrap()).error;
     assert_eq!(e, RequestError::NoCandidates.to_string());
+}
+
+#[test]
+fn a_pod_that_fills_a_hole_exactly_fits_it_whatever_the_gpu_size() {
+    // 79-unit GPUs (an 80 GB card's 79 GiB): 10 units are 126.6 milli.
+    // A 10-unit pod fits the 10-unit hole; its node is scored, not 0.
+    let ext = Extender::new(R);
+    let s = ext.prioritize(args(pod(&["10"]), vec![node_of("hole", 79, &[10]), node_of("short", 79, &[9])])).unwrap();
+    assert_eq!(s, [HostPriority { host: "hole".into(), score: MAX_SCORE }, HostPriority { host: "short".into(), score: 0 }]);
+}
+
+proptest::proptest! {
+    /// On any GPU size the score agrees with the filter: a node whose one
+    /// GPU has `free` units scores above 0 exactly when a pod of `want`
+    /// units passes the filter (it fits: `want <= free`).
+    #[test]
+    fn scored_exactly_where_it_fits(units in 1u32..=200, free_frac in 0.0f64..=1.0, want_frac in 0.0f64..=1.0) {
+        let free = (f64::from(units) * free_frac).round() as u32;
+        let want = ((f64::from(units) * want_frac).round() as u32).max(1);
+        let ext = Extender::new(R);
+        // An idle node beside it, so a fitting node that is not the pick
+        // still scores (9 less its rank).
+        let nodes = vec![node_of("a", units, &[free]), node_of("idle", units, &[units])];
+        let s = ext.prioritize(args(pod(&[&want.to_string()]), nodes.clone())).unwrap();
+        let f = ext.filter(args(pod(&[&want.to_string()]), nodes));
+        let passed = f.nodes.map(|n| n.items.iter().any(|x| x["metadata"]["name"] == "a")).unwrap_or(false);
+        proptest::prop_assert_eq!(passed, want <= free);
+        proptest::prop_assert_eq!(s[0].score > 0, want <= free, "{:?}", s);
+    }
 }
 
 #[test]
