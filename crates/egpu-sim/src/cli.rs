@@ -58,6 +58,11 @@ pub struct SimulateFlags {
     /// trace's node names).
     #[arg(long, default_value = "shuffled", value_parser = ["shuffled", "name"], conflicts_with = "elastic")]
     pub node_order: String,
+    /// GPU inside the chosen node: `policy` (the GPUs the policy names) or
+    /// `best-fit` (a sharing pod fills the tightest GPU that fits, as the
+    /// Kubernetes device plugin places it: what a cluster gets today).
+    #[arg(long, default_value = "policy", value_parser = ["policy", "best-fit"], conflicts_with = "elastic")]
+    pub gpu_choice: String,
     /// Worker threads (default: all cores).
     #[arg(long, value_parser = count(1), conflicts_with = "elastic")]
     pub threads: Option<usize>,
@@ -405,7 +410,7 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} runs {elapsed} {msg}").unwrap_or_else(|_| ProgressStyle::default_bar()));
     eprintln!("simulating {} pods on {} nodes ({} GPUs), {} policies x {} seeds, {} threads", t.pods.len(), t.cluster.nodes().len(), t.cluster.gpu_count(), policies.len(), seeds.len(), threads);
     let start = Instant::now();
-    let runs = sweep::run(&Sweep { trace: &t, policies: &policies, seeds: &seeds, inflation: args.inflation, threads, shuffle_nodes }, &|r| {
+    let runs = sweep::run(&Sweep { trace: &t, policies: &policies, seeds: &seeds, inflation: args.inflation, threads, shuffle_nodes, best_fit_inside: args.gpu_choice == "best-fit" }, &|r| {
         bar.set_message(format!("{} seed {}", r.policy, r.seed));
         bar.inc(1);
     });

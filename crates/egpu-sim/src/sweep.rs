@@ -34,6 +34,10 @@ pub struct Sweep<'a> {
     /// [`workload::shuffled_node_names`]): ties then go to a random node
     /// order fixed per seed instead of the trace's names.
     pub shuffle_nodes: bool,
+    /// Choose the GPU inside the policy's node by best fit
+    /// ([`egpu_place::policy::BestFitInside`]), as the Kubernetes device
+    /// plugin does, instead of taking the policy's GPU.
+    pub best_fit_inside: bool,
 }
 
 /// Run every (policy, seed); `progress` is called after each run finishes.
@@ -51,6 +55,9 @@ pub fn run(s: &Sweep, progress: &(dyn Fn(&RunResult) + Sync)) -> Vec<RunResult> 
                     let Some(&(kind, seed)) = jobs.get(j) else { break };
                     let order = workload::arrivals(&s.trace.pods, s.trace.cluster.gpu_capacity_milli(), s.inflation, seed);
                     let mut policy = kind.build(&s.trace.target, seed);
+                    if s.best_fit_inside {
+                        policy = Box::new(egpu_place::policy::BestFitInside::new(policy));
+                    }
                     let renamed;
                     let cluster = if s.shuffle_nodes {
                         let names: Vec<&str> = s.trace.cluster.nodes().iter().map(|n| n.name()).collect();

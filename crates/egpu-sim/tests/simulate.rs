@@ -33,7 +33,7 @@ fn inflation_reaches_the_target_and_seeds_reproduce() {
 #[test]
 fn sweep_produces_curves_and_fgd_beats_random() {
     let t = small_trace();
-    let runs = sweep::run(&Sweep { trace: &t, policies: &[PolicyKind::Random, PolicyKind::Fgd, PolicyKind::Egpu], seeds: &[1], inflation: 1.3, threads: 2, shuffle_nodes: false }, &|_| {});
+    let runs = sweep::run(&Sweep { trace: &t, policies: &[PolicyKind::Random, PolicyKind::Fgd, PolicyKind::Egpu], seeds: &[1], inflation: 1.3, threads: 2, shuffle_nodes: false, best_fit_inside: false }, &|_| {});
     assert_eq!(runs.len(), 3);
     for r in &runs {
         assert_eq!(r.invalid, 0);
@@ -237,7 +237,7 @@ fn on_a_type_constrained_workload_egpu_honours_the_types_and_keeps_its_lead() {
     let constrained = egpu_sim::gpuspec::constrain(&base.cluster, &mut pods, 0.33, 1);
     assert!(constrained > 50, "{constrained}");
     let t = Trace::new("default/8+spec".into(), base.cluster.clone(), pods, 0.95);
-    let runs = sweep::run(&Sweep { trace: &t, policies: &[PolicyKind::Fgd, PolicyKind::Egpu], seeds: &[1, 2], inflation: 1.3, threads: 2, shuffle_nodes: true }, &|_| {});
+    let runs = sweep::run(&Sweep { trace: &t, policies: &[PolicyKind::Fgd, PolicyKind::Egpu], seeds: &[1, 2], inflation: 1.3, threads: 2, shuffle_nodes: true, best_fit_inside: false }, &|_| {});
     assert!(runs.iter().all(|r| r.invalid == 0), "{runs:?}");
     let mean = |p: &str| runs.iter().filter(|r| r.policy == p).filter_map(|r| r.unallocated_at(100)).sum::<f64>() / 2.0;
     // Measured: eGPU 6.15, FGD 7.44 (% unallocated at 100% arrival, this
@@ -246,3 +246,17 @@ fn on_a_type_constrained_workload_egpu_honours_the_types_and_keeps_its_lead() {
     assert!(mean("egpu") + 1.0 < mean("fgd"), "egpu {} vs fgd {}", mean("egpu"), mean("fgd"));
 }
 
+#[test]
+fn best_fit_inside_the_node_keeps_every_placement_valid_and_says_so() {
+    // The live cluster's GPU choice (the device plugin's best fit) on the
+    // policy's node: every placement still the pod's, and the runs named
+    // for it so a report cannot pass it off as the policy's own.
+    let t = small_trace();
+    let s = |best_fit_inside| sweep::run(&Sweep { trace: &t, policies: &[PolicyKind::Egpu], seeds: &[1], inflation: 1.3, threads: 1, shuffle_nodes: true, best_fit_inside }, &|_| {});
+    let (own, live) = (s(false), s(true));
+    assert_eq!((own[0].invalid, live[0].invalid), (0, 0));
+    assert_eq!((own[0].policy.as_str(), live[0].policy.as_str()), ("egpu", "egpu/bestfit-gpu"));
+    assert_eq!(own[0].pods, live[0].pods, "the same arrivals");
+    // The GPU choice matters on this trace: the curves differ.
+    assert_ne!(own[0].alloc_pct, live[0].alloc_pct);
+}

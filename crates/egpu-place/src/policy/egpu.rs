@@ -231,6 +231,13 @@ mod tests {
         // Best fit would take the tighter hole.
         let bf = super::super::BestFit::new().place(&c, &pod(230)).unwrap();
         assert_eq!(bf.gpus.iter().map(|g| g.index).collect::<Vec<_>>(), vec![0]);
+        // So does eGPU's node with the GPU chosen as the device plugin
+        // chooses it; the node and the pod's share are the policy's.
+        let mut live = super::super::BestFitInside::new(Box::new(EgpuPolicy::new(target.clone())));
+        assert_eq!(live.name(), "egpu/bestfit-gpu");
+        let l = live.place(&c, &pod(230)).unwrap();
+        assert_eq!((l.node, l.gpus.iter().map(|g| (g.index, g.milli)).collect::<Vec<_>>()), (p.node, vec![(0, 230)]));
+        c.apply(&l).unwrap();
     }
 
     #[test]

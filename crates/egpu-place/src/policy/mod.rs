@@ -1,8 +1,10 @@
 //! Placement policies behind one trait.
 //!
 //! Every policy returns a [`Placement`]: the node, the exact GPU indices and
-//! the milli-GPU of each, which the simulator and the live scheduler commit
-//! with [`Cluster::apply`] as is. A policy may keep state between calls
+//! the milli-GPU of each, which the simulator commits with
+//! [`Cluster::apply`] as is (the Kubernetes extender uses the policy's
+//! node; the GPU inside it is the device plugin's best fit, which
+//! [`BestFitInside`] reproduces). A policy may keep state between calls
 //! (caches keyed by [`crate::Node::version`], a seeded random stream), so one
 //! instance can follow a live cluster one pod at a time; it never changes
 //! the cluster itself.
@@ -86,6 +88,40 @@ impl PolicyKind {
             PolicyKind::Fgd => Box::new(Fgd::new(target.clone())),
             PolicyKind::Egpu => Box::new(EgpuPolicy::new(target.clone())),
         }
+    }
+}
+
+/// A policy's node with the GPU inside it chosen by best fit: a sharing pod
+/// goes to the fitting GPU with the least free compute (lowest index on
+/// ties), whatever GPU the policy named. This is what a Kubernetes cluster
+/// gets from the extender and the device plugin today: the extender
+/// scores nodes with the policy, and the kubelet's device plugin, which
+/// sees only the request's size, fills the tightest GPU that fits
+/// (`docs/kubernetes.md`). The simulator measures it with
+/// `--gpu-choice best-fit`. Pods of whole GPUs keep the policy's GPUs.
+pub struct BestFitInside {
+    inner: Box<dyn Policy>,
+    name: String,
+}
+
+impl BestFitInside {
+    pub fn new(inner: Box<dyn Policy>) -> Self {
+        let name = format!("{}/bestfit-gpu", inner.name());
+        BestFitInside { inner, name }
+    }
+}
+
+impl Policy for BestFitInside {
+    fn name(&self) -> &str {
+        &self.name
+    }
+    fn place(&mut self, cluster: &Cluster, pod: &Pod) -> Option<Placement> {
+        let p = self.inner.place(cluster, pod)?;
+        if !pod.is_sharing() {
+            return Some(p);
+        }
+        let gpus = gpusel::best_fit(cluster.node(p.node)?, pod)?;
+        Some(Placement::new(p.node, pod, &gpus))
     }
 }
 
