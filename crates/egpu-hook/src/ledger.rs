@@ -103,11 +103,17 @@ pub struct GraphAcct {
 }
 
 impl GraphAcct {
-    /// An instantiation needing `need`: the part of it the pool does not
-    /// already cover, which the caller must charge.
-    pub fn instantiate(&mut self, need: u64) -> u64 {
+    /// An instantiation needing `need`, with `in_use` bytes of the pool
+    /// allocated now (the driver's `CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT`; 0
+    /// where it cannot say): the part the pool's free memory does not
+    /// already cover, which the caller must charge. What is in use cannot
+    /// be reused: an allocation a graph did not free outlives it, and a
+    /// destroyed graph's pool memory still holding one is not free. The
+    /// live executables are charged in full beside it, an over-charge
+    /// where their own allocations are part of `in_use`.
+    pub fn instantiate(&mut self, need: u64, in_use: u64) -> u64 {
         self.live = self.live.saturating_add(need);
-        let extra = self.live.saturating_sub(self.charged);
+        let extra = self.live.saturating_add(in_use).saturating_sub(self.charged);
         self.charged += extra;
         extra
     }
@@ -231,15 +237,15 @@ mod tests {
     #[test]
     fn the_graph_charge_follows_the_pool_not_the_executables() {
         let mut a = GraphAcct::default();
-        assert_eq!(a.instantiate(100), 100);
+        assert_eq!(a.instantiate(100, 0), 100);
         // A second live graph is charged in full.
-        assert_eq!(a.instantiate(50), 50);
+        assert_eq!(a.instantiate(50, 0), 50);
         assert_eq!((a.live, a.charged), (150, 150));
         // Destroyed, but the pool still holds 150: nothing is given back.
         assert_eq!(a.settle(100, Some(150)), 0);
         assert_eq!((a.live, a.charged), (50, 150));
         // The next graph reuses the pool: charged only past it.
-        assert_eq!(a.instantiate(120), 20);
+        assert_eq!(a.instantiate(120, 0), 20);
         assert_eq!((a.live, a.charged), (170, 170));
         // A driver that cannot say what the pool holds keeps the charge.
         assert_eq!(a.settle(120, None), 0);
@@ -254,16 +260,34 @@ mod tests {
     }
 
     #[test]
+    fn pool_memory_an_unfreed_allocation_holds_is_not_reused() {
+        // A graph allocated 600 and did not free it; its executable is
+        // gone, the pool holds 600, all of it in use.
+        let mut a = GraphAcct::default();
+        assert_eq!(a.instantiate(600, 0), 600);
+        assert_eq!(a.settle(600, Some(600)), 0);
+        assert_eq!((a.live, a.charged), (0, 600));
+        // A second graph needing 600 cannot take the pool's 600: charged
+        // in full, so the two allocations are both counted.
+        assert_eq!(a.instantiate(600, 600), 600);
+        assert_eq!((a.live, a.charged), (600, 1200));
+        // With the allocation freed (the pool's memory free), a third
+        // graph reuses what is charged.
+        assert_eq!(a.settle(600, Some(1200)), 0);
+        assert_eq!(a.instantiate(600, 0), 0);
+    }
+
+    #[test]
     fn an_undone_instantiation_leaves_the_accounting_as_it_was() {
         let mut a = GraphAcct { live: 10, charged: 100 };
-        let extra = a.instantiate(200);
+        let extra = a.instantiate(200, 0);
         assert_eq!(extra, 110);
         a.undo_instantiate(200, extra);
         assert_eq!(a, GraphAcct { live: 10, charged: 100 });
         // Two at once, the first undone after the second: each keeps its part.
         let mut a = GraphAcct::default();
-        let e1 = a.instantiate(64);
-        let e2 = a.instantiate(64);
+        let e1 = a.instantiate(64, 0);
+        let e2 = a.instantiate(64, 0);
         a.undo_instantiate(64, e1);
         assert_eq!((a.live, a.charged, e2), (64, 64, 64));
     }

@@ -91,6 +91,26 @@ fn graph_memory_kept_by_the_pool_stays_charged_until_a_trim() {
     }
 }
 
+/// An allocation a graph does not free outlives the graph, and the pool
+/// memory holding it is not free: a second graph may not take it again.
+#[test]
+fn pool_memory_a_graph_left_allocated_is_not_reused_by_the_next_graph() {
+    let w = World::new("1x4GiB");
+    let limit = 512 * MIB;
+    let s = w.slice("gkeep", &[(0, limit)]);
+    for way in WAYS {
+        let d = run(w.probe(&s, &["--via", way, "alloc", "--family", "graphkeep", "--size", "384MiB", "--after", "graph"]));
+        assert_eq!(d.code, 0, "{way}: {}", d.stderr);
+        let after = d.event("after");
+        assert_eq!(after["ok"], false, "{way}: the first graph's 384MiB is still allocated, so a second would pass the limit: {after}");
+        assert_eq!(after["code"], egpu_cuda::CUDA_ERROR_OUT_OF_MEMORY, "{way}: {after}");
+        // The same size as plain memory is refused too: the pool holds it.
+        let d = run(w.probe(&s, &["--via", way, "alloc", "--family", "graphkeep", "--size", "384MiB", "--after", "mem"]));
+        assert_eq!(d.event("after")["ok"], false, "{way}: {:?}", d.lines);
+        assert_eq!(s.usage.sweep(None).len(), 1, "{way}");
+    }
+}
+
 /// A `cuMemPoolDestroy` the driver refuses (a device's default pool) changes
 /// nothing: the pool and its allocations stay charged as before, and what
 /// follows (frees, a new allocation from the pool) is charged as in a run

@@ -11,8 +11,11 @@
 //! the pool still holds (`GraphAcct`; the driver's reserved size, asked at
 //! every destroy and trim), so an instantiation charges only what the pool
 //! does not already cover, and destroying a graph frees only what the pool
-//! gave back. Live graphs that could share physical memory are charged
-//! each in full (an over-charge).
+//! gave back. Pool memory still allocated (an allocation a graph did not
+//! free outlives the graph) is not counted as reusable: an instantiation
+//! is charged past the live executables' need plus what the pool has in
+//! use (`CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT`). Live graphs that could share
+//! physical memory are charged each in full (an over-charge).
 //!
 //! The nodes are found by walking the graph (`cuGraphGetNodes`, child graphs
 //! included), which covers nodes made by stream capture as well as by
@@ -26,7 +29,7 @@ use crate::devmap;
 use crate::ledger::{Charge, LEDGER};
 use crate::state::{charge, uncharge};
 use egpu_cuda::{
-    CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, CU_GRAPH_NODE_TYPE_GRAPH, CU_GRAPH_NODE_TYPE_MEM_ALLOC, CU_MEM_LOCATION_TYPE_DEVICE, CUDA_MEM_ALLOC_NODE_PARAMS, CUdevice, CUgraph, CUgraphExec,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, CU_GRAPH_NODE_TYPE_GRAPH, CU_GRAPH_NODE_TYPE_MEM_ALLOC, CU_MEM_LOCATION_TYPE_DEVICE, CUDA_MEM_ALLOC_NODE_PARAMS, CUdevice, CUgraph, CUgraphExec,
     CUgraphNode, CUresult,
 };
 use std::ffi::{c_char, c_void};
@@ -132,7 +135,8 @@ fn instantiate(exec: *mut CUgraphExec, graph: CUgraph, real: impl FnOnce() -> u3
     // concurrent instantiations each charge their own part.
     let mut done: Vec<(Charge, u64)> = Vec::new();
     for need in per_device(&charges) {
-        let extra = LEDGER.lock().graph_mem.entry(need.dev).or_default().instantiate(need.bytes);
+        let in_use = pool_attr(need.dev, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT).unwrap_or(0);
+        let extra = LEDGER.lock().graph_mem.entry(need.dev).or_default().instantiate(need.bytes, in_use);
         if extra > 0
             && let Err(e) = charge(need.dev, extra)
         {
@@ -156,20 +160,22 @@ fn instantiate(exec: *mut CUgraphExec, graph: CUgraph, real: impl FnOnce() -> u3
     Outcome::Success
 }
 
-/// What the device's graph memory pool holds now, from the driver
-/// (`None` if it cannot say, or the device is not known).
-fn pool_reserved(dev: usize) -> Option<u64> {
+/// A size of the device's graph memory pool now, from the driver: what it
+/// holds (`CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT`) or what of it is
+/// allocated (`CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT`); `None` if it cannot
+/// say, or the device is not known.
+fn pool_attr(dev: usize, attr: std::ffi::c_uint) -> Option<u64> {
     let ordinal = devmap::ordinal_of(dev)?;
     let f = drv::cuDeviceGetGraphMemAttribute.get()?;
     let mut v: u64 = 0;
-    // SAFETY: the attribute is a 64-bit value written into `v`.
-    (unsafe { f(ordinal, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, (&mut v as *mut u64).cast()) } == 0).then_some(v)
+    // SAFETY: both attributes are 64-bit values written into `v`.
+    (unsafe { f(ordinal, attr, (&mut v as *mut u64).cast()) } == 0).then_some(v)
 }
 
 /// Settles the graph memory charge of `dev` after `need` bytes of live
 /// executables went (0 for a trim).
 fn settle(dev: usize, need: u64) {
-    let reserved = pool_reserved(dev);
+    let reserved = pool_attr(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT);
     let freed = LEDGER.lock().graph_mem.entry(dev).or_default().settle(need, reserved);
     uncharge(dev, freed);
 }

@@ -26,6 +26,10 @@ pub enum Family {
     Graph,
     /// A graph instantiated through the CUDA 10 `cuGraphInstantiate` export.
     Graph10,
+    /// A graph with an allocation node and no free node: its allocation
+    /// outlives the graph (freeing destroys the graph and its executable;
+    /// the allocation lives until the process ends).
+    GraphKeep,
     Ctx,
     /// Host memory (`cuMemAllocHost`): never charged.
     Host,
@@ -50,10 +54,11 @@ impl std::str::FromStr for Family {
             "multicast" => Family::Multicast,
             "graph" => Family::Graph,
             "graph10" => Family::Graph10,
+            "graphkeep" => Family::GraphKeep,
             "ctx" => Family::Ctx,
             "host" => Family::Host,
             "hostvmm" => Family::HostVmm,
-            _ => return Err(format!("unknown family '{s}': mem pitch managed array mipmap async pool managedpool defaultpool vmm multicast graph graph10 ctx host hostvmm")),
+            _ => return Err(format!("unknown family '{s}': mem pitch managed array mipmap async pool managedpool defaultpool vmm multicast graph graph10 graphkeep ctx host hostvmm")),
         })
     }
 }
@@ -74,6 +79,7 @@ impl Family {
             Family::Multicast => "multicast",
             Family::Graph => "graph",
             Family::Graph10 => "graph10",
+            Family::GraphKeep => "graphkeep",
             Family::Ctx => "ctx",
             Family::Host => "host",
             Family::HostVmm => "hostvmm",
@@ -247,7 +253,7 @@ pub fn alloc(cu: &Cuda, st: &mut Ctx, f: Family, size: usize) -> Result<Held, Ca
             let _ = call!(a, cuMulticastAddDevice(h, cu.dev));
             Held::Physical(h)
         }
-        Family::Graph | Family::Graph10 => {
+        Family::Graph | Family::Graph10 | Family::GraphKeep => {
             let mut g: CUgraph = std::ptr::null_mut();
             call!(a, cuGraphCreate(&mut g, 0))?;
             let mut params = CUDA_MEM_ALLOC_NODE_PARAMS { poolProps: pool_props(cu.dev), accessDescs: std::ptr::null(), accessDescCount: 0, bytesize: size, dptr: 0 };
@@ -255,7 +261,7 @@ pub fn alloc(cu: &Cuda, st: &mut Ctx, f: Family, size: usize) -> Result<Held, Ca
             let mut free_node: CUgraphNode = std::ptr::null_mut();
             let mut exec: CUgraphExec = std::ptr::null_mut();
             let r = call!(a, cuGraphAddMemAllocNode(&mut node, g, std::ptr::null(), 0, &mut params))
-                .and_then(|_| call!(a, cuGraphAddMemFreeNode(&mut free_node, g, &node, 1, params.dptr)))
+                .and_then(|_| if f == Family::GraphKeep { Ok(()) } else { call!(a, cuGraphAddMemFreeNode(&mut free_node, g, &node, 1, params.dptr)) })
                 .and_then(|_| match f {
                     Family::Graph10 => call!(a, cuGraphInstantiate(&mut exec, g, std::ptr::null_mut(), std::ptr::null_mut(), 0)),
                     _ => call!(a, cuGraphInstantiateWithFlags(&mut exec, g, 0)),
