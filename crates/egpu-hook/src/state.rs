@@ -320,9 +320,23 @@ pub fn charge(dev: usize, bytes: u64) -> Result<(), CUresult> {
 }
 
 /// Returns `bytes` on `dev` to the slice.
+/// Bytes this process has uncharged per slice device, ever: a measurement
+/// of device memory across a window adds back what this process gave back
+/// in it (`cuda::ctx`), so a free on another thread cannot make the
+/// measured thing look smaller.
+static UNCHARGED: [std::sync::atomic::AtomicU64; egpu_abi::MAX_DEVICES] = [const { std::sync::atomic::AtomicU64::new(0) }; egpu_abi::MAX_DEVICES];
+
+/// [`UNCHARGED`] of `dev` now.
+pub fn uncharged_so_far(dev: usize) -> u64 {
+    UNCHARGED.get(dev).map_or(0, |u| u.load(Ordering::Acquire))
+}
+
 pub fn uncharge(dev: usize, bytes: u64) {
     if bytes == 0 {
         return;
+    }
+    if let Some(u) = UNCHARGED.get(dev) {
+        u.fetch_add(bytes, Ordering::AcqRel);
     }
     if let Ok(s) = slice() {
         let i = SLOT.load(Ordering::Acquire);

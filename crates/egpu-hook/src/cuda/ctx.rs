@@ -22,7 +22,12 @@
 //!   memory are device-level objects the driver keeps: they stay charged.
 //! - With the device-wide fallback, concurrent allocations by other processes
 //!   on the device during the measurement are attributed to the context (an
-//!   over-charge, never an escape).
+//!   over-charge). Frees during the measurement would make the context look
+//!   cheaper: what this process gave back meanwhile (another thread's frees)
+//!   is added back, and a context is never charged less than the largest
+//!   cost this process measured on the device before. A free by another
+//!   slice during a process's *first* measurement is the one thing that can
+//!   still lower a charge; the memory audit sees the difference.
 
 use super::drv::real as drv;
 use super::hooked;
@@ -111,6 +116,22 @@ fn used_after(src: Source, ordinal: CUdevice, ctx: CUcontext) -> Option<u64> {
     }
 }
 
+/// What a new context is charged, from memory in use (before, after) its
+/// creation: this process's own (`own`, NVML's per-process figure) if that
+/// moved, else the device's (`device_wide`), each with what this process
+/// gave back meanwhile (`given_back`, frees on other threads) added back.
+/// Never less than `floor`, the largest cost this process measured on the
+/// device before: a free elsewhere (another slice's, which no counter here
+/// sees) cannot take a context's charge to nothing, and the approximation
+/// over-charges. With no measurement, `floor`.
+fn context_cost(own: Option<(u64, u64)>, device_wide: impl FnOnce() -> Option<(u64, u64)>, given_back: u64, floor: u64) -> u64 {
+    let delta = |(before, after): (u64, u64)| after.saturating_add(given_back).saturating_sub(before);
+    // Own usage that did not move is no measurement (NVML lists the
+    // process under another pid namespace's pid, or not at all).
+    let measured = own.filter(|(b, a)| a != b).map(delta).or_else(|| device_wide().map(delta));
+    measured.map_or(floor, |m| m.max(floor))
+}
+
 /// Charges a context created by `make` on `ordinal`; `undo` destroys it if it does not fit.
 fn charged_create(ordinal: CUdevice, make: impl FnOnce() -> (u32, CUcontext), undo: impl FnOnce(CUcontext)) -> Result<(CUcontext, Charge), u32> {
     let dev = devmap::slice_dev(ordinal)?;
@@ -119,22 +140,17 @@ fn charged_create(ordinal: CUdevice, make: impl FnOnce() -> (u32, CUcontext), un
     let uuid = devmap::uuid_of(ordinal).ok();
     let own_before = uuid.as_deref().and_then(crate::nvml::real_own_used);
     let before = source_before(ordinal);
+    let given_back = crate::state::uncharged_so_far(dev);
     let (r, ctx) = make();
     if r != 0 {
         uncharge(dev, est);
         return Err(r);
     }
-    let own = own_before
-        .and_then(|b| uuid.as_deref().and_then(crate::nvml::real_own_used).map(|a| a.saturating_sub(b)))
-        .filter(|&d| d > 0);
-    let device_wide = || before.and_then(|(src, b)| used_after(src, ordinal, ctx).map(|a| a.saturating_sub(b)));
-    let cost = match own.or_else(device_wide) {
-        Some(c) => {
-            COST[dev].store(c, Ordering::Relaxed);
-            c
-        }
-        None => est,
-    };
+    let given_back = crate::state::uncharged_so_far(dev).saturating_sub(given_back);
+    let own = own_before.zip(uuid.as_deref().and_then(crate::nvml::real_own_used));
+    let device_wide = || before.and_then(|(src, b)| used_after(src, ordinal, ctx).map(|a| (b, a)));
+    let cost = context_cost(own, device_wide, given_back, est);
+    COST[dev].fetch_max(cost, Ordering::Relaxed);
     crate::util::debug!("context on device {ordinal} costs {cost} bytes (pre-charged {est})");
     if cost > est {
         if charge(dev, cost - est).is_err() {
@@ -422,4 +438,31 @@ pub(crate) fn in_stream_ctx<R>(stream: CUstream, f: impl FnOnce() -> R) -> Resul
     // SAFETY: pops the context pushed above.
     let _ = unsafe { pop(&mut popped) };
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::context_cost;
+
+    #[test]
+    fn a_free_during_the_measurement_does_not_cheapen_a_context() {
+        const MIB: u64 = 1 << 20;
+        // Own usage moved by 32 MiB: that is the cost.
+        assert_eq!(context_cost(Some((100 * MIB, 132 * MIB)), || None, 0, 0), 32 * MIB);
+        // Another thread freed 900 MiB in the window: the process's usage
+        // fell, but the context still costs 32 MiB.
+        assert_eq!(context_cost(Some((1000 * MIB, 132 * MIB)), || None, 900 * MIB, 0), 32 * MIB);
+        // The same through the device-wide figure (own usage unknown).
+        assert_eq!(context_cost(None, || Some((1000 * MIB, 132 * MIB)), 900 * MIB, 0), 32 * MIB);
+        // A free no counter here sees (another slice's) lowers the device
+        // figure: never below what this process measured before.
+        assert_eq!(context_cost(None, || Some((1000 * MIB, 900 * MIB)), 0, 32 * MIB), 32 * MIB);
+        // Own usage that did not move (another pid namespace) is no
+        // measurement: the device figure decides.
+        assert_eq!(context_cost(Some((5, 5)), || Some((0, 40 * MIB)), 0, 32 * MIB), 40 * MIB);
+        // ... even when this process gave memory back meanwhile.
+        assert_eq!(context_cost(Some((5, 5)), || Some((900 * MIB, 40 * MIB)), 900 * MIB, 0), 40 * MIB);
+        // Nothing measured: the floor.
+        assert_eq!(context_cost(None, || None, 0, 32 * MIB), 32 * MIB);
+    }
 }
