@@ -49,6 +49,37 @@ pub struct PoolAcct {
     pub charged: u64,
     /// Part of `charged` pre-charged by allocations still in flight.
     pub inflight: u64,
+    /// Bumped when an allocation from the pool starts and when it ends: a
+    /// settle that read the pool's reserved size under an older epoch may
+    /// have read it before an allocation grew the pool, so it must not
+    /// take the charge down ([`PoolAcct::settle_to`]).
+    pub epoch: u64,
+}
+
+impl PoolAcct {
+    pub fn new(dev: usize) -> PoolAcct {
+        PoolAcct { dev, charged: 0, inflight: 0, epoch: 0 }
+    }
+
+    /// Settles toward the pool's `reserved` size read under `seen_epoch`
+    /// (plus allocations in flight): returns (bytes to charge, bytes to
+    /// uncharge). Growth only when `grow` (an allocation path; the caller
+    /// charges it and adds it to `charged`). A reading older than the
+    /// last allocation's start or end never takes the charge down: it may
+    /// predate that allocation's growth, already charged; the next settle
+    /// reads again.
+    pub fn settle_to(&mut self, reserved: u64, grow: bool, seen_epoch: u64) -> (u64, u64) {
+        let target = reserved.saturating_add(self.inflight);
+        if target > self.charged {
+            return (if grow { target - self.charged } else { 0 }, 0);
+        }
+        if seen_epoch != self.epoch {
+            return (0, 0);
+        }
+        let down = self.charged - target;
+        self.charged = target;
+        (0, down)
+    }
 }
 
 /// A primary context as this process retained it.
@@ -257,6 +288,30 @@ mod tests {
         // The pool reporting more than was charged never raises the charge.
         assert_eq!(a.settle(0, Some(1 << 40)), 0);
         assert_eq!(a.charged, 50);
+    }
+
+    #[test]
+    fn a_pool_reading_older_than_an_allocation_never_takes_its_charge_down() {
+        use super::PoolAcct;
+        let mut a = PoolAcct::new(0);
+        // A settle reads the pool's size (0) at epoch 0; meanwhile an
+        // allocation starts, grows the pool to 256 and settles it.
+        let seen = a.epoch;
+        a.epoch += 1;
+        a.inflight += 256;
+        a.charged += 256;
+        a.inflight -= 256;
+        a.epoch += 1;
+        assert_eq!(a.settle_to(256, true, a.epoch), (0, 0));
+        // The stale reading would uncharge the allocation's growth: refused.
+        assert_eq!(a.settle_to(0, false, seen), (0, 0));
+        assert_eq!(a.charged, 256);
+        // A fresh reading after a free settles down.
+        assert_eq!(a.settle_to(0, false, a.epoch), (0, 256));
+        assert_eq!(a.charged, 0);
+        // Growth is charged only on an allocation path, whatever the epoch.
+        assert_eq!(a.settle_to(100, false, 0), (0, 0));
+        assert_eq!(a.settle_to(100, true, 0), (100, 0));
     }
 
     #[test]

@@ -9,7 +9,11 @@
 //!   `CUDA_ERROR_OUT_OF_MEMORY` returned.
 //! - Frees, trims, synchronisations and pool destruction settle the charge
 //!   down to the reserved size (a pool returns memory at synchronisation,
-//!   depending on its release threshold). Refused allocations first settle
+//!   depending on its release threshold). The size is read outside the
+//!   ledger's lock, so a settle on one thread may read it before another
+//!   thread's allocation grew the pool: a reading taken before an
+//!   allocation started or ended never takes the charge down (the pool's
+//!   epoch), and the next settle reads again. Refused allocations first settle
 //!   every pool, so memory a pool already gave back is not held against the
 //!   slice.
 //! - Pools located on the host are never charged, unless they are managed
@@ -41,31 +45,28 @@ fn attr(pool: usize, which: u32) -> Option<u64> {
 /// flight). Growth is charged only when `grow` (an allocation path); it fails
 /// with out-of-memory if it does not fit.
 fn reconcile(pool: usize, grow: bool) -> Result<(), CUresult> {
+    let epoch = epoch(pool);
     match attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) {
-        Some(reserved) => reconcile_to(pool, reserved, grow),
+        Some(reserved) => reconcile_to(pool, reserved, grow, epoch),
         None => Ok(()),
     }
 }
 
-/// [`reconcile`] with the pool's reserved size already read.
-fn reconcile_to(pool: usize, reserved: u64, grow: bool) -> Result<(), CUresult> {
+/// The pool's allocation epoch ([`PoolAcct::epoch`]), read before its size.
+fn epoch(pool: usize) -> u64 {
+    LEDGER.lock().pools.get(&pool).map_or(0, |a| a.epoch)
+}
+
+/// [`reconcile`] with the pool's reserved size already read, under `epoch`.
+fn reconcile_to(pool: usize, reserved: u64, grow: bool, epoch: u64) -> Result<(), CUresult> {
     let (dev, delta_up, delta_down) = {
         let mut l = LEDGER.lock();
         let Some(a) = l.pools.get_mut(&pool) else { return Ok(()) };
         if a.dev == HOST {
             return Ok(());
         }
-        let target = reserved.saturating_add(a.inflight);
-        if target > a.charged {
-            if !grow {
-                return Ok(());
-            }
-            (a.dev, target - a.charged, 0)
-        } else {
-            let d = a.charged - target;
-            a.charged = target;
-            (a.dev, 0, d)
-        }
+        let (up, down) = a.settle_to(reserved, grow, epoch);
+        (a.dev, up, down)
     };
     uncharge(dev, delta_down);
     if delta_up > 0 {
@@ -87,8 +88,9 @@ pub fn settle(pool: usize) {
 /// through the pool's reserved size, or, for a pool whose reserved size the
 /// driver does not report (charged by allocation), given back as such.
 pub fn freed(pool: usize, dev: usize, bytes: u64) {
+    let epoch = epoch(pool);
     if let Some(reserved) = attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) {
-        let _ = reconcile_to(pool, reserved, false);
+        let _ = reconcile_to(pool, reserved, false, epoch);
         return;
     }
     let known = LEDGER.lock().pools.get_mut(&pool).map(|a| a.charged = a.charged.saturating_sub(bytes)).is_some();
@@ -116,7 +118,7 @@ fn alloc_in_pool(dptr: *mut CUdeviceptr, size: usize, pool: usize, dev: usize, s
     let est = (size as u64).saturating_sub(reserved.saturating_sub(used));
     {
         let mut l = LEDGER.lock();
-        l.pools.entry(pool).or_insert(PoolAcct { dev, charged: 0, inflight: 0 });
+        l.pools.entry(pool).or_insert(PoolAcct::new(dev));
     }
     ANY_POOLS.store(true, Ordering::Release);
     // The first time we see a pool (a default pool used before any hook saw
@@ -130,10 +132,12 @@ fn alloc_in_pool(dptr: *mut CUdeviceptr, size: usize, pool: usize, dev: usize, s
     if let Some(a) = LEDGER.lock().pools.get_mut(&pool) {
         a.charged += est;
         a.inflight += est;
+        a.epoch += 1;
     }
     let r = alloc();
     if let Some(a) = LEDGER.lock().pools.get_mut(&pool) {
         a.inflight -= est.min(a.inflight);
+        a.epoch += 1;
     }
     if r != 0 {
         freed(pool, dev, est);
@@ -282,7 +286,7 @@ pub(crate) fn create(real: sig::cuMemPoolCreate, pool: *mut CUmemoryPool, props:
     }
     // SAFETY: on success the driver wrote the pool handle.
     let p = unsafe { *pool } as usize;
-    LEDGER.lock().pools.insert(p, PoolAcct { dev, charged: 0, inflight: 0 });
+    LEDGER.lock().pools.insert(p, PoolAcct::new(dev));
     ANY_POOLS.store(true, Ordering::Release);
     Outcome::Success
 }
