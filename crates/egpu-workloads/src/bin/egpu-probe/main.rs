@@ -71,6 +71,10 @@ enum Cmd {
     /// Threads make the process's first cuDevicePrimaryCtxRetain at once,
     /// --rounds times; the slice's usage (NVML) before, held and released.
     RetainRace(race::RaceArgs),
+    /// Threads settle the pools (cuMemGetInfo) while the main thread
+    /// allocates from the stream-ordered allocator, --rounds times: how many
+    /// allocations the slice's view missed.
+    SettleRace(race::SettleArgs),
     /// Export a VMM allocation, import it back, map the import and release
     /// the original: memory the hook cannot follow (for egpud's memory audit).
     VmmReimport(reimport::ReimportArgs),
@@ -100,6 +104,7 @@ fn main() {
         Cmd::Bench(a) => bench::run(api, &cli.g, a),
         Cmd::Reserve(a) => reserve::run(api, &cli.g, a),
         Cmd::RetainRace(a) => race::run(api, &cli.g, a),
+        Cmd::SettleRace(a) => race::settle(api, &cli.g, a),
         Cmd::VmmReimport(a) => reimport::run(api, &cli.g, a),
     };
     std::process::exit(code);
