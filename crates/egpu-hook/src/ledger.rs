@@ -135,16 +135,21 @@ pub struct GraphAcct {
 
 impl GraphAcct {
     /// An instantiation needing `need`, with `in_use` bytes of the pool
-    /// allocated now (the driver's `CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT`; 0
-    /// where it cannot say): the part the pool's free memory does not
-    /// already cover, which the caller must charge. What is in use cannot
-    /// be reused: an allocation a graph did not free outlives it, and a
-    /// destroyed graph's pool memory still holding one is not free. The
-    /// live executables are charged in full beside it, an over-charge
-    /// where their own allocations are part of `in_use`.
+    /// associated with graphs now (the driver's
+    /// `CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT`; 0 where it cannot say): the
+    /// part the pool's free memory does not already cover, which the caller
+    /// must charge. Memory in use beyond what the live executables are
+    /// charged (`live` before this one) is not theirs: an allocation a
+    /// graph did not free outlives it, and the pool memory holding it is
+    /// not free for the next graph. What live executables hold themselves
+    /// (a launched graph keeps its memory mapped) is not counted twice.
+    /// The driver does not say whose memory is whose, so where executables
+    /// never launched coexist with such an allocation it is under-counted
+    /// by up to their size.
     pub fn instantiate(&mut self, need: u64, in_use: u64) -> u64 {
+        let outliving = in_use.saturating_sub(self.live);
         self.live = self.live.saturating_add(need);
-        let extra = self.live.saturating_add(in_use).saturating_sub(self.charged);
+        let extra = self.live.saturating_add(outliving).saturating_sub(self.charged);
         self.charged += extra;
         extra
     }
@@ -330,6 +335,12 @@ mod tests {
         // graph reuses what is charged.
         assert_eq!(a.settle(600, Some(1200)), 0);
         assert_eq!(a.instantiate(600, 0), 0);
+        // A launched graph keeps its own memory mapped (in use): a second
+        // executable beside it is charged its own need, not that twice.
+        let mut a = GraphAcct::default();
+        assert_eq!(a.instantiate(256, 0), 256);
+        assert_eq!(a.instantiate(256, 256), 256);
+        assert_eq!((a.live, a.charged), (512, 512));
     }
 
     #[test]

@@ -319,24 +319,32 @@ pub fn charge(dev: usize, bytes: u64) -> Result<(), CUresult> {
     }
 }
 
-/// Returns `bytes` on `dev` to the slice.
-/// Bytes this process has uncharged per slice device, ever: a measurement
-/// of device memory across a window adds back what this process gave back
-/// in it (`cuda::ctx`), so a free on another thread cannot make the
-/// measured thing look smaller.
-static UNCHARGED: [std::sync::atomic::AtomicU64; egpu_abi::MAX_DEVICES] = [const { std::sync::atomic::AtomicU64::new(0) }; egpu_abi::MAX_DEVICES];
+/// Bytes of device memory this process freed per slice device, ever (what
+/// [`uncharge_freed`] gave back): a measurement of device memory across a
+/// window adds back what this process freed in it (`cuda::ctx`), so a free
+/// on another thread cannot make the measured thing look smaller. Refunds
+/// of charges for memory the driver never handed out (a failed
+/// allocation, a pre-charge settled down) are not frees and not counted.
+static FREED: [std::sync::atomic::AtomicU64; egpu_abi::MAX_DEVICES] = [const { std::sync::atomic::AtomicU64::new(0) }; egpu_abi::MAX_DEVICES];
 
-/// [`UNCHARGED`] of `dev` now.
-pub fn uncharged_so_far(dev: usize) -> u64 {
-    UNCHARGED.get(dev).map_or(0, |u| u.load(Ordering::Acquire))
+/// `FREED` of `dev` now: bytes this process freed there, ever.
+pub fn freed_so_far(dev: usize) -> u64 {
+    FREED.get(dev).map_or(0, |u| u.load(Ordering::Acquire))
 }
 
+/// [`uncharge`] for memory the driver just freed (a free, a release, a
+/// destroyed context or array, a pool or graph pool that shrank).
+pub fn uncharge_freed(dev: usize, bytes: u64) {
+    if let Some(u) = FREED.get(dev) {
+        u.fetch_add(bytes, Ordering::AcqRel);
+    }
+    uncharge(dev, bytes);
+}
+
+/// Returns `bytes` on `dev` to the slice.
 pub fn uncharge(dev: usize, bytes: u64) {
     if bytes == 0 {
         return;
-    }
-    if let Some(u) = UNCHARGED.get(dev) {
-        u.fetch_add(bytes, Ordering::AcqRel);
     }
     if let Ok(s) = slice() {
         let i = SLOT.load(Ordering::Acquire);

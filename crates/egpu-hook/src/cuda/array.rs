@@ -117,7 +117,7 @@ fn destroyed(h: usize, destroy: impl FnOnce() -> u32) -> Outcome {
     let entry = LEDGER.lock().arrays.remove(&h);
     let r = destroy();
     match entry {
-        Some(c) if r == 0 => uncharge(c.charge.dev, c.charge.bytes),
+        Some(c) if r == 0 => crate::state::uncharge_freed(c.charge.dev, c.charge.bytes),
         Some(c) => {
             LEDGER.lock().arrays.insert(h, c);
         }

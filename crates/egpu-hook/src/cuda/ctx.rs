@@ -9,8 +9,8 @@
 //!   new context after it), otherwise with NVML's device memory info. Without
 //!   any of these, the last cost measured for that device in this process is
 //!   used.
-//! - Charge first: the last measured cost is pre-charged before the real
-//!   call, then settled to the measured cost. If the context does not fit,
+//! - Charge first: the last cost is pre-charged before the real call, then
+//!   settled to the measured cost (not below the floor above). If the context does not fit,
 //!   it is destroyed again and `CUDA_ERROR_OUT_OF_MEMORY` returned.
 //! - `cuCtxDestroy` uncharges; a primary context is charged on this
 //!   process's first retain and uncharged on its last release or on reset.
@@ -22,12 +22,13 @@
 //!   memory are device-level objects the driver keeps: they stay charged.
 //! - With the device-wide fallback, concurrent allocations by other processes
 //!   on the device during the measurement are attributed to the context (an
-//!   over-charge). Frees during the measurement would make the context look
-//!   cheaper: what this process gave back meanwhile (another thread's frees)
-//!   is added back, and a context is never charged less than the largest
-//!   cost this process measured on the device before. A free by another
-//!   slice during a process's *first* measurement is the one thing that can
-//!   still lower a charge; the memory audit sees the difference.
+//!   over-charge of that context). Frees during the measurement would make
+//!   the context look cheaper: what this process freed meanwhile (another
+//!   thread's frees) is added back, and a context is never charged less
+//!   than the smallest cost above 0 this process measured on the device
+//!   before. A free by another slice during a process's *first*
+//!   measurement is the one thing that can still lower a charge; the
+//!   memory audit sees the difference.
 
 use super::drv::real as drv;
 use super::hooked;
@@ -41,8 +42,12 @@ use egpu_cuda::{CUDA_ERROR_OUT_OF_MEMORY, CUcontext, CUctxCreateParams, CUdevice
 use std::ffi::{c_int, c_uint};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Last measured context cost per slice device (this process).
+/// Last measured context cost per slice device (this process): the next
+/// creation's pre-charge.
 static COST: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
+/// Smallest cost above 0 measured per slice device (this process; 0: none
+/// yet): no later context there is charged less ([`context_cost`]).
+static FLOOR: [AtomicU64; MAX_DEVICES] = [const { AtomicU64::new(0) }; MAX_DEVICES];
 /// Generations of primary-context entries (see [`Primary::generation`]).
 static GEN: AtomicU64 = AtomicU64::new(1);
 
@@ -53,7 +58,7 @@ fn new_generation() -> u64 {
 /// Uncharges what a destroyed context's allocations charged.
 fn uncharge_all(t: &CtxAllocs) {
     for c in t.charges() {
-        uncharge(c.dev, c.bytes);
+        crate::state::uncharge_freed(c.dev, c.bytes);
     }
 }
 
@@ -116,20 +121,25 @@ fn used_after(src: Source, ordinal: CUdevice, ctx: CUcontext) -> Option<u64> {
     }
 }
 
-/// What a new context is charged, from memory in use (before, after) its
-/// creation: this process's own (`own`, NVML's per-process figure) if that
-/// moved, else the device's (`device_wide`), each with what this process
-/// gave back meanwhile (`given_back`, frees on other threads) added back.
-/// Never less than `floor`, the largest cost this process measured on the
-/// device before: a free elsewhere (another slice's, which no counter here
-/// sees) cannot take a context's charge to nothing, and the approximation
-/// over-charges. With no measurement, `floor`.
-fn context_cost(own: Option<(u64, u64)>, device_wide: impl FnOnce() -> Option<(u64, u64)>, given_back: u64, floor: u64) -> u64 {
-    let delta = |(before, after): (u64, u64)| after.saturating_add(given_back).saturating_sub(before);
+/// What a new context is charged, and what was measured (0: nothing),
+/// from memory in use (before, after) its creation: this process's own
+/// (`own`, NVML's per-process figure) if that moved, else the device's
+/// (`device_wide`), each with what this process freed meanwhile
+/// (`freed`, on other threads) added back. Never less than `floor`, the
+/// smallest cost above 0 this process measured on the device before: a
+/// free elsewhere (another slice's, which no counter here sees) cannot
+/// take a context's charge to nothing. The smallest, not the largest, so
+/// one inflated measurement (another tenant allocating meanwhile)
+/// over-charges only its own context. With no measurement, `est` (the
+/// last cost).
+fn context_cost(own: Option<(u64, u64)>, device_wide: impl FnOnce() -> Option<(u64, u64)>, freed: u64, floor: u64, est: u64) -> (u64, u64) {
+    let delta = |(before, after): (u64, u64)| after.saturating_add(freed).saturating_sub(before);
     // Own usage that did not move is no measurement (NVML lists the
     // process under another pid namespace's pid, or not at all).
-    let measured = own.filter(|(b, a)| a != b).map(delta).or_else(|| device_wide().map(delta));
-    measured.map_or(floor, |m| m.max(floor))
+    match own.filter(|(b, a)| a != b).map(delta).or_else(|| device_wide().map(delta)) {
+        Some(m) => (m.max(floor), m),
+        None => (est.max(floor), 0),
+    }
 }
 
 /// Charges a context created by `make` on `ordinal`; `undo` destroys it if it does not fit.
@@ -140,17 +150,20 @@ fn charged_create(ordinal: CUdevice, make: impl FnOnce() -> (u32, CUcontext), un
     let uuid = devmap::uuid_of(ordinal).ok();
     let own_before = uuid.as_deref().and_then(crate::nvml::real_own_used);
     let before = source_before(ordinal);
-    let given_back = crate::state::uncharged_so_far(dev);
+    let given_back = crate::state::freed_so_far(dev);
     let (r, ctx) = make();
     if r != 0 {
         uncharge(dev, est);
         return Err(r);
     }
-    let given_back = crate::state::uncharged_so_far(dev).saturating_sub(given_back);
+    let given_back = crate::state::freed_so_far(dev).saturating_sub(given_back);
     let own = own_before.zip(uuid.as_deref().and_then(crate::nvml::real_own_used));
     let device_wide = || before.and_then(|(src, b)| used_after(src, ordinal, ctx).map(|a| (b, a)));
-    let cost = context_cost(own, device_wide, given_back, est);
-    COST[dev].fetch_max(cost, Ordering::Relaxed);
+    let (cost, measured) = context_cost(own, device_wide, given_back, FLOOR[dev].load(Ordering::Relaxed), est);
+    COST[dev].store(cost, Ordering::Relaxed);
+    if measured > 0 {
+        let _ = FLOOR[dev].fetch_update(Ordering::Relaxed, Ordering::Relaxed, |f| (f == 0 || measured < f).then_some(measured));
+    }
     crate::util::debug!("context on device {ordinal} costs {cost} bytes (pre-charged {est})");
     if cost > est {
         if charge(dev, cost - est).is_err() {
@@ -225,7 +238,7 @@ pub(crate) fn destroy(real: sig::cuCtxDestroy_v2, ctx: CUcontext) -> Outcome {
     let r = unsafe { real(ctx) };
     if r == 0 {
         if let Some(c) = entry {
-            uncharge(c.dev, c.bytes);
+            crate::state::uncharge_freed(c.dev, c.bytes);
         }
         freed_with(h, &owned);
     } else {
@@ -295,7 +308,7 @@ pub(crate) fn primary_retain(real: sig::cuDevicePrimaryCtxRetain, pctx: *mut CUc
                     let old = l.primary.insert(dev, Primary { refs: 1, charge: c, handle: ctx as usize, generation: new_generation() });
                     drop(l);
                     if let Some(o) = old.filter(|o| o.refs == 0) {
-                        uncharge(o.charge.dev, o.charge.bytes);
+                        crate::state::uncharge_freed(o.charge.dev, o.charge.bytes);
                     }
                 }
             }
@@ -354,7 +367,7 @@ pub(crate) fn primary_release(real: sig::cuDevicePrimaryCtxRelease_v2, dev: CUde
     };
     drop(l);
     if let Some(c) = gone {
-        uncharge(c.dev, c.bytes);
+        crate::state::uncharge_freed(c.dev, c.bytes);
     }
     if destroyed {
         freed_with(handle, &owned);
@@ -383,7 +396,7 @@ pub(crate) fn primary_reset(real: sig::cuDevicePrimaryCtxReset_v2, dev: CUdevice
         restore(owned);
     }
     match entry {
-        Some(p) if r == 0 => uncharge(p.charge.dev, p.charge.bytes),
+        Some(p) if r == 0 => crate::state::uncharge_freed(p.charge.dev, p.charge.bytes),
         Some(p) => {
             // Still alive: put it back, merged with what a retain meanwhile
             // recorded (an uncharged reference to the same, still active, context).
@@ -409,7 +422,7 @@ pub(crate) fn primary_reset(real: sig::cuDevicePrimaryCtxReset_v2, dev: CUdevice
                 }
             };
             if let Some(c) = extra {
-                uncharge(c.dev, c.bytes);
+                crate::state::uncharge_freed(c.dev, c.bytes);
             }
         }
         None => {}
@@ -447,22 +460,28 @@ mod tests {
     #[test]
     fn a_free_during_the_measurement_does_not_cheapen_a_context() {
         const MIB: u64 = 1 << 20;
+        let cost = |own, dev: Option<(u64, u64)>, freed, floor, est| context_cost(own, || dev, freed, floor, est).0;
         // Own usage moved by 32 MiB: that is the cost.
-        assert_eq!(context_cost(Some((100 * MIB, 132 * MIB)), || None, 0, 0), 32 * MIB);
+        assert_eq!(context_cost(Some((100 * MIB, 132 * MIB)), || None, 0, 0, 0), (32 * MIB, 32 * MIB));
         // Another thread freed 900 MiB in the window: the process's usage
         // fell, but the context still costs 32 MiB.
-        assert_eq!(context_cost(Some((1000 * MIB, 132 * MIB)), || None, 900 * MIB, 0), 32 * MIB);
+        assert_eq!(cost(Some((1000 * MIB, 132 * MIB)), None, 900 * MIB, 0, 0), 32 * MIB);
         // The same through the device-wide figure (own usage unknown).
-        assert_eq!(context_cost(None, || Some((1000 * MIB, 132 * MIB)), 900 * MIB, 0), 32 * MIB);
+        assert_eq!(cost(None, Some((1000 * MIB, 132 * MIB)), 900 * MIB, 0, 0), 32 * MIB);
         // A free no counter here sees (another slice's) lowers the device
-        // figure: never below what this process measured before.
-        assert_eq!(context_cost(None, || Some((1000 * MIB, 900 * MIB)), 0, 32 * MIB), 32 * MIB);
+        // figure: never below the smallest cost measured before.
+        assert_eq!(context_cost(None, || Some((1000 * MIB, 900 * MIB)), 0, 32 * MIB, 32 * MIB), (32 * MIB, 0));
+        // An inflated measurement (another tenant allocated meanwhile) is
+        // this context's only: the floor stays the smallest, so it does not
+        // carry over (the caller keeps the minimum).
+        assert_eq!(context_cost(None, || Some((0, 5000 * MIB)), 0, 32 * MIB, 32 * MIB), (5000 * MIB, 5000 * MIB));
         // Own usage that did not move (another pid namespace) is no
         // measurement: the device figure decides.
-        assert_eq!(context_cost(Some((5, 5)), || Some((0, 40 * MIB)), 0, 32 * MIB), 40 * MIB);
-        // ... even when this process gave memory back meanwhile.
-        assert_eq!(context_cost(Some((5, 5)), || Some((900 * MIB, 40 * MIB)), 900 * MIB, 0), 40 * MIB);
-        // Nothing measured: the floor.
-        assert_eq!(context_cost(None, || None, 0, 32 * MIB), 32 * MIB);
+        assert_eq!(cost(Some((5, 5)), Some((0, 40 * MIB)), 0, 32 * MIB, 0), 40 * MIB);
+        // ... even when this process freed memory meanwhile.
+        assert_eq!(cost(Some((5, 5)), Some((900 * MIB, 40 * MIB)), 900 * MIB, 0, 0), 40 * MIB);
+        // Nothing measured: the last cost, not below the floor.
+        assert_eq!(context_cost(None, || None, 0, 32 * MIB, 48 * MIB), (48 * MIB, 0));
+        assert_eq!(cost(None, None, 0, 32 * MIB, 0), 32 * MIB);
     }
 }

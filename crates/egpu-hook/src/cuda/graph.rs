@@ -11,11 +11,11 @@
 //! the pool still holds (`GraphAcct`; the driver's reserved size, asked at
 //! every destroy and trim), so an instantiation charges only what the pool
 //! does not already cover, and destroying a graph frees only what the pool
-//! gave back. Pool memory still allocated (an allocation a graph did not
-//! free outlives the graph) is not counted as reusable: an instantiation
-//! is charged past the live executables' need plus what the pool has in
-//! use (`CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT`). Live graphs that could share
-//! physical memory are charged each in full (an over-charge).
+//! gave back. Pool memory in use (`CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT`)
+//! beyond what the live executables are charged is not counted as
+//! reusable: an allocation a graph did not free outlives the graph
+//! ([`crate::ledger::GraphAcct::instantiate`]). Live graphs that could share physical
+//! memory are charged each in full (an over-charge).
 //!
 //! The nodes are found by walking the graph (`cuGraphGetNodes`, child graphs
 //! included), which covers nodes made by stream capture as well as by
@@ -177,7 +177,7 @@ fn pool_attr(dev: usize, attr: std::ffi::c_uint) -> Option<u64> {
 fn settle(dev: usize, need: u64) {
     let reserved = pool_attr(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT);
     let freed = LEDGER.lock().graph_mem.entry(dev).or_default().settle(need, reserved);
-    uncharge(dev, freed);
+    crate::state::uncharge_freed(dev, freed);
 }
 
 /// `cuGraphInstantiateWithFlags`.

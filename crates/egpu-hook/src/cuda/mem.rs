@@ -133,7 +133,7 @@ pub(crate) fn free(real: sig::cuMemFree_v2, dptr: CUdeviceptr) -> Outcome {
         if e.pool != 0 {
             super::pool::freed(e.pool, e.charge.dev, e.charge.bytes);
         } else {
-            uncharge(e.charge.dev, e.charge.bytes);
+            crate::state::uncharge_freed(e.charge.dev, e.charge.bytes);
         }
     }
     Outcome::Success

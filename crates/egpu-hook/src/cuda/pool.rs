@@ -68,7 +68,7 @@ fn reconcile_to(pool: usize, reserved: u64, grow: bool, epoch: u64) -> Result<()
         let (up, down) = a.settle_to(reserved, grow, epoch);
         (a.dev, up, down)
     };
-    uncharge(dev, delta_down);
+    crate::state::uncharge_freed(dev, delta_down);
     if delta_up > 0 {
         charge(dev, delta_up)?;
         if let Some(a) = LEDGER.lock().pools.get_mut(&pool) {
@@ -95,7 +95,7 @@ pub fn freed(pool: usize, dev: usize, bytes: u64) {
     }
     let known = LEDGER.lock().pools.get_mut(&pool).map(|a| a.charged = a.charged.saturating_sub(bytes)).is_some();
     if known {
-        uncharge(dev, bytes);
+        crate::state::uncharge_freed(dev, bytes);
     }
 }
 
@@ -249,7 +249,7 @@ pub(crate) fn free_async(real: sig::cuMemFreeAsync, dptr: CUdeviceptr, stream: C
         return Outcome::Error(r);
     }
     match e {
-        Some(Ptr { pool: 0, charge, .. }) => uncharge(charge.dev, charge.bytes),
+        Some(Ptr { pool: 0, charge, .. }) => crate::state::uncharge_freed(charge.dev, charge.bytes),
         Some(Ptr { pool, charge, .. }) => freed(pool, charge.dev, charge.bytes),
         None => {}
     }
@@ -336,7 +336,7 @@ pub(crate) fn destroy(real: sig::cuMemPoolDestroy, pool: CUmemoryPool) -> Outcom
         keep
     };
     if a.dev != HOST {
-        uncharge(a.dev, a.charged - keep.min(a.charged));
+        crate::state::uncharge_freed(a.dev, a.charged - keep.min(a.charged));
     }
     Outcome::Success
 }

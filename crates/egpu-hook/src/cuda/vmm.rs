@@ -111,7 +111,7 @@ impl Taken {
     /// The real call succeeded: the last reference uncharges.
     fn commit(self) {
         if let Taken::Last(_, p) = self {
-            uncharge(p.charge.dev, p.charge.bytes);
+            crate::state::uncharge_freed(p.charge.dev, p.charge.bytes);
         }
     }
 
