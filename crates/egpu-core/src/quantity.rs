@@ -110,18 +110,19 @@ impl FromStr for Bytes {
 
 impl fmt::Display for Bytes {
     /// Prints the largest binary unit that holds the value exactly in at
-    /// most two decimals (`8GiB`, `1.5GiB`, `300B`), looking down to MiB
-    /// (`16389MiB`: a limit typed in MiB reads back as typed, and two sizes
-    /// a few MiB apart do not print alike), or else the largest unit
-    /// rounded down to two decimals, always both shown (`16.00GiB` is a
-    /// little over 16GiB, never exactly it).
+    /// most one decimal (`8GiB`, `1.5GiB`, `300B`), looking down to MiB
+    /// (`16389MiB`, `1280MiB`: a limit typed in MiB reads back as typed,
+    /// and two sizes a few MiB apart do not print alike), or else the
+    /// largest unit rounded down to two decimals, always both shown: two
+    /// decimals mean rounded (`16.00GiB` is a little over 16GiB, never
+    /// exactly it).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let v = self.0;
         let units = [("TiB", Self::TIB), ("GiB", Self::GIB), ("MiB", Self::MIB), ("KiB", Self::KIB)];
         let Some(largest) = units.iter().position(|u| v >= u.1) else {
             return write!(f, "{v}B");
         };
-        let exact = |factor: u64| (v as u128 * 100).is_multiple_of(factor as u128);
+        let exact = |factor: u64| (v as u128 * 10).is_multiple_of(factor as u128);
         // The largest unit that is exact, looking down to MiB (KiB only for
         // a value under a MiB); else the largest, rounded.
         let (unit, factor) = units[largest..].iter().take_while(|u| u.1 >= Self::MIB || largest == 3).find(|u| exact(u.1)).copied().unwrap_or(units[largest]);
@@ -131,10 +132,8 @@ impl fmt::Display for Bytes {
             write!(f, "{whole}.{frac:02}{unit}")
         } else if frac == 0 {
             write!(f, "{whole}{unit}")
-        } else if frac % 10 == 0 {
-            write!(f, "{whole}.{}{unit}", frac / 10)
         } else {
-            write!(f, "{whole}.{frac:02}{unit}")
+            write!(f, "{whole}.{}{unit}", frac / 10)
         }
     }
 }
@@ -260,6 +259,9 @@ mod tests {
         assert_eq!(Bytes((3 << 29) + (1 << 19)).to_string(), "1536.5MiB");
         assert_eq!(Bytes(1024 * 1024 + 512).to_string(), "1.00MiB");
         assert_eq!(Bytes((1 << 40) + (1 << 30)).to_string(), "1025GiB");
+        // An exact quarter is printed exactly, not like a rounded value.
+        assert_eq!(Bytes(5 << 28).to_string(), "1280MiB");
+        assert_eq!(Bytes((5 << 28) + 5).to_string(), "1.25GiB");
     }
 
     proptest! {
@@ -278,13 +280,11 @@ mod tests {
         fn display_says_exact_only_when_it_is(v in 0u64..(1 << 44)) {
             let text = Bytes(v).to_string();
             let parsed: Bytes = text.parse().unwrap();
-            // Two different sizes never print alike unless both are
-            // inexact (two decimals shown), and a rounded value says so.
             prop_assert!(parsed.0 <= v && v - parsed.0 < v / 100 + 1, "{text}");
-            if parsed.0 != v {
-                let decimals = text.split('.').nth(1).map(|d| d.bytes().take_while(u8::is_ascii_digit).count());
-                prop_assert_eq!(decimals, Some(2), "{}", text);
-            }
+            // Two decimals shown exactly when the value is rounded: an
+            // exact size never prints like a rounded one.
+            let decimals = text.split('.').nth(1).map_or(0, |d| d.bytes().take_while(u8::is_ascii_digit).count());
+            prop_assert_eq!(decimals == 2, parsed.0 != v, "{}", text);
         }
 
         #[test]

@@ -212,8 +212,12 @@ mod tests {
         // Anything else after it is refused with where it starts.
         let e = decode(&[a.clone(), b"junk".to_vec()].concat(), false).unwrap_err().1;
         assert!(e.contains(&format!("4 bytes after the end of the gzip data (from byte {})", a.len())) && e.contains("zcat"), "{e}");
-        // A truncated file says so, also in a later member.
+        // A truncated file says so, cut in its trailer or in its data, also
+        // in a later member.
         let e = decode(&a[..a.len() - 3], false).unwrap_err().1;
+        assert!(e.contains("ends early: the file is truncated"), "{e}");
+        let long = gz(&(0..20_000u32).map(|i| i.to_string()).collect::<Vec<_>>().join("\n").into_bytes());
+        let e = decode(&long[..long.len() / 2], false).unwrap_err().1;
         assert!(e.contains("ends early: the file is truncated"), "{e}");
         let e = decode(&[a.clone(), b[..b.len() - 5].to_vec()].concat(), false).unwrap_err().1;
         assert!(e.contains("truncated") && e.contains(&format!("member at byte {}", a.len())), "{e}");

@@ -45,11 +45,17 @@ fn attr(pool: usize, which: u32) -> Option<u64> {
 /// flight). Growth is charged only when `grow` (an allocation path); it fails
 /// with out-of-memory if it does not fit.
 fn reconcile(pool: usize, grow: bool) -> Result<(), CUresult> {
-    let epoch = epoch(pool);
-    match attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) {
-        Some(reserved) => reconcile_to(pool, reserved, grow, epoch),
-        None => Ok(()),
+    // A reading taken while another thread's allocation started or ended
+    // cannot settle down; read again a few times, so a settle before a
+    // refusal is not skipped merely because the pool is busy.
+    for _ in 0..4 {
+        let epoch = epoch(pool);
+        let Some(reserved) = attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) else { return Ok(()) };
+        if self::epoch(pool) == epoch || grow {
+            return reconcile_to(pool, reserved, grow, epoch);
+        }
     }
+    Ok(())
 }
 
 /// The pool's allocation epoch ([`PoolAcct::epoch`]), read before its size.

@@ -281,11 +281,13 @@ fn a_pod_that_fills_a_hole_exactly_fits_it_whatever_the_gpu_size() {
 }
 
 proptest::proptest! {
-    /// On any GPU size the score agrees with the filter: a node whose one
-    /// GPU has `free` units scores above 0 exactly when a pod of `want`
-    /// units passes the filter (it fits: `want <= free`).
+    /// On any GPU of up to 1,000 units (a milli-GPU each at most; a finer
+    /// unit makes several units one milli in the model) the score agrees
+    /// with the filter: a node whose one GPU has `free` units scores above
+    /// 0 exactly when a pod of `want` units passes the filter (it fits:
+    /// `want <= free`).
     #[test]
-    fn scored_exactly_where_it_fits(units in 1u32..=200, free_frac in 0.0f64..=1.0, want_frac in 0.0f64..=1.0) {
+    fn scored_exactly_where_it_fits(units in 1u32..=1000, free_frac in 0.0f64..=1.0, want_frac in 0.0f64..=1.0) {
         let free = (f64::from(units) * free_frac).round() as u32;
         let want = ((f64::from(units) * want_frac).round() as u32).max(1);
         let ext = Extender::new(R);
