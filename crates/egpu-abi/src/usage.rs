@@ -130,7 +130,17 @@ pub enum ChargeError {
     OverLimit { used: u64, requested: u64, limit: u64 },
     /// The device index is not part of the slice.
     BadDevice(usize),
+    /// Another live process of the slice held the device's charge lock for
+    /// longer than [`CHARGE_LOCK_PATIENCE`] (it is stopped: `SIGSTOP`, a
+    /// frozen cgroup, a debugger). `pid` is the one it wrote in its record.
+    LockHeld { pid: u32 },
 }
+
+/// How long a charge waits for a charge lock a live process holds before
+/// it is refused ([`ChargeError::LockHeld`]). The section it guards takes
+/// nanoseconds, so only a stopped holder keeps it this long; waiting on
+/// would hang every allocation of the slice until the holder runs again.
+pub const CHARGE_LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A record reclaimed from a dead process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -486,19 +496,36 @@ impl UsageFile {
         r.procs[..hw].iter().fold(0u64, |a, p| a.saturating_add(p.charged[dev].load(Ordering::Acquire)))
     }
 
-    fn lock_charge(&self, me: usize, dev: usize) {
+    fn lock_charge(&self, me: usize, dev: usize) -> Result<(), ChargeError> {
+        self.lock_charge_within(me, dev, CHARGE_LOCK_PATIENCE)
+    }
+
+    /// [`Self::lock_charge`] waiting at most `patience` for a live owner.
+    /// It spins first (a holder runs for nanoseconds), then sleeps in short
+    /// steps, so a waiter on a stopped holder does not burn a core.
+    fn lock_charge_within(&self, me: usize, dev: usize, patience: std::time::Duration) -> Result<(), ChargeError> {
         let l = &self.region().charge_locks[dev];
         let mine = me as u32 + 1;
         let mut spins: u32 = 0;
+        let mut since: Option<std::time::Instant> = None;
         loop {
             match l.compare_exchange_weak(0, mine, Ordering::Acquire, Ordering::Relaxed) {
-                Ok(_) => return,
+                Ok(_) => return Ok(()),
                 Err(owner) => {
-                    spins = spins.wrapping_add(1);
-                    if spins.is_multiple_of(128) {
-                        std::thread::yield_now();
+                    spins = spins.saturating_add(1);
+                    if spins < 1 << 14 {
+                        if spins.is_multiple_of(128) {
+                            std::thread::yield_now();
+                        } else {
+                            std::hint::spin_loop();
+                        }
                     } else {
-                        std::hint::spin_loop();
+                        let t = *since.get_or_insert_with(std::time::Instant::now);
+                        if t.elapsed() >= patience && owner != 0 {
+                            let pid = self.region().procs.get(owner as usize - 1).map_or(0, |r| r.pid.load(Ordering::Relaxed));
+                            return Err(ChargeError::LockHeld { pid });
+                        }
+                        std::thread::sleep(std::time::Duration::from_micros(200));
                     }
                     // Another thread of this process holds it: it will release.
                     // Another process: take over only if it is dead.
@@ -509,7 +536,7 @@ impl UsageFile {
                         && !self.owned_by_other(owner as usize - 1)
                         && self.take_over(owner, mine, dev)
                     {
-                        return;
+                        return Ok(());
                     }
                 }
             }
@@ -571,7 +598,7 @@ impl UsageFile {
         if dev >= self.n_devices() {
             return Err(ChargeError::BadDevice(dev));
         }
-        self.lock_charge(slot.index, dev);
+        self.lock_charge(slot.index, dev)?;
         // Unlocks however this returns (a panicking `limit` included).
         struct Unlock<'a>(&'a UsageFile, usize, usize);
         impl Drop for Unlock<'_> {

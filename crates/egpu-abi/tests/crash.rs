@@ -86,6 +86,31 @@ fn lock_held_by_dead_process_is_taken_over() {
     assert_eq!(u.used(0), 300);
 }
 
+/// A live process that keeps the charge lock (stopped inside the section:
+/// `SIGSTOP`, a frozen cgroup, a debugger) does not hang every other
+/// process of the slice: after `CHARGE_LOCK_PATIENCE` the charge is
+/// refused, naming the holder; once the holder is gone it is taken over.
+#[test]
+fn a_lock_a_live_process_keeps_is_refused_not_waited_on_forever() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("usage");
+    let u = UsageFile::create(&p, 1).unwrap();
+    let me = u.claim(std::process::id()).unwrap();
+    let mut c = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "child_entry", "--nocapture"])
+        .env(ROLE, format!("{}|true", p.display()))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(c.stdout.take().unwrap()).lines();
+    while !lines.next().expect("child exited before ready").unwrap().starts_with("ready") {}
+    assert_eq!(u.try_charge(&me, 0, 1, 1000), Err(egpu_abi::usage::ChargeError::LockHeld { pid: c.id() }));
+    c.kill().unwrap();
+    c.wait().unwrap();
+    assert_eq!(u.try_charge(&me, 0, 300, 1000), Ok(1000), "a dead holder's lock is taken over");
+}
+
 /// A workload in a container writes its own namespace's pid into its record;
 /// a reader outside (egpud on the host, where NVML's pids come from) gets the
 /// record lock owner's pid as its own namespace sees it. Run in a new user +

@@ -232,6 +232,7 @@ pub const BURST_WAIT: std::time::Duration = std::time::Duration::from_millis(100
 
 static SAID_DELETED: AtomicBool = AtomicBool::new(false);
 static SAID_UNTRACKED: AtomicBool = AtomicBool::new(false);
+static SAID_LOCK_HELD: AtomicBool = AtomicBool::new(false);
 
 /// Whether a slice seen deleted just as this process attached becomes
 /// active again within 50 ms: `egpud` found the attaching process and kept
@@ -284,6 +285,16 @@ pub fn charge(dev: usize, bytes: u64) -> Result<(), CUresult> {
                 return Ok(());
             }
             Err(ChargeError::BadDevice(_)) => return Err(CUDA_ERROR_INVALID_DEVICE),
+            Err(ChargeError::LockHeld { pid }) => {
+                say_once(&SAID_LOCK_HELD, || {
+                    format!(
+                        "slice '{}': another process of the slice (pid {pid} in its own namespace) has held the slice's charge lock for {} s and is not running (stopped, frozen or in a debugger): GPU allocations are refused until it runs again",
+                        s.name,
+                        egpu_abi::usage::CHARGE_LOCK_PATIENCE.as_secs()
+                    )
+                });
+                return Err(CUDA_ERROR_OUT_OF_MEMORY);
+            }
             Err(ChargeError::OverLimit { used, requested, limit }) => {
                 if !swept {
                     swept = true;
