@@ -44,6 +44,11 @@ pub enum SliceOpError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "the run directory holds live slices that the store has no record of: {}. Either --state-dir is not the one these slices were made with, or the store lost its last changes (a damaged file: the database then falls back to its previous commit). egpud did not start and changed nothing, so their processes keep their last limits. Start egpud with the state directory that holds them; or, to drop them, remove their directories under {} and start again",
+        names.join(", "), slices_dir.display()
+    )]
+    NotStored { names: Vec<String>, slices_dir: PathBuf },
 }
 
 /// A live slice: its record and its open slice-table files.
@@ -346,7 +351,7 @@ impl SliceManager {
                 }
             }
         }
-        mgr.adopt_orphan_dirs(&slices_dir, &mut report);
+        mgr.adopt_orphan_dirs(&slices_dir, &mut report)?;
         for (device, over) in crate::burst::overlent(&mgr) {
             tracing::warn!(device, over_bytes = over, "adopted guarantees and burst grants exceed the device's memory; no new grant there until enough is freed");
         }
@@ -409,28 +414,42 @@ impl SliceManager {
     }
 
     /// Directories under `slices/` that no stored slice owns are what a crash in the
-    /// middle of a delete leaves (the store entry goes first). Their limits are marked
-    /// deleted, so attached processes stop allocating, and each goes once no live
-    /// process is attached.
-    fn adopt_orphan_dirs(&mut self, slices_dir: &Path, report: &mut AdoptReport) {
+    /// middle of a delete leaves (it marks the limits deleted, then removes the store
+    /// entry, then the directory). Each goes once no live process is attached.
+    ///
+    /// A directory whose limits are still *active* is not that: a create stores its
+    /// slice before the limits file appears, and a delete marks the limits deleted
+    /// before the store entry goes, so the store has lost a live slice (another
+    /// `--state-dir`, or a damaged store rolled back to an older commit). Marking it
+    /// deleted would take memory from running processes and hand their guarantee to
+    /// the next create, so nothing is changed and adoption fails, naming them.
+    fn adopt_orphan_dirs(&mut self, slices_dir: &Path, report: &mut AdoptReport) -> Result<(), SliceOpError> {
         let entries = match std::fs::read_dir(slices_dir) {
             Ok(e) => e,
             Err(e) => {
                 tracing::warn!(dir = %slices_dir.display(), error = %e, "cannot list slice directories");
-                return;
+                return Ok(());
             }
         };
-        for entry in entries.flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if self.slices.contains_key(&name) || self.unadopted.contains_key(&name) || !entry.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
-            }
-            let dir = entry.path();
+        let orphans: Vec<(String, PathBuf)> = entries
+            .flatten()
+            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+            .filter(|(name, _)| !self.slices.contains_key(name) && !self.unadopted.contains_key(name))
+            .collect();
+        let live = |dir: &Path| egpu_abi::LimitsReader::open(&paths::limits_path(dir)).is_ok_and(|l| l.snapshot().state != egpu_abi::SliceState::Deleted);
+        let mut names: Vec<String> = orphans.iter().filter(|(_, dir)| live(dir)).map(|(name, _)| name.clone()).collect();
+        if !names.is_empty() {
+            names.sort();
+            return Err(SliceOpError::NotStored { names, slices_dir: slices_dir.to_path_buf() });
+        }
+        for (_, dir) in orphans {
             self.keep_orphan_dir(&dir);
-            tracing::warn!(dir = %dir.display(), "slice directory without a stored slice (a delete was interrupted); marked it deleted");
+            tracing::warn!(dir = %dir.display(), "slice directory of an interrupted delete (no stored slice, limits marked deleted); removed once no process is attached");
             report.orphan_dirs.push(dir);
         }
         self.remove_orphan_dirs();
+        Ok(())
     }
 
     /// Marks the limits of a slice directory no stored slice owns deleted

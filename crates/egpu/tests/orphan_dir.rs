@@ -1,7 +1,9 @@
-//! A crash in the middle of a delete (store entry gone, directory still there)
-//! leaves no orphan behind: the restarted egpud marks the directory's limits
-//! deleted, removes it at once when nothing is attached, and otherwise once the
-//! attached process has exited.
+//! A crash in the middle of a delete (limits marked deleted, store entry
+//! gone, directory still there) leaves no orphan behind: the restarted egpud
+//! removes the directory at once when nothing is attached, and otherwise once
+//! the attached process has exited. A directory whose limits are still live
+//! is a slice the store lost (another `--state-dir`, a store rolled back):
+//! egpud refuses to start and changes nothing.
 
 mod common;
 use common::*;
@@ -20,16 +22,19 @@ fn slice_directories_without_a_stored_slice_are_marked_deleted_and_removed() {
     let mut p = Lines::spawn(cmd);
     p.wait_event("holding", T).unwrap_or_else(|| panic!("probe did not allocate: {:?}", p.seen));
 
-    // A crash after the store entries went, before the directories did.
+    // A crash after the delete marked the limits deleted and removed the
+    // store entries, before the directories went.
     node.kill9();
+    let (busy, idle) = (node.run_dir().join("slices/busy"), node.run_dir().join("slices/idle"));
+    for d in [&busy, &idle] {
+        egpu_abi::LimitsWriter::open(&d.join("limits")).unwrap().mark_deleted();
+    }
     {
         let store = egpu_node::store::Store::open(&node.state_dir()).unwrap();
         store.remove("busy").unwrap();
         store.remove("idle").unwrap();
     }
-    let (busy, idle) = (node.run_dir().join("slices/busy"), node.run_dir().join("slices/idle"));
     let lim = LimitsReader::open(&busy.join("limits")).unwrap();
-    assert_eq!(lim.snapshot().state, SliceState::Active);
     node.restart();
 
     assert!(node.slices().is_empty());
@@ -40,4 +45,61 @@ fn slice_directories_without_a_stored_slice_are_marked_deleted_and_removed() {
     let st = p.finish(T).expect("probe exits when stdin closes");
     assert!(st.success(), "{st}");
     assert!(wait_until(T, || !busy.exists()), "orphaned directory not removed after its process exited; log:\n{}", node.log());
+}
+
+#[test]
+fn live_slices_the_store_lost_keep_egpud_from_starting_and_are_left_as_they_are() {
+    let mut node = Node::start("1x16GiB");
+    node.ok(&["create", "--name", "busy", "--gpu-memory", "2GiB"]);
+    node.ok(&["create", "--name", "idle", "--gpu-memory", "1GiB"]);
+    node.ok(&["create", "--name", "kept", "--gpu-memory", "1GiB"]);
+    let mut cmd = node.cli();
+    cmd.args(["exec", "busy", "--"]).arg(probe_path()).args(["grow", "--step", "256MiB", "--until", "256MiB", "--hold"]);
+    let mut p = Lines::spawn(cmd);
+    p.wait_event("holding", T).unwrap_or_else(|| panic!("probe did not allocate: {:?}", p.seen));
+
+    // The store loses two live slices (as a store rolled back to an older
+    // commit does, or another --state-dir), keeping the third.
+    node.kill9();
+    let saved = {
+        let store = egpu_node::store::Store::open(&node.state_dir()).unwrap();
+        let all = store.load_all().unwrap();
+        store.remove("busy").unwrap();
+        store.remove("idle").unwrap();
+        all
+    };
+    let mut d = node.daemon_cmd().stdout(std::process::Stdio::null()).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    let mut st = None;
+    let exited = wait_until(T, || {
+        st = d.try_wait().unwrap();
+        st.is_some()
+    });
+    if !exited {
+        d.kill().unwrap();
+        d.wait().unwrap();
+    }
+    assert!(exited && !st.unwrap().success(), "egpud started on top of a store that lost live slices");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut d.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains("live slices that the store has no record of: busy, idle") && err.contains("--state-dir") && err.contains("changed nothing"), "{err}");
+    // Nothing changed: the slices are live, their processes keep their limits.
+    for name in ["busy", "idle", "kept"] {
+        let lim = LimitsReader::open(&node.run_dir().join("slices").join(name).join("limits")).unwrap();
+        assert_eq!(lim.snapshot().state, SliceState::Active, "{name}");
+    }
+    // With the store whole again, egpud adopts all three and the workload.
+    {
+        let store = egpu_node::store::Store::open(&node.state_dir()).unwrap();
+        for r in &saved {
+            store.put(r).unwrap();
+        }
+    }
+    node.restart();
+    let names: Vec<String> = node.slices().iter().map(|s| s["name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(names, ["busy", "idle", "kept"]);
+    let busy = node.slice("busy");
+    assert_eq!(live_pids(std::slice::from_ref(&busy)).len(), 1, "{busy}");
+    assert!(busy["devices"][0]["used_bytes"].as_u64().unwrap() >= 256 << 20, "the workload's memory is still charged: {busy}");
+    let st = p.finish(T).expect("probe exits when stdin closes");
+    assert!(st.success(), "{st}");
 }
