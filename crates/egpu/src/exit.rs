@@ -7,7 +7,7 @@
 //! | 2 | usage error: bad flag or value (also a request egpud calls invalid) |
 //! | 3 | not found: unknown slice or device |
 //! | 4 | rejected: would overcommit a device, name taken, slice busy |
-//! | 5 | cannot reach egpud, or it did not answer within 30 s |
+//! | 5 | cannot reach egpud, it did not answer within 30 s, or its connection broke off mid-request |
 //!
 //! `egpu run` and `egpu exec` exit with the program's status instead
 //! (128 + N when it was killed by signal N; 127 when it could not be started).
@@ -49,9 +49,17 @@ pub fn code_of_status(s: &tonic::Status) -> i32 {
         Code::NotFound => NOT_FOUND,
         Code::ResourceExhausted | Code::AlreadyExists | Code::FailedPrecondition => REJECTED,
         Code::Unavailable => UNREACHABLE,
-        _ if timed_out(s) => UNREACHABLE,
+        _ if timed_out(s) || broke_off(s) => UNREACHABLE,
         _ => FAILURE,
     }
+}
+
+/// Whether the connection broke off before egpud answered (it exited or
+/// was killed mid-request): tonic reports the broken stream as an unknown
+/// "transport error", or as hyper's "operation was canceled".
+fn broke_off(s: &tonic::Status) -> bool {
+    let m = s.message().to_ascii_lowercase();
+    (s.code() == Code::Unknown && m.contains("transport error")) || (s.code() == Code::Cancelled && m.contains("operation was canceled"))
 }
 
 /// Whether the request ran past the client's timeout
@@ -65,6 +73,8 @@ pub fn status(s: tonic::Status) -> anyhow::Error {
     let code = code_of_status(&s);
     let msg = if s.code() == Code::Unavailable {
         format!("egpud stopped answering ({}); is it still running?", s.message())
+    } else if broke_off(&s) {
+        format!("egpud's connection broke off before it answered ({}; did it exit or restart?): the request may or may not have been applied; check with `egpu ls`", s.message())
     } else if timed_out(&s) {
         format!("egpud did not answer within {} s; is it stopped or stuck? (check its log, or restart it: slices and workloads survive a restart)", egpu_node::client::REQUEST_TIMEOUT.as_secs())
     } else {
@@ -104,5 +114,17 @@ mod tests {
         assert!(e.to_string().contains("did not answer within 30 s"), "{e}");
         // Any other cancellation stays a plain failure.
         assert_eq!(code_of_status(&tonic::Status::cancelled("client went away")), FAILURE);
+    }
+
+    #[test]
+    fn a_connection_that_broke_off_is_unreachable_and_says_the_request_may_have_been_applied() {
+        // What tonic gives when egpud dies with the request in flight.
+        for s in [tonic::Status::unknown("transport error"), tonic::Status::cancelled("operation was canceled")] {
+            assert_eq!(code_of_status(&s), UNREACHABLE, "{s:?}");
+            let e = status(s);
+            assert!(e.to_string().contains("broke off before it answered") && e.to_string().contains("may or may not have been applied"), "{e}");
+        }
+        // An unknown error egpud itself answers stays a failure.
+        assert_eq!(code_of_status(&tonic::Status::unknown("disk on fire")), FAILURE);
     }
 }
