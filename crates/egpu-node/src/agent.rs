@@ -168,7 +168,7 @@ impl Agent {
                 "the hook of every workload on this host uses this slice table whatever EGPU_SLICE_DIR says (it is where a container's CDI spec mounts its slice); remove it unless egpud itself runs in such a container");
         }
         let store = Store::open(&config.state_dir).map_err(|e| AgentError::Store(Box::new(e)))?;
-        let (mut mgr, report) = SliceManager::adopt(&config.run_dir, inventory.devices.clone(), store).map_err(|e| AgentError::Adopt(Box::new(e)))?;
+        let (mut mgr, report) = SliceManager::adopt_with(&config.run_dir, inventory.devices.clone(), store, config.drop_unstored_slices).map_err(|e| AgentError::Adopt(Box::new(e)))?;
         if let Some(dir) = &config.cdi_dir {
             if !config.cdi_hook.is_file() {
                 return Err(AgentError::CdiHook { path: config.cdi_hook.clone() });

@@ -43,6 +43,11 @@ pub struct NodeConfig {
     /// without it counting as untracked, bytes.
     #[serde(default = "default_audit_slack")]
     pub memory_audit_slack: u64,
+    /// Start even where the run directory holds live slices the store has
+    /// no record of (`egpud --drop-unstored-slices`): they are marked
+    /// deleted instead of stopping the start ([`crate::slices::SliceOpError::NotStored`]).
+    #[serde(default)]
+    pub drop_unstored_slices: bool,
 }
 
 fn default_audit_slack() -> u64 {

@@ -73,6 +73,7 @@ mod tests {
             cdi_hook: "/t/egpu-cdi-hook".into(),
             memory_audit: Default::default(),
             memory_audit_slack: crate::audit::DEFAULT_SLACK,
+            drop_unstored_slices: false,
         };
         let env = launch_env(&cfg, Path::new("/r/slices/a"), &["GPU-1".into(), "GPU-0".into()]);
         let get = |n: &str| env.iter().find(|x| x.name == n).unwrap().clone();

@@ -45,7 +45,7 @@ pub enum SliceOpError {
         source: std::io::Error,
     },
     #[error(
-        "the run directory holds live slices that the store has no record of: {}. Either --state-dir is not the one these slices were made with, or the store lost its last changes (a damaged file: the database then falls back to its previous commit). egpud did not start and changed nothing, so their processes keep their last limits. Start egpud with the state directory that holds them; or, to drop them, remove their directories under {} and start again",
+        "the run directory holds live slices that the store has no record of: {}. Either --state-dir is not the one these slices were made with, or the store lost its last changes (a damaged file: the database then falls back to its previous commit). egpud did not start and changed nothing, so their processes keep their last limits. Start egpud with the state directory that holds them; or, to drop them (their processes can then allocate no more; the slice directories under {} go once none is attached), start it with --drop-unstored-slices",
         names.join(", "), slices_dir.display()
     )]
     NotStored { names: Vec<String>, slices_dir: PathBuf },
@@ -286,6 +286,13 @@ impl SliceManager {
     /// another ABI version, recreates) its slice-table files, republishes the
     /// stored limits and sweeps dead processes.
     pub fn adopt(run_dir: &Path, devices: Vec<DeviceInfo>, store: Store) -> Result<(SliceManager, AdoptReport), SliceOpError> {
+        Self::adopt_with(run_dir, devices, store, false)
+    }
+
+    /// [`SliceManager::adopt`]; with `drop_unstored`, live slice directories
+    /// the store has no record of are marked deleted instead of failing the
+    /// adoption ([`SliceOpError::NotStored`]).
+    pub fn adopt_with(run_dir: &Path, devices: Vec<DeviceInfo>, store: Store, drop_unstored: bool) -> Result<(SliceManager, AdoptReport), SliceOpError> {
         let slices_dir = paths::slices_dir(run_dir);
         std::fs::create_dir_all(&slices_dir).map_err(|source| SliceOpError::Io { path: slices_dir.clone(), source })?;
         let mut mgr = SliceManager {
@@ -351,7 +358,7 @@ impl SliceManager {
                 }
             }
         }
-        mgr.adopt_orphan_dirs(&slices_dir, &mut report)?;
+        mgr.adopt_orphan_dirs(&slices_dir, &mut report, drop_unstored)?;
         for (device, over) in crate::burst::overlent(&mgr) {
             tracing::warn!(device, over_bytes = over, "adopted guarantees and burst grants exceed the device's memory; no new grant there until enough is freed");
         }
@@ -423,7 +430,7 @@ impl SliceManager {
     /// `--state-dir`, or a damaged store rolled back to an older commit). Marking it
     /// deleted would take memory from running processes and hand their guarantee to
     /// the next create, so nothing is changed and adoption fails, naming them.
-    fn adopt_orphan_dirs(&mut self, slices_dir: &Path, report: &mut AdoptReport) -> Result<(), SliceOpError> {
+    fn adopt_orphan_dirs(&mut self, slices_dir: &Path, report: &mut AdoptReport, drop_unstored: bool) -> Result<(), SliceOpError> {
         let entries = match std::fs::read_dir(slices_dir) {
             Ok(e) => e,
             Err(e) => {
@@ -439,13 +446,17 @@ impl SliceManager {
             .collect();
         let live = |dir: &Path| egpu_abi::LimitsReader::open(&paths::limits_path(dir)).is_ok_and(|l| l.snapshot().state != egpu_abi::SliceState::Deleted);
         let mut names: Vec<String> = orphans.iter().filter(|(_, dir)| live(dir)).map(|(name, _)| name.clone()).collect();
-        if !names.is_empty() {
+        if !names.is_empty() && !drop_unstored {
             names.sort();
             return Err(SliceOpError::NotStored { names, slices_dir: slices_dir.to_path_buf() });
         }
-        for (_, dir) in orphans {
+        for (name, dir) in orphans {
             self.keep_orphan_dir(&dir);
-            tracing::warn!(dir = %dir.display(), "slice directory of an interrupted delete (no stored slice, limits marked deleted); removed once no process is attached");
+            if names.contains(&name) {
+                tracing::warn!(dir = %dir.display(), "live slice the store has no record of, dropped (--drop-unstored-slices): limits marked deleted, removed once no process is attached");
+            } else {
+                tracing::warn!(dir = %dir.display(), "slice directory of an interrupted delete (no stored slice, limits marked deleted); removed once no process is attached");
+            }
             report.orphan_dirs.push(dir);
         }
         self.remove_orphan_dirs();

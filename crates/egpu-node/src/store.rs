@@ -64,9 +64,9 @@ pub enum StoreError {
     },
     #[error(
         "state store {path} cannot be opened ({detail}). egpud refuses to start rather than lose slices. \
-         If the file is damaged, move it aside (`mv {path} {path}.broken`) and start egpud again: it then starts \
-         with no slices; a workload still running keeps the memory it holds but can allocate no more, so restart \
-         it in a new slice"
+         If the file is damaged, move it aside (`mv {path} {path}.broken`) and start egpud again with \
+         --drop-unstored-slices: it then starts with no slices; a workload still running keeps the memory it holds \
+         but can allocate no more, so restart it in a new slice"
     )]
     Corrupt { path: PathBuf, detail: String },
     #[error("state store {path} is open in another process (another egpud with the same --state-dir?); stop it, or give this egpud its own --state-dir")]

@@ -51,6 +51,13 @@ pub struct DaemonArgs {
     /// the memory audit counts it (page rounding), e.g. 64MiB.
     #[arg(long, value_name = "BYTES", default_value = "64MiB", value_parser = parse_slack)]
     pub memory_audit_slack: egpu_core::Bytes,
+    /// Start even where the run directory holds live slices the store has
+    /// no record of (after moving a damaged store aside, or to drop slices
+    /// of another state directory): they are marked deleted, so their
+    /// processes can allocate no more, and removed once none is attached.
+    /// Without it egpud refuses to start and names them.
+    #[arg(long)]
+    pub drop_unstored_slices: bool,
     /// Sweep period in milliseconds (dead-process reclaim, heartbeat).
     #[arg(long, default_value_t = 200, hide = true)]
     pub sweep_ms: u64,
@@ -92,6 +99,7 @@ impl DaemonArgs {
             cdi_hook: absolute(&self.cdi_hook.clone().unwrap_or_else(|| next_to_exe("egpu-cdi-hook"))),
             memory_audit: self.memory_audit,
             memory_audit_slack: self.memory_audit_slack.0,
+            drop_unstored_slices: self.drop_unstored_slices,
         }
     }
 }

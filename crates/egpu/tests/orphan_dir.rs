@@ -81,7 +81,7 @@ fn live_slices_the_store_lost_keep_egpud_from_starting_and_are_left_as_they_are(
     assert!(exited && !st.unwrap().success(), "egpud started on top of a store that lost live slices");
     let mut err = String::new();
     std::io::Read::read_to_string(&mut d.stderr.take().unwrap(), &mut err).unwrap();
-    assert!(err.contains("live slices that the store has no record of: busy, idle") && err.contains("--state-dir") && err.contains("changed nothing"), "{err}");
+    assert!(err.contains("live slices that the store has no record of: busy, idle") && err.contains("--state-dir") && err.contains("changed nothing") && err.contains("--drop-unstored-slices"), "{err}");
     // Nothing changed: the slices are live, their processes keep their limits.
     for name in ["busy", "idle", "kept"] {
         let lim = LimitsReader::open(&node.run_dir().join("slices").join(name).join("limits")).unwrap();
@@ -102,4 +102,15 @@ fn live_slices_the_store_lost_keep_egpud_from_starting_and_are_left_as_they_are(
     assert!(busy["devices"][0]["used_bytes"].as_u64().unwrap() >= 256 << 20, "the workload's memory is still charged: {busy}");
     let st = p.finish(T).expect("probe exits when stdin closes");
     assert!(st.success(), "{st}");
+
+    // Dropping them is asked for: the store loses `idle` again, and egpud
+    // started with --drop-unstored-slices marks it deleted and removes it.
+    node.kill9();
+    egpu_node::store::Store::open(&node.state_dir()).unwrap().remove("idle").unwrap();
+    let idle = node.run_dir().join("slices/idle");
+    node.extra.push("--drop-unstored-slices".into());
+    node.restart();
+    let names: Vec<String> = node.slices().iter().map(|s| s["name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(names, ["busy", "kept"]);
+    assert!(!idle.exists(), "a dropped slice with nothing attached goes at start-up");
 }

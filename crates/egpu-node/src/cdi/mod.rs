@@ -293,6 +293,7 @@ mod tests {
             cdi_hook: "/opt/egpu/egpu-cdi-hook".into(),
             memory_audit: Default::default(),
             memory_audit_slack: crate::audit::DEFAULT_SLACK,
+            drop_unstored_slices: false,
         }
     }
 

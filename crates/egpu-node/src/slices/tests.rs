@@ -246,6 +246,7 @@ fn a_slice_whose_cdi_spec_cannot_be_written_is_not_created() {
         cdi_hook: "/t/egpu-cdi-hook".into(),
         memory_audit: Default::default(),
         memory_audit_slack: crate::audit::DEFAULT_SLACK,
+            drop_unstored_slices: false,
     };
     m.set_cdi(crate::cdi::CdiPublisher::new(&cfg, cdi.path()).unwrap());
     m.create(req("ok", vec![share(0, 1)])).unwrap();
