@@ -182,6 +182,9 @@ fn adoption_removes_slice_directories_the_store_does_not_know() {
     }
     let dir = paths::slice_dir(run.path(), "half-deleted");
     let lim = LimitsReader::open(&paths::limits_path(&dir)).unwrap();
+    // A delete marks the limits deleted, then removes the store entry; a
+    // crash before the directory went leaves this.
+    egpu_abi::LimitsWriter::open(&paths::limits_path(&dir)).unwrap().mark_deleted();
     Store::open(state.path()).unwrap().remove("half-deleted").unwrap();
     let (m, report) = manager(run.path(), state.path());
     assert_eq!(report.adopted, vec!["kept"]);
@@ -189,6 +192,27 @@ fn adoption_removes_slice_directories_the_store_does_not_know() {
     assert_eq!(lim.snapshot().state, egpu_abi::SliceState::Deleted);
     assert!(!dir.exists());
     assert!(m.get("kept").unwrap().dir.exists());
+}
+
+#[test]
+fn a_live_slice_directory_the_store_does_not_know_fails_adoption_and_is_left_alone() {
+    let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    {
+        let (mut m, _) = manager(run.path(), state.path());
+        m.create(req("lost", vec![share(0, 1)])).unwrap();
+    }
+    let dir = paths::slice_dir(run.path(), "lost");
+    let lim = LimitsReader::open(&paths::limits_path(&dir)).unwrap();
+    Store::open(state.path()).unwrap().remove("lost").unwrap();
+    let e = SliceManager::adopt(run.path(), FakeGpus::new(1, 16 << 30).devices, Store::open(state.path()).unwrap()).err().expect("adoption fails");
+    assert!(matches!(&e, SliceOpError::NotStored { names, .. } if names == &["lost"]), "{e}");
+    assert_eq!(lim.snapshot().state, egpu_abi::SliceState::Active, "nothing changed");
+    assert!(dir.exists());
+    // Asked to drop it, adoption treats it as an interrupted delete's.
+    let (_m, report) = SliceManager::adopt_with(run.path(), FakeGpus::new(1, 16 << 30).devices, Store::open(state.path()).unwrap(), true).unwrap();
+    assert_eq!(report.orphan_dirs, vec![dir.clone()]);
+    assert_eq!(lim.snapshot().state, egpu_abi::SliceState::Deleted);
+    assert!(!dir.exists());
 }
 
 #[test]
@@ -218,6 +242,8 @@ fn an_orphan_directory_whose_usage_file_this_build_cannot_read_waits_for_the_pro
     let mut line = String::new();
     std::io::BufReader::new(holder.stdout.take().unwrap()).read_line(&mut line).unwrap();
     assert_eq!(line.trim(), "locked");
+    // An interrupted delete: limits marked deleted, store entry gone.
+    egpu_abi::LimitsWriter::open(&paths::limits_path(&dir)).unwrap().mark_deleted();
     Store::open(state.path()).unwrap().remove("other-abi").unwrap();
     let (mut m, report) = manager(run.path(), state.path());
     assert_eq!(report.orphan_dirs, vec![dir.clone()]);
