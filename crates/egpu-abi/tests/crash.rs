@@ -26,7 +26,8 @@ fn child(path: &Path, hold_lock: bool) {
     let _ = std::io::stdin().read(&mut buf);
 }
 
-fn run_and_kill(u: &UsageFile, path: &Path, hold_lock: bool, mine: Option<usize>) {
+/// Starts the child role on `path` and waits until it says "ready".
+fn spawn_ready(path: &Path, hold_lock: bool) -> std::process::Child {
     let mut c = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "child_entry", "--nocapture"])
         .env(ROLE, format!("{}|{}", path.display(), hold_lock))
@@ -35,12 +36,12 @@ fn run_and_kill(u: &UsageFile, path: &Path, hold_lock: bool, mine: Option<usize>
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(c.stdout.take().unwrap()).lines();
-    loop {
-        let l = lines.next().expect("child exited before ready").unwrap();
-        if l.starts_with("ready") {
-            break;
-        }
-    }
+    while !lines.next().expect("child exited before ready").unwrap().starts_with("ready") {}
+    c
+}
+
+fn run_and_kill(u: &UsageFile, path: &Path, hold_lock: bool, mine: Option<usize>) {
+    let mut c = spawn_ready(path, hold_lock);
     assert_eq!(u.used(0), 700);
     assert!(u.processes().iter().any(|p| p.alive), "child's record must look alive");
     assert!(u.sweep(mine).is_empty(), "a live process must not be reclaimed");
@@ -96,15 +97,7 @@ fn a_lock_a_live_process_keeps_is_refused_not_waited_on_forever() {
     let p = dir.path().join("usage");
     let u = UsageFile::create(&p, 1).unwrap();
     let me = u.claim(std::process::id()).unwrap();
-    let mut c = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "child_entry", "--nocapture"])
-        .env(ROLE, format!("{}|true", p.display()))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(c.stdout.take().unwrap()).lines();
-    while !lines.next().expect("child exited before ready").unwrap().starts_with("ready") {}
+    let mut c = spawn_ready(&p, true);
     assert_eq!(u.try_charge(&me, 0, 1, 1000), Err(egpu_abi::usage::ChargeError::LockHeld { pid: c.id() }));
     c.kill().unwrap();
     c.wait().unwrap();

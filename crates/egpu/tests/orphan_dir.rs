@@ -12,15 +12,23 @@ use std::time::Duration;
 
 const T: Duration = Duration::from_secs(30);
 
-#[test]
-fn slice_directories_without_a_stored_slice_are_marked_deleted_and_removed() {
-    let mut node = Node::start("1x16GiB");
-    node.ok(&["create", "--name", "busy", "--gpu-memory", "2GiB"]);
-    node.ok(&["create", "--name", "idle", "--gpu-memory", "1GiB"]);
+/// A node with the slices `names` (the first of 2 GiB, the others 1 GiB)
+/// and a probe holding 256 MiB in the first.
+fn busy_node(names: &[&str]) -> (Node, Lines) {
+    let node = Node::start("1x16GiB");
+    for (i, name) in names.iter().enumerate() {
+        node.ok(&["create", "--name", name, "--gpu-memory", if i == 0 { "2GiB" } else { "1GiB" }]);
+    }
     let mut cmd = node.cli();
-    cmd.args(["exec", "busy", "--"]).arg(probe_path()).args(["grow", "--step", "256MiB", "--until", "256MiB", "--hold"]);
+    cmd.args(["exec", names[0], "--"]).arg(probe_path()).args(["grow", "--step", "256MiB", "--until", "256MiB", "--hold"]);
     let mut p = Lines::spawn(cmd);
     p.wait_event("holding", T).unwrap_or_else(|| panic!("probe did not allocate: {:?}", p.seen));
+    (node, p)
+}
+
+#[test]
+fn slice_directories_without_a_stored_slice_are_marked_deleted_and_removed() {
+    let (mut node, mut p) = busy_node(&["busy", "idle"]);
 
     // A crash after the delete marked the limits deleted and removed the
     // store entries, before the directories went.
@@ -49,14 +57,7 @@ fn slice_directories_without_a_stored_slice_are_marked_deleted_and_removed() {
 
 #[test]
 fn live_slices_the_store_lost_keep_egpud_from_starting_and_are_left_as_they_are() {
-    let mut node = Node::start("1x16GiB");
-    node.ok(&["create", "--name", "busy", "--gpu-memory", "2GiB"]);
-    node.ok(&["create", "--name", "idle", "--gpu-memory", "1GiB"]);
-    node.ok(&["create", "--name", "kept", "--gpu-memory", "1GiB"]);
-    let mut cmd = node.cli();
-    cmd.args(["exec", "busy", "--"]).arg(probe_path()).args(["grow", "--step", "256MiB", "--until", "256MiB", "--hold"]);
-    let mut p = Lines::spawn(cmd);
-    p.wait_event("holding", T).unwrap_or_else(|| panic!("probe did not allocate: {:?}", p.seen));
+    let (mut node, mut p) = busy_node(&["busy", "idle", "kept"]);
 
     // The store loses two live slices (as a store rolled back to an older
     // commit does, or another --state-dir), keeping the third.
