@@ -131,15 +131,17 @@ pub enum ChargeError {
     /// The device index is not part of the slice.
     BadDevice(usize),
     /// Another live process of the slice held the device's charge lock for
-    /// longer than [`CHARGE_LOCK_PATIENCE`] (it is stopped: `SIGSTOP`, a
-    /// frozen cgroup, a debugger). `pid` is the one it wrote in its record.
+    /// longer than [`CHARGE_LOCK_PATIENCE`] (it does not run: `SIGSTOP`, a
+    /// frozen cgroup, a debugger, or no CPU for seconds). `pid` is the one
+    /// it wrote in its record.
     LockHeld { pid: u32 },
 }
 
-/// How long a charge waits for a charge lock a live process holds before
+/// How long a charge waits for a charge lock one live process holds before
 /// it is refused ([`ChargeError::LockHeld`]). The section it guards takes
-/// nanoseconds, so only a stopped holder keeps it this long; waiting on
-/// would hang every allocation of the slice until the holder runs again.
+/// nanoseconds, so only a holder that does not run keeps it this long
+/// (stopped, frozen, in a debugger, or starved of CPU for seconds); waiting
+/// on would hang every allocation of the slice until the holder runs again.
 pub const CHARGE_LOCK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// A record reclaimed from a dead process.
@@ -507,12 +509,18 @@ impl UsageFile {
         let l = &self.region().charge_locks[dev];
         let mine = me as u32 + 1;
         let mut spins: u32 = 0;
-        let mut since: Option<std::time::Instant> = None;
+        // Since when the current owner has held it (a new owner starts the
+        // patience again: a waiter that keeps losing to others is not
+        // refused).
+        let mut since: Option<(u32, std::time::Instant)> = None;
+        // Another thread of this process holds it: it will release.
+        // Another process: take over only if it is dead.
+        let take_over = |owner: u32| owner != 0 && owner != mine && !self.is_own(owner as usize - 1) && !self.owned_by_other(owner as usize - 1) && self.take_over(owner, mine, dev);
         loop {
             match l.compare_exchange_weak(0, mine, Ordering::Acquire, Ordering::Relaxed) {
                 Ok(_) => return Ok(()),
                 Err(owner) => {
-                    spins = spins.saturating_add(1);
+                    spins = spins.wrapping_add(1);
                     if spins < 1 << 14 {
                         if spins.is_multiple_of(128) {
                             std::thread::yield_now();
@@ -520,22 +528,21 @@ impl UsageFile {
                             std::hint::spin_loop();
                         }
                     } else {
-                        let t = *since.get_or_insert_with(std::time::Instant::now);
+                        let t = match since {
+                            Some((o, t)) if o == owner => t,
+                            _ => since.insert((owner, std::time::Instant::now())).1,
+                        };
                         if t.elapsed() >= patience && owner != 0 {
+                            // One last look: a holder that died meanwhile is taken over.
+                            if take_over(owner) {
+                                return Ok(());
+                            }
                             let pid = self.region().procs.get(owner as usize - 1).map_or(0, |r| r.pid.load(Ordering::Relaxed));
                             return Err(ChargeError::LockHeld { pid });
                         }
                         std::thread::sleep(std::time::Duration::from_micros(200));
                     }
-                    // Another thread of this process holds it: it will release.
-                    // Another process: take over only if it is dead.
-                    if spins.is_multiple_of(2048)
-                        && owner != 0
-                        && owner != mine
-                        && !self.is_own(owner as usize - 1)
-                        && !self.owned_by_other(owner as usize - 1)
-                        && self.take_over(owner, mine, dev)
-                    {
+                    if spins.is_multiple_of(2048) && take_over(owner) {
                         return Ok(());
                     }
                 }

@@ -80,7 +80,7 @@ fn lock_held_by_dead_process_is_taken_over() {
     run_and_kill(&u, &p, true, Some(me.index));
     // No sweep: a live charger must detect the dead owner by itself and proceed.
     // The dead child's 700 bytes still count until a sweep, so 300 fit and 301 do not.
-    assert!(u.try_charge(&me, 0, 301, 1000).is_err());
+    assert!(matches!(u.try_charge(&me, 0, 301, 1000), Err(egpu_abi::ChargeError::OverLimit { .. })));
     assert_eq!(u.try_charge(&me, 0, 300, 1000), Ok(1000));
     let rec = u.sweep(Some(me.index));
     assert_eq!(rec.len(), 1);

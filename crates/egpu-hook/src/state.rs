@@ -288,7 +288,7 @@ pub fn charge(dev: usize, bytes: u64) -> Result<(), CUresult> {
             Err(ChargeError::LockHeld { pid }) => {
                 say_once(&SAID_LOCK_HELD, || {
                     format!(
-                        "slice '{}': another process of the slice (pid {pid} in its own namespace) has held the slice's charge lock for {} s and is not running (stopped, frozen or in a debugger): GPU allocations are refused until it runs again",
+                        "slice '{}': another process of the slice (pid {pid} in its own namespace) has held the slice's charge lock for {} s without running (stopped, frozen, in a debugger, or starved of CPU): GPU allocations are refused while it does",
                         s.name,
                         egpu_abi::usage::CHARGE_LOCK_PATIENCE.as_secs()
                     )

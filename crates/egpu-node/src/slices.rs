@@ -308,7 +308,17 @@ impl SliceManager {
             cdi: None,
         };
         let mut report = AdoptReport::default();
-        for mut record in mgr.store.load_all()? {
+        let records = mgr.store.load_all()?;
+        // Before anything is adopted, so a refusal changes nothing.
+        if !drop_unstored {
+            let stored: std::collections::BTreeSet<&str> = records.iter().map(|r| r.spec.name.as_str()).collect();
+            let mut names: Vec<String> = orphan_dirs(&slices_dir).into_iter().filter(|(name, dir)| !stored.contains(name.as_str()) && live_dir(dir)).map(|(name, _)| name).collect();
+            names.sort();
+            if !names.is_empty() {
+                return Err(SliceOpError::NotStored { names, slices_dir });
+            }
+        }
+        for mut record in records {
             // Admission, bursts and shares count a slice at its device index;
             // the workload runs on its GPU by UUID. Where the GPUs were
             // renumbered, the slice follows its GPU.
@@ -358,7 +368,7 @@ impl SliceManager {
                 }
             }
         }
-        mgr.adopt_orphan_dirs(&slices_dir, &mut report, drop_unstored)?;
+        mgr.adopt_orphan_dirs(&slices_dir, &mut report);
         for (device, over) in crate::burst::overlent(&mgr) {
             tracing::warn!(device, over_bytes = over, "adopted guarantees and burst grants exceed the device's memory; no new grant there until enough is freed");
         }
@@ -423,44 +433,22 @@ impl SliceManager {
     /// Directories under `slices/` that no stored slice owns are what a crash in the
     /// middle of a delete leaves (it marks the limits deleted, then removes the store
     /// entry, then the directory). Each goes once no live process is attached.
-    ///
-    /// A directory whose limits are still *active* is not that: a create stores its
-    /// slice before the limits file appears, and a delete marks the limits deleted
-    /// before the store entry goes, so the store has lost a live slice (another
-    /// `--state-dir`, or a damaged store rolled back to an older commit). Marking it
-    /// deleted would take memory from running processes and hand their guarantee to
-    /// the next create, so nothing is changed and adoption fails, naming them.
-    fn adopt_orphan_dirs(&mut self, slices_dir: &Path, report: &mut AdoptReport, drop_unstored: bool) -> Result<(), SliceOpError> {
-        let entries = match std::fs::read_dir(slices_dir) {
-            Ok(e) => e,
-            Err(e) => {
-                tracing::warn!(dir = %slices_dir.display(), error = %e, "cannot list slice directories");
-                return Ok(());
-            }
-        };
-        let orphans: Vec<(String, PathBuf)> = entries
-            .flatten()
-            .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-            .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
-            .filter(|(name, _)| !self.slices.contains_key(name) && !self.unadopted.contains_key(name))
-            .collect();
-        let live = |dir: &Path| egpu_abi::LimitsReader::open(&paths::limits_path(dir)).is_ok_and(|l| l.snapshot().state != egpu_abi::SliceState::Deleted);
-        let mut names: Vec<String> = orphans.iter().filter(|(_, dir)| live(dir)).map(|(name, _)| name.clone()).collect();
-        if !names.is_empty() && !drop_unstored {
-            names.sort();
-            return Err(SliceOpError::NotStored { names, slices_dir: slices_dir.to_path_buf() });
-        }
-        for (name, dir) in orphans {
+    /// Live ones (see [`live_dir`]) got here only with `--drop-unstored-slices`:
+    /// without it adoption refused before this ([`SliceOpError::NotStored`]).
+    fn adopt_orphan_dirs(&mut self, slices_dir: &Path, report: &mut AdoptReport) {
+        let orphans: Vec<(String, PathBuf)> = orphan_dirs(slices_dir).into_iter().filter(|(name, _)| !self.slices.contains_key(name) && !self.unadopted.contains_key(name)).collect();
+        for (_, dir) in orphans {
+            let live = live_dir(&dir);
             self.keep_orphan_dir(&dir);
-            if names.contains(&name) {
-                tracing::warn!(dir = %dir.display(), "live slice the store has no record of, dropped (--drop-unstored-slices): limits marked deleted, removed once no process is attached");
-            } else {
-                tracing::warn!(dir = %dir.display(), "slice directory of an interrupted delete (no stored slice, limits marked deleted); removed once no process is attached");
+            let marked = egpu_abi::LimitsReader::open(&paths::limits_path(&dir)).is_ok_and(|l| l.snapshot().state == egpu_abi::SliceState::Deleted);
+            match (live, marked) {
+                (true, true) => tracing::warn!(dir = %dir.display(), "live slice the store has no record of, dropped (--drop-unstored-slices): limits marked deleted, removed once no process is attached"),
+                (true, false) => tracing::warn!(dir = %dir.display(), "live slice the store has no record of, dropped (--drop-unstored-slices), but its limits could not be marked deleted: its processes may still allocate; removed once none is attached"),
+                (false, _) => tracing::warn!(dir = %dir.display(), "slice directory of an interrupted delete (no stored slice); removed once no process is attached"),
             }
             report.orphan_dirs.push(dir);
         }
         self.remove_orphan_dirs();
-        Ok(())
     }
 
     /// Marks the limits of a slice directory no stored slice owns deleted
@@ -684,6 +672,10 @@ impl SliceManager {
             Ok(l) => l,
             Err(e) => {
                 drop(usage);
+                // The file may be in place, live, though it could not be
+                // opened: it goes before the store entry, so a crash in
+                // between never leaves live limits without a stored slice.
+                let _ = std::fs::remove_file(paths::limits_path(&dir));
                 if let Err(gone) = self.store.remove(&name) {
                     // Still stored, so it would come back at the next start:
                     // it is kept as a slice whose files could not be opened
@@ -957,3 +949,27 @@ fn log_recreate(path: &Path, why: &str, report: &mut AdoptReport) {
 mod audit;
 #[cfg(test)]
 mod tests;
+
+/// The directories under `slices_dir`, by name (none if it cannot be listed).
+fn orphan_dirs(slices_dir: &Path) -> Vec<(String, PathBuf)> {
+    match std::fs::read_dir(slices_dir) {
+        Ok(entries) => entries.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| (e.file_name().to_string_lossy().into_owned(), e.path())).collect(),
+        Err(e) => {
+            tracing::warn!(dir = %slices_dir.display(), error = %e, "cannot list slice directories");
+            Vec::new()
+        }
+    }
+}
+
+/// Whether the slice directory `dir` holds a live slice: its limits are not
+/// marked deleted, or cannot be read (another ABI version, a corrupt file,
+/// an error) while a process is attached to its usage file (a record lock
+/// held, whatever the layout). A directory with no limits file and nothing
+/// attached is what an interrupted create or delete leaves.
+fn live_dir(dir: &Path) -> bool {
+    match egpu_abi::LimitsReader::open(&paths::limits_path(dir)) {
+        Ok(l) => l.snapshot().state != egpu_abi::SliceState::Deleted,
+        Err(egpu_abi::AbiError::Missing(_)) => false,
+        Err(_) => std::fs::File::open(paths::usage_path(dir)).is_ok_and(|f| egpu_abi::map::any_lock_by_other(&f).unwrap_or(false)),
+    }
+}

@@ -55,11 +55,16 @@ pub fn code_of_status(s: &tonic::Status) -> i32 {
 }
 
 /// Whether the connection broke off before egpud answered (it exited or
-/// was killed mid-request): tonic reports the broken stream as an unknown
-/// "transport error", or as hyper's "operation was canceled".
+/// was killed mid-request). tonic reports a broken stream as an unknown
+/// "transport error", a request still queued as hyper's "operation was
+/// canceled", an HTTP/2 reset as an "h2 protocol error", a body cut short
+/// as an "error reading a body from connection", and an answer without its
+/// status as a "missing grpc-status trailer". egpud's own answers never
+/// use the codes Unknown or Cancelled, nor these words.
 fn broke_off(s: &tonic::Status) -> bool {
     let m = s.message().to_ascii_lowercase();
-    (s.code() == Code::Unknown && m.contains("transport error")) || (s.code() == Code::Cancelled && m.contains("operation was canceled"))
+    let words = ["transport error", "operation was canceled", "h2 protocol error", "error reading a body from connection", "missing grpc-status trailer"];
+    matches!(s.code(), Code::Unknown | Code::Cancelled | Code::Internal) && words.iter().any(|w| m.contains(w))
 }
 
 /// Whether the request ran past the client's timeout
@@ -119,12 +124,18 @@ mod tests {
     #[test]
     fn a_connection_that_broke_off_is_unreachable_and_says_the_request_may_have_been_applied() {
         // What tonic gives when egpud dies with the request in flight.
-        for s in [tonic::Status::unknown("transport error"), tonic::Status::cancelled("operation was canceled")] {
+        for s in [
+            tonic::Status::unknown("transport error"),
+            tonic::Status::cancelled("operation was canceled"),
+            tonic::Status::internal("h2 protocol error: http2 error"),
+            tonic::Status::unknown("protocol error: missing grpc-status trailer"),
+        ] {
             assert_eq!(code_of_status(&s), UNREACHABLE, "{s:?}");
             let e = status(s);
             assert!(e.to_string().contains("broke off before it answered") && e.to_string().contains("may or may not have been applied"), "{e}");
         }
-        // An unknown error egpud itself answers stays a failure.
+        // An error egpud itself answers stays a failure.
         assert_eq!(code_of_status(&tonic::Status::unknown("disk on fire")), FAILURE);
+        assert_eq!(code_of_status(&tonic::Status::internal("slice table: state store egpud.redb: commit failed")), FAILURE);
     }
 }

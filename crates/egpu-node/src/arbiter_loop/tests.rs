@@ -19,7 +19,7 @@ fn agent(dir: &std::path::Path) -> Agent {
         cdi_hook: "/t/egpu-cdi-hook".into(),
         memory_audit: Default::default(),
         memory_audit_slack: crate::audit::DEFAULT_SLACK,
-            drop_unstored_slices: false,
+        drop_unstored_slices: false,
     };
     Agent::start_with(cfg, Box::new(FakeGpus::new(1, 16 * Bytes::GIB))).unwrap()
 }

@@ -181,7 +181,6 @@ fn adoption_removes_slice_directories_the_store_does_not_know() {
         m.create(req("half-deleted", vec![share(0, 1)])).unwrap();
     }
     let dir = paths::slice_dir(run.path(), "half-deleted");
-    let lim = LimitsReader::open(&paths::limits_path(&dir)).unwrap();
     // A delete marks the limits deleted, then removes the store entry; a
     // crash before the directory went leaves this.
     egpu_abi::LimitsWriter::open(&paths::limits_path(&dir)).unwrap().mark_deleted();
@@ -189,7 +188,6 @@ fn adoption_removes_slice_directories_the_store_does_not_know() {
     let (m, report) = manager(run.path(), state.path());
     assert_eq!(report.adopted, vec!["kept"]);
     assert_eq!(report.orphan_dirs, vec![dir.clone()]);
-    assert_eq!(lim.snapshot().state, egpu_abi::SliceState::Deleted);
     assert!(!dir.exists());
     assert!(m.get("kept").unwrap().dir.exists());
 }
@@ -212,6 +210,43 @@ fn a_live_slice_directory_the_store_does_not_know_fails_adoption_and_is_left_alo
     let (_m, report) = SliceManager::adopt_with(run.path(), FakeGpus::new(1, 16 << 30).devices, Store::open(state.path()).unwrap(), true).unwrap();
     assert_eq!(report.orphan_dirs, vec![dir.clone()]);
     assert_eq!(lim.snapshot().state, egpu_abi::SliceState::Deleted);
+    assert!(!dir.exists());
+}
+
+#[test]
+fn an_unstored_directory_whose_limits_cannot_be_read_is_live_while_a_process_is_attached() {
+    use std::io::{BufRead, Write};
+    let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    {
+        let (mut m, _) = manager(run.path(), state.path());
+        m.create(req("unreadable", vec![share(0, 1)])).unwrap();
+    }
+    let dir = paths::slice_dir(run.path(), "unreadable");
+    Store::open(state.path()).unwrap().remove("unreadable").unwrap();
+    // Limits of another ABI version: this build cannot tell whether they are live.
+    let mut f = std::fs::OpenOptions::new().write(true).open(paths::limits_path(&dir)).unwrap();
+    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(8)).unwrap();
+    f.write_all(&99u32.to_ne_bytes()).unwrap();
+    drop(f);
+    assert!(LimitsReader::open(&paths::limits_path(&dir)).is_err());
+    // A process attached to its usage file: live, so adoption is refused.
+    let mut holder = std::process::Command::new("python3")
+        .args(["-c", "import fcntl,sys; f=open(sys.argv[1],'r+b'); fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 4096); print('locked', flush=True); sys.stdin.read()"])
+        .arg(paths::usage_path(&dir))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "locked");
+    let e = SliceManager::adopt(run.path(), FakeGpus::new(2, 16 * Bytes::GIB).devices, Store::open(state.path()).unwrap()).err().expect("refused while attached");
+    assert!(matches!(&e, SliceOpError::NotStored { names, .. } if names == &["unreadable"]), "{e}");
+    // Nothing attached: what an interrupted create or delete leaves; it goes.
+    drop(holder.stdin.take());
+    assert!(holder.wait().unwrap().success());
+    let (_m, report) = manager(run.path(), state.path());
+    assert_eq!(report.orphan_dirs, vec![dir.clone()]);
     assert!(!dir.exists());
 }
 
@@ -272,7 +307,7 @@ fn a_slice_whose_cdi_spec_cannot_be_written_is_not_created() {
         cdi_hook: "/t/egpu-cdi-hook".into(),
         memory_audit: Default::default(),
         memory_audit_slack: crate::audit::DEFAULT_SLACK,
-            drop_unstored_slices: false,
+        drop_unstored_slices: false,
     };
     m.set_cdi(crate::cdi::CdiPublisher::new(&cfg, cdi.path()).unwrap());
     m.create(req("ok", vec![share(0, 1)])).unwrap();
