@@ -213,9 +213,26 @@ fn a_live_slice_directory_the_store_does_not_know_fails_adoption_and_is_left_alo
     assert!(!dir.exists());
 }
 
+/// Another process holding a record lock (the first record's) on the usage
+/// file `usage`, whatever its layout, until its stdin closes.
+fn lock_holder(usage: &Path) -> std::process::Child {
+    use std::io::BufRead;
+    let mut holder = std::process::Command::new("python3")
+        .args(["-c", "import fcntl,sys; f=open(sys.argv[1],'r+b'); fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 4096); print('locked', flush=True); sys.stdin.read()"])
+        .arg(usage)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    std::io::BufReader::new(holder.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "locked");
+    holder
+}
+
 #[test]
 fn an_unstored_directory_whose_limits_cannot_be_read_is_live_while_a_process_is_attached() {
-    use std::io::{BufRead, Write};
+    use std::io::Write;
     let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     {
         let (mut m, _) = manager(run.path(), state.path());
@@ -230,16 +247,7 @@ fn an_unstored_directory_whose_limits_cannot_be_read_is_live_while_a_process_is_
     drop(f);
     assert!(LimitsReader::open(&paths::limits_path(&dir)).is_err());
     // A process attached to its usage file: live, so adoption is refused.
-    let mut holder = std::process::Command::new("python3")
-        .args(["-c", "import fcntl,sys; f=open(sys.argv[1],'r+b'); fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 4096); print('locked', flush=True); sys.stdin.read()"])
-        .arg(paths::usage_path(&dir))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3");
-    let mut line = String::new();
-    std::io::BufReader::new(holder.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "locked");
+    let mut holder = lock_holder(&paths::usage_path(&dir));
     let e = SliceManager::adopt(run.path(), FakeGpus::new(2, 16 * Bytes::GIB).devices, Store::open(state.path()).unwrap()).err().expect("refused while attached");
     assert!(matches!(&e, SliceOpError::NotStored { names, .. } if names == &["unreadable"]), "{e}");
     // Nothing attached: what an interrupted create or delete leaves; it goes.
@@ -252,7 +260,7 @@ fn an_unstored_directory_whose_limits_cannot_be_read_is_live_while_a_process_is_
 
 #[test]
 fn an_orphan_directory_whose_usage_file_this_build_cannot_read_waits_for_the_processes_locked_in_it() {
-    use std::io::{BufRead, Write};
+    use std::io::Write;
     let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     {
         let (mut m, _) = manager(run.path(), state.path());
@@ -267,16 +275,7 @@ fn an_orphan_directory_whose_usage_file_this_build_cannot_read_waits_for_the_pro
     drop(f);
     assert!(UsageFile::open(&usage).is_err(), "this build must not read it");
     // ... with a process of that version attached: it holds a record lock.
-    let mut holder = std::process::Command::new("python3")
-        .args(["-c", "import fcntl,sys; f=open(sys.argv[1],'r+b'); fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB, 1, 4096); print('locked', flush=True); sys.stdin.read()"])
-        .arg(&usage)
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3");
-    let mut line = String::new();
-    std::io::BufReader::new(holder.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "locked");
+    let mut holder = lock_holder(&usage);
     // An interrupted delete: limits marked deleted, store entry gone.
     egpu_abi::LimitsWriter::open(&paths::limits_path(&dir)).unwrap().mark_deleted();
     Store::open(state.path()).unwrap().remove("other-abi").unwrap();
