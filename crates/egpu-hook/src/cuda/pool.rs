@@ -45,17 +45,23 @@ fn attr(pool: usize, which: u32) -> Option<u64> {
 /// flight). Growth is charged only when `grow` (an allocation path); it fails
 /// with out-of-memory if it does not fit.
 fn reconcile(pool: usize, grow: bool) -> Result<(), CUresult> {
+    reconcile_if_reported(pool, grow).unwrap_or(Ok(()))
+}
+
+/// [`reconcile`], or `None` where the driver does not report the pool's
+/// reserved size.
+fn reconcile_if_reported(pool: usize, grow: bool) -> Option<Result<(), CUresult>> {
     // A reading taken while another thread's allocation started or ended
     // cannot settle down; read again a few times, so a settle before a
     // refusal is not skipped merely because the pool is busy.
     for _ in 0..4 {
-        let epoch = epoch(pool);
-        let Some(reserved) = attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) else { return Ok(()) };
-        if self::epoch(pool) == epoch || grow {
-            return reconcile_to(pool, reserved, grow, epoch);
+        let seen = epoch(pool);
+        let reserved = attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT)?;
+        if epoch(pool) == seen || grow {
+            return Some(reconcile_to(pool, reserved, grow, seen));
         }
     }
-    Ok(())
+    Some(Ok(()))
 }
 
 /// The pool's allocation epoch ([`PoolAcct::epoch`]), read before its size.
@@ -94,9 +100,7 @@ pub fn settle(pool: usize) {
 /// through the pool's reserved size, or, for a pool whose reserved size the
 /// driver does not report (charged by allocation), given back as such.
 pub fn freed(pool: usize, dev: usize, bytes: u64) {
-    let epoch = epoch(pool);
-    if let Some(reserved) = attr(pool, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) {
-        let _ = reconcile_to(pool, reserved, false, epoch);
+    if reconcile_if_reported(pool, false).is_some() {
         return;
     }
     let known = LEDGER.lock().pools.get_mut(&pool).map(|a| a.charged = a.charged.saturating_sub(bytes)).is_some();
