@@ -312,7 +312,7 @@ impl SliceManager {
         // Before anything is adopted, so a refusal changes nothing.
         if !drop_unstored {
             let stored: std::collections::BTreeSet<&str> = records.iter().map(|r| r.spec.name.as_str()).collect();
-            let mut names: Vec<String> = orphan_dirs(&slices_dir).into_iter().filter(|(name, dir)| !stored.contains(name.as_str()) && live_dir(dir)).map(|(name, _)| name).collect();
+            let mut names: Vec<String> = slice_dirs(&slices_dir).into_iter().filter(|(name, dir)| !stored.contains(name.as_str()) && live_dir(dir)).map(|(name, _)| name).collect();
             names.sort();
             if !names.is_empty() {
                 return Err(SliceOpError::NotStored { names, slices_dir });
@@ -436,7 +436,7 @@ impl SliceManager {
     /// Live ones (see [`live_dir`]) got here only with `--drop-unstored-slices`:
     /// without it adoption refused before this ([`SliceOpError::NotStored`]).
     fn adopt_orphan_dirs(&mut self, slices_dir: &Path, report: &mut AdoptReport) {
-        let orphans: Vec<(String, PathBuf)> = orphan_dirs(slices_dir).into_iter().filter(|(name, _)| !self.slices.contains_key(name) && !self.unadopted.contains_key(name)).collect();
+        let orphans: Vec<(String, PathBuf)> = slice_dirs(slices_dir).into_iter().filter(|(name, _)| !self.slices.contains_key(name) && !self.unadopted.contains_key(name)).collect();
         for (_, dir) in orphans {
             let live = live_dir(&dir);
             self.keep_orphan_dir(&dir);
@@ -490,7 +490,7 @@ impl SliceManager {
             // waits for them.
             let attached = match live {
                 Ok(pids) => !pids.is_empty(),
-                Err(_) => std::fs::File::open(paths::usage_path(dir)).is_ok_and(|f| egpu_abi::map::any_lock_by_other(&f).unwrap_or(false)),
+                Err(_) => usage_locked_by_other(dir),
             };
             if attached {
                 return true;
@@ -951,7 +951,7 @@ mod audit;
 mod tests;
 
 /// The directories under `slices_dir`, by name (none if it cannot be listed).
-fn orphan_dirs(slices_dir: &Path) -> Vec<(String, PathBuf)> {
+fn slice_dirs(slices_dir: &Path) -> Vec<(String, PathBuf)> {
     match std::fs::read_dir(slices_dir) {
         Ok(entries) => entries.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| (e.file_name().to_string_lossy().into_owned(), e.path())).collect(),
         Err(e) => {
@@ -970,6 +970,12 @@ fn live_dir(dir: &Path) -> bool {
     match egpu_abi::LimitsReader::open(&paths::limits_path(dir)) {
         Ok(l) => l.snapshot().state != egpu_abi::SliceState::Deleted,
         Err(egpu_abi::AbiError::Missing(_)) => false,
-        Err(_) => std::fs::File::open(paths::usage_path(dir)).is_ok_and(|f| egpu_abi::map::any_lock_by_other(&f).unwrap_or(false)),
+        Err(_) => usage_locked_by_other(dir),
     }
+}
+
+/// Whether another process holds a record lock in `dir`'s usage file,
+/// whatever its layout (one of another ABI version included).
+fn usage_locked_by_other(dir: &Path) -> bool {
+    std::fs::File::open(paths::usage_path(dir)).is_ok_and(|f| egpu_abi::map::any_lock_by_other(&f).unwrap_or(false))
 }
