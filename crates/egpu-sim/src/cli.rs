@@ -475,7 +475,6 @@ fn load_trace(args: &SimulateFlags) -> Result<(Trace, String, report::LeftOut)> 
     };
     let (cluster, skipped_nodes) = trace::load_nodes(&nodes_name, &nodes_text, args.lenient)?;
     let (mut pods, skipped_pods) = trace::load_pods(&pods_name, &pods_text, &cluster, args.lenient)?;
-    let skipped = skipped_pods.count;
     (left_out.node_rows, left_out.pod_rows) = (skipped_nodes.count, skipped_pods.count);
     for s in [skipped_nodes, skipped_pods] {
         if s.count > 0 {
@@ -484,7 +483,7 @@ fn load_trace(args: &SimulateFlags) -> Result<(Trace, String, report::LeftOut)> 
     }
     if !pods.iter().any(|p| p.pod.gpu_count() > 0) {
         let why = if pods.is_empty() { "no pods" } else { "no pod that asks for a GPU" };
-        let skipped = if skipped > 0 { format!(" ({skipped} rows skipped)") } else { String::new() };
+        let skipped = if left_out.pod_rows > 0 { format!(" ({} rows skipped)", left_out.pod_rows) } else { String::new() };
         bail!("{pods_name}: {why}{skipped}: the simulation fills the cluster's GPUs with the pod list's GPU pods, so it needs at least one");
     }
     let mut name = name;
