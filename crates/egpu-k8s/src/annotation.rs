@@ -145,6 +145,19 @@ impl NodeGpus {
         true
     }
 
+    /// Takes `units` off the GPU `uuid` (where a hint puts a container,
+    /// [`crate::hint`]); false, and nothing taken, when it has no such GPU
+    /// or not that many units free.
+    pub fn take_on(&mut self, uuid: &str, units: u32) -> bool {
+        match self.gpus.iter_mut().find(|g| g.uuid == uuid && g.free >= units) {
+            Some(g) => {
+                g.free -= units;
+                true
+            }
+            None => false,
+        }
+    }
+
     /// The GPUs alone, without the pod lists (what placing units needs).
     pub fn gpus_only(&self) -> NodeGpus {
         NodeGpus { v: self.v, unit_bytes: self.unit_bytes, gpus: self.gpus.clone(), pods: None, holds: None }

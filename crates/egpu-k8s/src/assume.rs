@@ -8,9 +8,10 @@
 //! is still free. So when the extender binds a pod (the scheduler's
 //! `bindVerb`), it remembers the pod's units on that node, and every
 //! filter and prioritize takes them off the annotation's free units: each
-//! container in the pod's order, best fit, ties to the lower GPU UUID (or
-//! whole GPUs for a container larger than one), as the plugin's preferred
-//! allocation places them when the kubelet admits
+//! container in the pod's order, on the GPU the pod's hint names
+//! ([`crate::hint`]) while that GPU has the room, else best fit, ties to
+//! the lower GPU UUID (or whole GPUs for a container larger than one), as
+//! the plugin's preferred allocation places them when the kubelet admits
 //! the containers in that order (an approximation: the kubelet admits
 //! several pending pods in its own order). An assumption ends when the
 //! node's annotation says the pod holds all its units there (they are then
@@ -36,6 +37,9 @@ struct Entry {
     pod: String,
     /// Units per container, in the pod's order.
     units: Vec<u32>,
+    /// The GPU (UUID) the pod's hint names for each container, where it
+    /// names one.
+    gpus: Vec<Option<String>>,
     at: Instant,
 }
 
@@ -72,12 +76,19 @@ impl Assumed {
     /// these units; a second bind of the same pod to the same node replaces
     /// the first. Expired assumptions on every node are dropped here too.
     pub fn assume(&mut self, node: &str, pod: &str, units: Vec<u32>, now: Instant, ttl: Duration) {
+        self.assume_on(node, pod, units, Vec::new(), now, ttl);
+    }
+
+    /// [`Assumed::assume`] with the GPU the pod's hint names for each
+    /// container (`gpus[i]` for `units[i]`; `None`, or a shorter list,
+    /// where it names none).
+    pub fn assume_on(&mut self, node: &str, pod: &str, units: Vec<u32>, gpus: Vec<Option<String>>, now: Instant, ttl: Duration) {
         for (n, entries) in self.nodes.iter_mut() {
             entries.retain(|e| !(n == node && e.pod == pod) && now.saturating_duration_since(e.at) < ttl);
         }
         self.nodes.retain(|_, e| !e.is_empty());
         if !units.is_empty() {
-            self.nodes.entry(node.to_string()).or_default().push(Entry { pod: pod.to_string(), units, at: now });
+            self.nodes.entry(node.to_string()).or_default().push(Entry { pod: pod.to_string(), units, gpus, at: now });
         }
     }
 
@@ -110,11 +121,14 @@ impl Assumed {
         let held = |pod: &str| g.pods.as_ref().and_then(|p| p.get(pod)).copied().unwrap_or(0);
         entries.retain(|e| u64::from(held(&e.pod)) < e.units.iter().map(|&u| u64::from(u)).sum::<u64>() && now.saturating_duration_since(e.at) < ttl);
         for e in entries.iter() {
-            for &u in &e.units {
-                // Where the plugin's preferred allocation puts it. A pod
+            for (i, &u) in e.units.iter().enumerate() {
+                // Where the plugin's preferred allocation puts it: the
+                // hinted GPU while it has the room, else best fit. A pod
                 // that fits no GPU any more was bound in a race the plugin
                 // refuses at admission; it takes nothing here.
-                g.take(u);
+                if !e.gpus.get(i).and_then(Option::as_deref).is_some_and(|uuid| g.take_on(uuid, u)) {
+                    g.take(u);
+                }
             }
         }
         if entries.is_empty() {
@@ -166,6 +180,22 @@ mod tests {
 
     fn free(g: &NodeGpus) -> Vec<u32> {
         g.gpus.iter().map(|x| x.free).collect()
+    }
+
+    #[test]
+    fn a_hinted_container_takes_its_gpu_while_it_has_room_else_best_fit() {
+        let t0 = Instant::now();
+        let mut a = Assumed::default();
+        // The hint names GPU-1 for the first container: best fit would
+        // take GPU-0's 10. The second container has no hint: best fit,
+        // GPU-1's 8 left.
+        a.assume_on("n1", "default/p", vec![8, 4], vec![Some("GPU-1".into())], t0, TTL);
+        assert_eq!(free(&a.view("n1", gpus(&[10, 16], Some(&[])), t0, TTL)), [10, 4]);
+        // The hinted GPU has no room any more (or is not on the node): best
+        // fit, as the plugin falls back.
+        assert_eq!(free(&a.view("n1", gpus(&[10, 6], Some(&[])), t0, TTL)), [2, 2]);
+        a.assume_on("n2", "default/q", vec![4], vec![Some("GPU-9".into())], t0, TTL);
+        assert_eq!(free(&a.view("n2", gpus(&[16, 10], Some(&[])), t0, TTL)), [16, 6]);
     }
 
     #[test]

@@ -28,7 +28,8 @@
 //! [`annotation`] (the Node annotation's format), [`extender`] (the
 //! kube-scheduler extender), [`assume`] (its cache of bound pods),
 //! [`checkpoint`] (the kubelet's device checkpoint, read while its
-//! pod list is incomplete), [`follow`] (list-then-watch of objects' metadata), [`metrics`] (the
+//! pod list is incomplete), [`follow`] (list-then-watch of objects' metadata), [`hint`] (the
+//! pod annotation that hands the policy's GPU to the device plugin), [`metrics`] (the
 //! Prometheus metrics of the extender and the kubelet plugins), [`dra`] (the DRA kubelet plugin),
 //! [`quantity`] (Kubernetes quantities), [`names`] (the name rules flags are checked against).
 
@@ -38,6 +39,7 @@ pub mod checkpoint;
 pub mod dra;
 pub mod extender;
 pub mod follow;
+pub mod hint;
 pub mod metrics;
 pub mod names;
 pub mod plugin;

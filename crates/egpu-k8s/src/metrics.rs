@@ -66,6 +66,7 @@ pub struct ExtenderMetrics {
     seconds: Family<Labels, Histogram, fn() -> Histogram>,
     nodes: Family<Labels, Counter>,
     binds: Family<Labels, Counter>,
+    hints: Family<Labels, Counter>,
     preempt_nodes: Family<Labels, Counter>,
     assumed: Gauge,
     cache_nodes: Gauge,
@@ -86,6 +87,7 @@ impl Default for ExtenderMetrics {
             seconds: Family::new_with_constructor(latency as fn() -> Histogram),
             nodes: Family::default(),
             binds: Family::default(),
+            hints: Family::default(),
             preempt_nodes: Family::default(),
             assumed: Gauge::default(),
             cache_nodes: Gauge::default(),
@@ -101,6 +103,11 @@ impl Default for ExtenderMetrics {
                 m.nodes.clone(),
             );
             r.register("egpu_extender_binds", "Binds, by outcome: bound, refused (the request, the pod or a 4xx answer said no), failed (anything else: no answer in time, a server error, no API access)", m.binds.clone());
+            r.register(
+                "egpu_extender_hints",
+                "GPU hints of binds (egpu.io/gpu-hint on the pod), by outcome: written, failed (the pod's patch failed or timed out; the pod is bound without it, and the plugin's best fit places it), none (no container fits one GPU, or the node is not in the node cache)",
+                m.hints.clone(),
+            );
             r.register(
                 "egpu_extender_preempt_nodes",
                 "Candidate nodes of preemptions, by result: kept (the victims make room on one GPU, or whole GPUs, for each container), dropped (they would not, or the node is not in the node cache or its annotation cannot be read)",
@@ -139,6 +146,11 @@ impl ExtenderMetrics {
     }
 
     /// A bind's outcome: `bound`, `refused` or `failed`.
+    /// A bind's GPU hint: written, failed or none.
+    pub fn hint(&self, outcome: &'static str) {
+        self.hints.get_or_create(&vec![("outcome", outcome)]).inc();
+    }
+
     pub fn bind(&self, outcome: &'static str) {
         self.binds.get_or_create(&vec![("outcome", outcome)]).inc();
     }
@@ -243,6 +255,7 @@ pub struct DevicePluginMetrics {
     registrations: Counter,
     swept: Counter,
     resizes: Counter,
+    hints: Family<Labels, Counter>,
     devices: Family<Labels, Gauge>,
     egpud_up: Gauge,
     pod_resources_up: Gauge,
@@ -264,6 +277,7 @@ impl Default for DevicePluginMetrics {
             registrations: Counter::default(),
             swept: Counter::default(),
             resizes: Counter::default(),
+            hints: Family::default(),
             devices: Family::default(),
             egpud_up: Gauge::default(),
             pod_resources_up: Gauge::default(),
@@ -280,6 +294,11 @@ impl Default for DevicePluginMetrics {
             r.register("egpu_device_plugin_registrations", "Registrations the kubelet accepted (one at start, one after each kubelet restart)", m.registrations.clone());
             r.register("egpu_device_plugin_swept_slices", "Slices deleted because no container holds their units any more", m.swept.clone());
             r.register("egpu_device_plugin_resizes", "Live resizes egpud made from a pod's annotations", m.resizes.clone());
+            r.register(
+                "egpu_device_plugin_preferred_hints",
+                "Containers of GetPreferredAllocation calls that fit one GPU, by how the extender's GPU hints (egpu.io/gpu-hint) placed them: followed (on the hinted GPU), stale (hints of that size were pending, but none of their GPUs had the units available: best fit), none (no pending hint of that size: best fit)",
+                m.hints.clone(),
+            );
             r.register("egpu_device_plugin_devices", "Devices (units of GPU memory) last advertised to the kubelet, by health: healthy, unhealthy (promised elsewhere, or egpud down)", m.devices.clone());
             r.register("egpu_device_plugin_egpud_up", "1 when the last refresh read egpud, else 0 (every device is then advertised unhealthy)", m.egpud_up.clone());
             r.register("egpu_device_plugin_pod_resources_up", "1 when the last refresh read the kubelet's pod-resources list, else 0 (nothing is swept meanwhile)", m.pod_resources_up.clone());
@@ -294,6 +313,11 @@ impl Default for DevicePluginMetrics {
 }
 
 impl DevicePluginMetrics {
+    /// One container's preference: followed, stale or none.
+    pub fn hint(&self, outcome: &'static str) {
+        self.hints.get_or_create(&vec![("outcome", outcome)]).inc();
+    }
+
     /// One container of an Allocate call, answered in `took`.
     pub fn allocation(&self, ok: bool, took: Duration) {
         self.allocations.get_or_create(&vec![("outcome", if ok { "ok" } else { "error" })]).inc();

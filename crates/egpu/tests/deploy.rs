@@ -259,6 +259,10 @@ fn the_scheduler_its_extender_and_the_example_pod_agree() {
     assert_eq!(leases.metadata.namespace.as_deref(), Some(ns.as_str()));
     assert!(leases.rules.iter().flatten().any(|r| r.resources.iter().flatten().any(|x| x == "leases") && ["get", "create", "update"].iter().all(|v| r.verbs.iter().any(|x| x == v))));
     assert!(bound("RoleBinding", "egpu-scheduler-leases"));
+    // It patches pods (their GPU hint), which system:kube-scheduler may not.
+    let hints: ClusterRole = typed(find(&objs, "ClusterRole", "egpu-scheduler-hints"));
+    assert!(hints.rules.iter().flatten().any(|r| r.resources.iter().flatten().any(|x| x == "pods") && r.verbs.iter().any(|v| v == "patch")));
+    assert!(bound("ClusterRoleBinding", "egpu-scheduler-hints"));
 }
 
 #[test]

@@ -171,6 +171,48 @@ async fn get_pod(axum::extract::State(api): axum::extract::State<ApiServer>, axu
     }
 }
 
+/// `PATCH …/pods/{name}`: a JSON merge patch of the pod's annotations,
+/// with the UID in the patch as a precondition, as the API server checks
+/// it. `default/a` is the pod the node's watch sends: its annotations
+/// change there too.
+async fn patch_pod(
+    axum::extract::State(api): axum::extract::State<ApiServer>,
+    axum::extract::Path((ns, name)): axum::extract::Path<(String, String)>,
+    headers: axum::http::HeaderMap,
+    body: String,
+) -> axum::response::Response {
+    use axum::http::StatusCode;
+    use axum::response::IntoResponse;
+    let ct = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
+    let patch: serde_json::Value = match serde_json::from_str(&body) {
+        Ok(v) if ct == "application/merge-patch+json" => v,
+        _ => return (StatusCode::UNSUPPORTED_MEDIA_TYPE, format!("want a JSON merge patch, got {ct}")).into_response(),
+    };
+    let mut pods = api.pods.lock().unwrap();
+    let Some(pod) = pods.get_mut(&name).filter(|_| ns == "default") else {
+        return api_error(StatusCode::NOT_FOUND, "NotFound", format!("pods \"{name}\" not found"));
+    };
+    if !patch["metadata"]["uid"].is_null() && patch["metadata"]["uid"] != pod["metadata"]["uid"] {
+        return api_error(StatusCode::CONFLICT, "Conflict", format!("Precondition failed: UID in precondition: {}, UID in object meta: {}", patch["metadata"]["uid"], pod["metadata"]["uid"]));
+    }
+    let mut ann = pod["metadata"]["annotations"].as_object().cloned().unwrap_or_default();
+    for (k, v) in patch["metadata"]["annotations"].as_object().cloned().unwrap_or_default() {
+        if v.is_null() {
+            ann.remove(&k);
+        } else {
+            ann.insert(k, v);
+        }
+    }
+    pod["metadata"]["annotations"] = ann.clone().into();
+    let out = pod.clone();
+    drop(pods);
+    if name == "a" {
+        *api.pod_annotations.lock().unwrap() = ann;
+        api.pod_version.send_modify(|(v, end)| (*v, *end) = (*v + 1, false));
+    }
+    axum::Json(out).into_response()
+}
+
 /// `POST …/pods/{name}/binding`, with the checks the API server makes: a
 /// Binding to a Node, the pod's UID if given, and a pod not yet assigned.
 async fn bind_pod(
@@ -318,7 +360,7 @@ fn serve_api(rt: &tokio::runtime::Runtime, dir: &Path, api: ApiServer) -> PathBu
         .route("/api/v1/nodes/{name}", axum::routing::patch(patch_node))
         .route("/api/v1/nodes", axum::routing::get(list_nodes))
         .route("/api/v1/pods", axum::routing::get(list_pods))
-        .route("/api/v1/namespaces/{ns}/pods/{name}", axum::routing::get(get_pod))
+        .route("/api/v1/namespaces/{ns}/pods/{name}", axum::routing::get(get_pod).patch(patch_pod))
         .route("/api/v1/namespaces/{ns}/pods/{name}/binding", axum::routing::post(bind_pod))
         .with_state(api);
     common::serve_api(rt, dir, app)
@@ -706,6 +748,81 @@ fn device_plugin_turns_kubelet_allocations_into_slices() {
         let mut plugin = _plugin;
         assert!(plugin.terminate().success(), "{}", plugin_log());
         assert!(!sock.exists());
+    });
+    assert!(!plugin_log().contains("panicked"), "{}", plugin_log());
+}
+
+/// The GPU eGPU's policy picks inside the node reaches the device plugin:
+/// the extender writes it onto the pod at bind (`egpu.io/gpu-hint`), the
+/// plugin follows the node's pods and prefers that GPU for a request of
+/// the pod's size, once. Best fit would have taken the other GPU.
+#[test]
+fn the_policys_gpu_reaches_the_plugin_through_the_pods_hint() {
+    let Rig { tmp, rt, mut registered, pods, api, kdir, node: _node, _plugin, .. } = Rig::start("0s");
+    let plugin_log = || std::fs::read_to_string(tmp.path().join("plugin.log")).unwrap_or_default();
+    rt.block_on(async {
+        let reg = tokio::time::timeout(WAIT, registered.recv()).await.expect("no registration").unwrap();
+        let mut c = connect(&kdir.join("device-plugins").join(&reg.endpoint)).await;
+        let mut stream = c.list_and_watch(dp::Empty {}).await.unwrap().into_inner();
+        let all: Vec<String> = until(&mut stream, "32 healthy", |d| d.len() == 32 && unhealthy(d).is_empty()).await.iter().map(|d| d.id.clone()).collect();
+        let uuid = |id: &str| id.rsplit_once('_').unwrap().0.to_string();
+        let (u0, u1) = (uuid(&all[0]), uuid(&all[31]));
+        // Pods x (10 units of GPU 0) and y (6 of GPU 1) leave [6, 10] free.
+        let (x, y): (Vec<String>, Vec<String>) = (all[..10].to_vec(), all[16..22].to_vec());
+        pods.lock().unwrap().extend([holder("x", &x), holder("y", &y)]);
+        let alloc = |ids: Vec<String>| dp::AllocateRequest { container_requests: vec![dp::ContainerAllocateRequest { devices_ids: ids }] };
+        c.allocate(alloc(x.clone())).await.unwrap();
+        c.allocate(alloc(y.clone())).await.unwrap();
+        assert!(wait_until(WAIT, || api.free() == Some(vec![6, 10])), "annotation {:?}; plugin log:\n{}", api.annotation(), plugin_log());
+        let available: Vec<String> = all.iter().filter(|id| !x.contains(id) && !y.contains(id)).cloned().collect();
+        let prefer = |size: i32| {
+            let req = dp::PreferredAllocationRequest {
+                container_requests: vec![dp::ContainerPreferredAllocationRequest { available_device_i_ds: available.clone(), must_include_device_i_ds: vec![], allocation_size: size }],
+            };
+            let mut c = c.clone();
+            async move { c.get_preferred_allocation(req).await.unwrap().into_inner().container_responses.remove(0).device_i_ds }
+        };
+        // Without a hint: best fit, GPU 0's 6.
+        assert!(prefer(4).await.iter().all(|id| uuid(id) == u0));
+
+        // The scheduler, whose node cache has the node as the plugin
+        // annotated it, places pod a (4 units) and binds it.
+        let node_annotation = api.annotations.lock().unwrap()[egpu_k8s::annotation::ANNOTATION].as_str().unwrap().to_string();
+        api.set_node("n1", true, Some(node_annotation));
+        let mut a = pod_asking(4);
+        a["metadata"]["name"] = "a".into();
+        a["metadata"]["uid"] = "uid-a".into();
+        api.pods.lock().unwrap().insert("a".into(), a.clone());
+        let kubeconfig = tmp.path().join("kubeconfig");
+        let (sched, metrics) = Scheduler::start_args(Some(&kubeconfig), &["--metrics-listen", "127.0.0.1:0"]);
+        let (code, body) = post(&sched.1, "/filter", &serde_json::json!({"Pod": a, "NodeNames": ["n1"]}).to_string());
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&body).unwrap()["NodeNames"], serde_json::json!(["n1"]), "{body}");
+        let (code, body) = post(&sched.1, "/bind", &serde_json::json!({"PodName": "a", "PodNamespace": "default", "PodUID": "uid-a", "Node": "n1"}).to_string());
+        assert_eq!((code, serde_json::from_str::<serde_json::Value>(&body).unwrap()["Error"].as_str()), (200, Some("")), "{body}");
+        // The hint names GPU 1, where the policy keeps two holes a 4 can use.
+        let hint = api.pods.lock().unwrap()["a"]["metadata"]["annotations"][egpu_k8s::hint::HINT_ANNOTATION].clone();
+        assert_eq!(hint, serde_json::Value::from(format!("{u1}=4")), "{:?}", api.pods.lock().unwrap()["a"]);
+        assert_eq!(api.bindings.lock().unwrap().len(), 1);
+        let (_, _, m) = http_get(&metrics.unwrap(), "/metrics");
+        assert_eq!(sample(&m, r#"egpu_extender_hints_total{outcome="written"}"#), Some(1.0), "{m}");
+        // The plugin, once its watch has the hint, prefers GPU 1 for a 4
+        // (until then it answers best fit, as for any pod without one).
+        let deadline = tokio::time::Instant::now() + WAIT;
+        let pref = loop {
+            let pref = prefer(4).await;
+            if pref.iter().all(|id| uuid(id) == u1) || tokio::time::Instant::now() > deadline {
+                break pref;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert!(pref.iter().all(|id| uuid(id) == u1), "{pref:?}; plugin log:\n{}", plugin_log());
+        assert_eq!(pref, all[22..26].to_vec(), "GPU 1's lowest available units");
+        // Followed once: the next 4 is best fit again.
+        assert!(prefer(4).await.iter().all(|id| uuid(id) == u0));
+        let m = scrape_logged(plugin_log);
+        assert_eq!(sample(&m, r#"egpu_device_plugin_preferred_hints_total{outcome="followed"}"#), Some(1.0), "{m}");
+        assert_eq!(sample(&m, r#"egpu_device_plugin_preferred_hints_total{outcome="stale"}"#), None, "{m}");
     });
     assert!(!plugin_log().contains("panicked"), "{}", plugin_log());
 }

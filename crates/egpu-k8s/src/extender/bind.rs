@@ -5,6 +5,26 @@ use super::{BIND_DEADLINE, BindingArgs, BindingResult, Demand, Extender, RESYNC_
 use serde_json::Value;
 use std::time::Instant;
 
+/// The longest the hint's patch may take, of the bind's [`BIND_DEADLINE`]:
+/// what is left is for the Binding.
+const HINT_DEADLINE: std::time::Duration = std::time::Duration::from_millis(1500);
+
+/// Writes the pod's `egpu.io/gpu-hint` (a merge patch of its annotations,
+/// with its UID as precondition when the request names it).
+async fn write_hint(pods: &kube::Api<k8s_openapi::api::core::v1::Pod>, a: &BindingArgs, hint: &crate::hint::Hint, deadline: tokio::time::Instant) -> Result<(), String> {
+    let mut metadata = serde_json::json!({"annotations": {crate::hint::HINT_ANNOTATION: hint.to_annotation()}});
+    if !a.pod_uid.is_empty() {
+        metadata["uid"] = a.pod_uid.clone().into();
+    }
+    let patch = serde_json::json!({ "metadata": metadata });
+    let until = deadline.min(tokio::time::Instant::now() + HINT_DEADLINE);
+    match tokio::time::timeout_at(until, pods.patch(&a.pod_name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer within {} ms", HINT_DEADLINE.as_millis())),
+    }
+}
+
 /// Why a bind failed: `refused` when the request, the pod or the API
 /// server's 4xx answer said no; otherwise (no answer in time, a server
 /// error, no API access) it failed.
@@ -82,7 +102,27 @@ impl Extender {
         // broken connection) may still have bound the pod. Only a definite
         // refusal releases it; otherwise the node's annotation or the time
         // to live ends it.
-        self.assumed.lock().expect("assume lock").assume(&a.node, pod, units.clone(), Instant::now(), self.assume_ttl);
+        //
+        // With the policy's GPU for each container, which the pod's hint
+        // then hands to the device plugin (`crate::hint`).
+        let gpus = self.hint(&a.node, &units);
+        let hint = crate::hint::Hint(units.iter().zip(&gpus).filter_map(|(&u, g)| Some((g.clone()?, u))).collect());
+        self.assumed.lock().expect("assume lock").assume_on(&a.node, pod, units.clone(), gpus, Instant::now(), self.assume_ttl);
+        if hint.0.is_empty() {
+            self.metrics.hint("none");
+        } else {
+            // Before the Binding, so that the pod reaches its node with it.
+            // Advisory: a pod whose hint cannot be written is bound
+            // without it, and the plugin's best fit places it.
+            match write_hint(&pods, a, &hint, deadline).await {
+                Ok(()) => self.metrics.hint("written"),
+                Err(why) => {
+                    tracing::warn!(pod, node = a.node, "cannot write the pod's GPU hint ({}), binding it without: {why}", crate::hint::HINT_ANNOTATION);
+                    self.metrics.hint("failed");
+                    self.assumed.lock().expect("assume lock").assume(&a.node, pod, units.clone(), Instant::now(), self.assume_ttl);
+                }
+            }
+        }
         let binding = Binding {
             metadata: ObjectMeta { name: Some(a.pod_name.clone()), namespace: Some(a.pod_namespace.clone()), uid: (!a.pod_uid.is_empty()).then(|| a.pod_uid.clone()), ..Default::default() },
             target: ObjectReference { api_version: Some("v1".into()), kind: Some("Node".into()), name: Some(a.node.clone()), ..Default::default() },

@@ -36,7 +36,7 @@
 
 use crate::annotation::{AnnotationError, NodeGpus};
 use crate::assume::Assumed;
-use egpu_place::policy::EgpuPolicy;
+use egpu_place::policy::{EgpuPolicy, Policy};
 use egpu_place::{Cluster, NodeSpec, Placement, Pod, Qos, TargetWorkload, TypeSet};
 use serde_json::Value;
 use std::collections::{BTreeMap, VecDeque};
@@ -296,6 +296,38 @@ impl Extender {
         }
     }
 
+    /// The recent containers' units (the fragmentation target's window).
+    fn recent_units(&self) -> Vec<u32> {
+        self.recent.lock().expect("recent lock").units.iter().map(|(_, u)| *u).collect()
+    }
+
+    /// The policy's GPU (its UUID) for each of a pod's containers (units
+    /// in the pod's order) on `node`: placed one after another, as the
+    /// kubelet admits them, on what the node has free (its annotation in
+    /// the node cache, less what is assumed there), against the same
+    /// target as [`Extender::prioritize`]. `None` for a container of whole
+    /// GPUs (the plugin's choice stands) or one that does not fit, and for
+    /// every container when the node is not in the node cache, its
+    /// annotation cannot be read, or its GPUs differ in size.
+    fn hint(&self, node: &str, in_order: &[u32]) -> Vec<Option<String>> {
+        let none = vec![None; in_order.len()];
+        let Some(parsed) = self.nodes.as_ref().and_then(|c| c.annotations.read().expect("node cache lock").get(node).cloned()) else { return none };
+        let Ok(g) = self.free_from_parsed(node, &parsed, false) else { return none };
+        let Some(units) = g.gpus.first().map(|x| x.units).filter(|&u| g.gpus.iter().all(|x| x.units == u)) else { return none };
+        let (Some(mut model), Some(&largest)) = (Model::new(units), in_order.iter().max()) else { return none };
+        let (Some(first), Some(_)) = (model.shape(largest), model.add(node, &g)) else { return none };
+        let mut policy = EgpuPolicy::new(model.target(&self.recent_units(), &first));
+        in_order
+            .iter()
+            .map(|&u| {
+                let p = policy.place(&model.cluster, &model.shape(u)?)?;
+                model.cluster.apply(&p).ok()?;
+                let gi = usize::from(p.gpus.first()?.index);
+                (u <= units).then(|| g.gpus.get(gi).map(|x| x.uuid.clone())).flatten()
+            })
+            .collect()
+    }
+
     /// `prioritize`: every candidate node with a score from 0 to 10.
     pub fn prioritize(&self, args: ExtenderArgs) -> Result<Vec<HostPriority>, RequestError> {
         let pod = args.pod.filter(Value::is_object).ok_or(RequestError::NoPod)?;
@@ -306,7 +338,7 @@ impl Extender {
             return Ok(scores);
         };
         let frees = self.frees(&candidates, false);
-        let recent: Vec<u32> = self.recent.lock().expect("recent lock").units.iter().map(|(_, u)| *u).collect();
+        let recent = self.recent_units();
         // Nodes grouped by units per GPU: a pod's share of a GPU depends on its size.
         let mut groups: BTreeMap<u32, Vec<(usize, NodeGpus)>> = BTreeMap::new();
         for (i, (_, free)) in frees.into_iter().enumerate() {
@@ -318,38 +350,10 @@ impl Extender {
         }
         let mut keys: Vec<(usize, (i64, bool))> = Vec::new();
         for (units, members) in groups {
-            let milli = |u: u32| ((u64::from(u) * 1000).div_ceil(u64::from(units))).clamp(1, 1000) as u32;
-            let mut cluster = Cluster::new();
-            let Ok(ty) = cluster.gpu_type_or_insert(&format!("{units}u"), u64::from(units)) else { continue };
-            // A container larger than one GPU is a pod of whole GPUs.
-            let shape = |u: u32| if u > units { Pod::new(0, 0, u.div_ceil(units), 1000, TypeSet::only(ty), Qos::Be).ok() } else { sharing_pod(milli(u), ty) };
-            let Some(pod) = shape(largest) else { continue };
-            let mut ids = Vec::new();
-            for (i, g) in &members {
-                let spec = NodeSpec {
-                    name: scores[*i].host.clone(),
-                    cpu_milli: u64::MAX / 4,
-                    memory_mib: u64::MAX / 4,
-                    gpu_type: Some(ty),
-                    nvlink_groups: vec![0; g.gpus.len().min(egpu_place::model::MAX_GPUS_PER_NODE)],
-                    max_pods: u32::MAX,
-                };
-                let Ok(id) = cluster.add_node(spec) else { continue };
-                for (gi, gpu) in g.gpus.iter().enumerate().take(egpu_place::model::MAX_GPUS_PER_NODE) {
-                    // Used milli rounded down, so free milli rounds up as a
-                    // pod's demand does (`milli`): a pod of exactly the free
-                    // units fits its hole (79-unit GPUs, 10 free: 127 milli
-                    // free against a 10-unit pod's 127, not 126).
-                    let used = (u64::from(gpu.units - gpu.free.min(gpu.units)) * 1000 / u64::from(gpu.units.max(1))) as u32;
-                    if let Some(p) = (used > 0).then(|| sharing_pod(used, ty)).flatten() {
-                        let _ = cluster.apply(&Placement::new(id, &p, &[gi as u8]));
-                    }
-                }
-                ids.push((id, *i));
-            }
-            let shapes: Vec<Pod> = recent.iter().filter_map(|&u| shape(u)).collect();
-            let target = if shapes.is_empty() { TargetWorkload::from_pods([&pod], 1.0) } else { TargetWorkload::from_pods(&shapes, 0.95) };
-            let node_keys = EgpuPolicy::new(target).node_keys(&cluster, &pod);
+            let Some(mut model) = Model::new(units) else { continue };
+            let Some(pod) = model.shape(largest) else { continue };
+            let ids: Vec<_> = members.iter().filter_map(|(i, g)| Some((model.add(&scores[*i].host, g)?, *i))).collect();
+            let node_keys = EgpuPolicy::new(model.target(&recent, &pod)).node_keys(&model.cluster, &pod);
             for (id, i) in ids {
                 if let Some(k) = node_keys[id] {
                     keys.push((i, k));
@@ -373,4 +377,63 @@ impl Extender {
 /// A one-GPU pod of `milli` on GPUs of type `ty` (None when out of range).
 fn sharing_pod(milli: u32, ty: egpu_place::GpuTypeId) -> Option<Pod> {
     Pod::new(0, 0, 1, milli.clamp(1, 1000), TypeSet::only(ty), Qos::Be).ok()
+}
+
+/// The placement model of nodes whose GPUs have `units` units each, as
+/// [`Extender::prioritize`] scores them and [`Extender::hint`] places a
+/// bound pod's containers: one GPU type, a container's units as milli-GPU
+/// (rounded up), unlimited CPU and memory.
+struct Model {
+    cluster: Cluster,
+    ty: egpu_place::GpuTypeId,
+    units: u32,
+}
+
+impl Model {
+    fn new(units: u32) -> Option<Model> {
+        let mut cluster = Cluster::new();
+        let ty = cluster.gpu_type_or_insert(&format!("{units}u"), u64::from(units)).ok()?;
+        (units > 0).then_some(Model { cluster, ty, units })
+    }
+
+    fn milli(&self, u: u32) -> u32 {
+        ((u64::from(u) * 1000).div_ceil(u64::from(self.units))).clamp(1, 1000) as u32
+    }
+
+    /// A container of `u` units: a sharing pod, or (larger than one GPU) a
+    /// pod of whole GPUs.
+    fn shape(&self, u: u32) -> Option<Pod> {
+        if u > self.units { Pod::new(0, 0, u.div_ceil(self.units), 1000, TypeSet::only(self.ty), Qos::Be).ok() } else { sharing_pod(self.milli(u), self.ty) }
+    }
+
+    /// Adds a node with what its GPUs have free.
+    fn add(&mut self, name: &str, g: &NodeGpus) -> Option<egpu_place::NodeId> {
+        let spec = NodeSpec {
+            name: name.to_string(),
+            cpu_milli: u64::MAX / 4,
+            memory_mib: u64::MAX / 4,
+            gpu_type: Some(self.ty),
+            nvlink_groups: vec![0; g.gpus.len().min(egpu_place::model::MAX_GPUS_PER_NODE)],
+            max_pods: u32::MAX,
+        };
+        let id = self.cluster.add_node(spec).ok()?;
+        for (gi, gpu) in g.gpus.iter().enumerate().take(egpu_place::model::MAX_GPUS_PER_NODE) {
+            // Used milli rounded down, so free milli rounds up as a pod's
+            // demand does (`milli`): a pod of exactly the free units fits
+            // its hole (79-unit GPUs, 10 free: 127 milli free against a
+            // 10-unit pod's 127, not 126).
+            let used = (u64::from(gpu.units - gpu.free.min(gpu.units)) * 1000 / u64::from(gpu.units.max(1))) as u32;
+            if let Some(p) = (used > 0).then(|| sharing_pod(used, self.ty)).flatten() {
+                let _ = self.cluster.apply(&Placement::new(id, &p, &[gi as u8]));
+            }
+        }
+        Some(id)
+    }
+
+    /// The fragmentation target: the recent containers' shapes (95%), or
+    /// `pod` alone before any.
+    fn target(&self, recent: &[u32], pod: &Pod) -> TargetWorkload {
+        let shapes: Vec<Pod> = recent.iter().filter_map(|&u| self.shape(u)).collect();
+        if shapes.is_empty() { TargetWorkload::from_pods([pod], 1.0) } else { TargetWorkload::from_pods(&shapes, 0.95) }
+    }
 }

@@ -369,3 +369,35 @@ fn wire_names_are_gos_and_lower_case_is_accepted() {
     assert_eq!(v, json!({"FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": "e"}));
     assert_eq!(serde_json::to_value(HostPriority { host: "h".into(), score: 3 }).unwrap(), json!({"Host": "h", "Score": 3}));
 }
+
+#[test]
+fn a_bound_pods_hint_is_the_policys_gpu_not_the_best_fit() {
+    let meta = |name: &str, free: &[u32]| -> kube::api::ObjectMeta { serde_json::from_value(node(name, free)["metadata"].clone()).unwrap() };
+    let cache = Arc::new(NodeCache::new("egpu.io/enabled=true"));
+    cache.replace(vec![meta("n", &[6, 10]), meta("mixed", &[6, 10])]);
+    // A node whose GPUs differ in size gets no hint.
+    let mut mixed: NodeGpus = serde_json::from_str(node("mixed", &[6, 10])["metadata"]["annotations"][crate::annotation::ANNOTATION].as_str().unwrap()).unwrap();
+    mixed.gpus[1].units = 24;
+    cache.update(serde_json::from_value(json!({"name": "mixed", "annotations": {crate::annotation::ANNOTATION: mixed.to_json()}})).unwrap(), true);
+    let ext = Extender::new(R).with_node_cache(cache);
+    // The target: pods of 4 units, as the filter of this one records it.
+    let four = pod(&["4"]);
+    assert!(ext.filter(args(four.clone(), vec![node("n", &[6, 10])])).error.is_empty());
+    // Best fit takes the 6 and leaves 2 that no 4 can use; the policy
+    // takes the 10 and leaves two holes of 6 that each take a 4.
+    let mut best = NodeGpus::parse(node("n", &[6, 10])["metadata"]["annotations"][crate::annotation::ANNOTATION].as_str()).unwrap();
+    assert!(best.take(4));
+    assert_eq!(best.gpus.iter().map(|g| g.free).collect::<Vec<_>>(), [2, 10]);
+    assert_eq!(ext.hint("n", &[4]), [Some("GPU-n-1".to_string())]);
+    // Containers go one after another: the second 4 finds [6, 6] and
+    // takes the lower GPU; one of whole GPUs is not hinted.
+    assert_eq!(ext.hint("n", &[4, 4, 32]), [Some("GPU-n-1".to_string()), Some("GPU-n-0".to_string()), None]);
+    // What the node cache does not have, or cannot fit, is not hinted.
+    assert_eq!(ext.hint("other", &[4]), [None]);
+    assert_eq!(ext.hint("mixed", &[4]), [None]);
+    assert_eq!(ext.hint("n", &[12, 4]), [None, Some("GPU-n-1".to_string())]);
+    // What is assumed on the node counts: with 8 of GPU 1 assumed ([6, 2]
+    // free), the 4 goes to GPU 0.
+    ext.assumed.lock().unwrap().assume_on("n", "default/q", vec![8], vec![Some("GPU-n-1".into())], Instant::now(), DEFAULT_ASSUME_TTL);
+    assert_eq!(ext.hint("n", &[4]), [Some("GPU-n-0".to_string())]);
+}

@@ -14,6 +14,10 @@
 //!   new pod that needs one, and running workloads keep their limits
 //!   (egpud's own promise). With `--node-name`, the Node's `egpu.io/gpus`
 //!   annotation is patched for the scheduler extender.
+//! - **Preferred allocation**: units on the GPU the extender's hint on a
+//!   pending pod names for a request of that size ([`crate::hint`]), else
+//!   best fit ([`tokens::preferred`]), or whole GPUs for a container larger
+//!   than one.
 //! - **Allocate** turns the tokens the kubelet chose into a slice (memory =
 //!   tokens × unit on their GPU, compute guarantee in proportion to that
 //!   memory, cap the whole GPU) and answers with its CDI device.
@@ -221,6 +225,13 @@ pub struct Shared {
     pod_annotations: Mutex<Option<PodAnnotations>>,
     /// (slice, reason) pairs already warned about.
     resize_warned: Mutex<HashSet<(String, String)>>,
+    /// Hint entries a preferred allocation has followed: (pod UID, entry).
+    hints_followed: Mutex<HashSet<(String, usize)>>,
+    /// Units each pod holds, by (namespace, name), per the kubelet's last
+    /// list (a pod holding all its hinted units has no hint pending).
+    held_by_pod: Mutex<HashMap<(String, String), u32>>,
+    /// Hint annotations already warned about (they do not parse).
+    hint_warned: Mutex<HashSet<String>>,
     metrics: crate::metrics::DevicePluginMetrics,
 }
 
@@ -249,6 +260,9 @@ impl Shared {
             alloc_lock: tokio::sync::Mutex::new(()),
             pod_annotations: Mutex::new(None),
             resize_warned: Mutex::new(HashSet::new()),
+            hints_followed: Mutex::new(HashSet::new()),
+            held_by_pod: Mutex::new(HashMap::new()),
+            hint_warned: Mutex::new(HashSet::new()),
             metrics: crate::metrics::DevicePluginMetrics::default(),
         }))
     }
@@ -294,6 +308,13 @@ impl Shared {
         let read = read.await;
         let listed = self.held_tokens().await;
         self.metrics.refreshed(read.is_ok(), listed.is_some(), listed.as_ref().map(|l| l.synced));
+        if let Some(l) = &listed {
+            let mut by_pod: HashMap<(String, String), u32> = HashMap::new();
+            for h in &l.holders {
+                *by_pod.entry((h.namespace.clone(), h.pod.clone())).or_default() += u32::try_from(h.ids.len()).unwrap_or(u32::MAX);
+            }
+            *self.held_by_pod.lock().expect("held lock") = by_pod;
+        }
         let held = listed.as_ref().and_then(|l| self.held_with_checkpoint(l));
         let holders = listed.map(|l| l.holders);
         // While the kubelet's list cannot be read, the reserve follows the
@@ -541,6 +562,63 @@ impl Shared {
     pub async fn follow_pods(&self) {
         let Some(p) = &self.publisher else { return };
         crate::follow::node_pods(&p.pods, &p.node, self.cfg.pod_poll, PUBLISH_TIMEOUT, &self.pod_annotations).await;
+    }
+
+    /// The hint entries of this node's pods not followed yet
+    /// ([`crate::hint`]), keyed by (pod UID, entry): of the pods the followed
+    /// list names, those that do not hold all their hinted units yet.
+    /// Followed entries of pods gone from the list are forgotten.
+    fn pending_hints(&self) -> Vec<crate::hint::Pending<(String, usize)>> {
+        use crate::hint::{HINT_ANNOTATION, Hint, Pending};
+        let pods = self.pod_annotations.lock().expect("pods lock");
+        let Some(pods) = pods.as_ref() else { return Vec::new() };
+        let held = self.held_by_pod.lock().expect("held lock");
+        let mut followed = self.hints_followed.lock().expect("hints lock");
+        let key_of = |(ns, name): &(String, String), info: &PodInfo| if info.uid.is_empty() { format!("{ns}/{name}") } else { info.uid.clone() };
+        let live: HashSet<String> = pods.iter().map(|(k, i)| key_of(k, i)).collect();
+        followed.retain(|(uid, _)| live.contains(uid));
+        let mut out = Vec::new();
+        for (k, info) in pods.iter() {
+            let Some(value) = info.annotations.get(HINT_ANNOTATION) else { continue };
+            let hint = match Hint::parse(value) {
+                Ok(h) => h,
+                Err(e) => {
+                    if self.hint_warned.lock().expect("hints lock").insert(format!("{}/{}={value}", k.0, k.1)) {
+                        tracing::warn!(pod = %format!("{}/{}", k.0, k.1), "ignoring the pod's GPU hint: {e}");
+                    }
+                    continue;
+                }
+            };
+            let hinted: u64 = hint.0.iter().map(|(_, u)| u64::from(*u)).sum();
+            if held.get(k).is_some_and(|&h| u64::from(h) >= hinted) {
+                continue;
+            }
+            let uid = key_of(k, info);
+            for (i, (uuid, units)) in hint.0.into_iter().enumerate() {
+                if !followed.contains(&(uid.clone(), i)) {
+                    out.push(Pending { key: (uid.clone(), i), uuid, units });
+                }
+            }
+        }
+        out
+    }
+
+    /// The preferred units of one container request of `size` units that
+    /// fits one GPU: on a pending hint's GPU ([`crate::hint::choose`]; the
+    /// entry is then followed), else best fit.
+    fn preferred_one(&self, available: &[String], must_include: &[String], size: usize) -> Vec<String> {
+        use crate::hint::Choice;
+        match crate::hint::choose(available, must_include, size, &self.pending_hints()) {
+            Choice::Followed { key, ids } => {
+                self.metrics.hint("followed");
+                self.hints_followed.lock().expect("hints lock").insert(key);
+                ids
+            }
+            other => {
+                self.metrics.hint(if other == Choice::Stale { "stale" } else { "none" });
+                tokens::preferred(available, must_include, size)
+            }
+        }
     }
 
     /// Makes (or finds) the slice of one container's tokens.

@@ -59,8 +59,12 @@ impl dp::device_plugin_server::DevicePlugin for Service {
                 device_i_ds: {
                     let size = usize::try_from(r.allocation_size).unwrap_or(0);
                     // Larger than any one GPU: whole GPUs, when enough are free.
-                    let whole = inv.as_ref().filter(|inv| size > inv.max_tokens() as usize).and_then(|inv| tokens::preferred_whole(&r.available_device_i_ds, &r.must_include_device_i_ds, size, &|u| inv.tokens_of_uuid(u)));
-                    whole.unwrap_or_else(|| tokens::preferred(&r.available_device_i_ds, &r.must_include_device_i_ds, size))
+                    match &inv {
+                        Some(inv) if size > inv.max_tokens() as usize => tokens::preferred_whole(&r.available_device_i_ds, &r.must_include_device_i_ds, size, &|u| inv.tokens_of_uuid(u))
+                            .unwrap_or_else(|| tokens::preferred(&r.available_device_i_ds, &r.must_include_device_i_ds, size)),
+                        // One GPU: the extender's hint, else best fit.
+                        _ => self.shared.preferred_one(&r.available_device_i_ds, &r.must_include_device_i_ds, size),
+                    }
                 },
             })
             .collect();
