@@ -116,11 +116,17 @@ impl Assumed {
     /// annotation `g`. Assumptions the annotation already counts in full
     /// (the pod holds all its units there) or that have expired are
     /// dropped.
-    pub fn view(&mut self, node: &str, mut g: NodeGpus, now: Instant, ttl: Duration) -> NodeGpus {
+    pub fn view(&mut self, node: &str, g: NodeGpus, now: Instant, ttl: Duration) -> NodeGpus {
+        self.view_except(node, g, now, ttl, None)
+    }
+
+    /// [`Assumed::view`] without the assumption of pod `except` (a pod being
+    /// bound again is placed on the node as it is without it).
+    pub fn view_except(&mut self, node: &str, mut g: NodeGpus, now: Instant, ttl: Duration, except: Option<&str>) -> NodeGpus {
         let Some(entries) = self.nodes.get_mut(node) else { return g };
         let held = |pod: &str| g.pods.as_ref().and_then(|p| p.get(pod)).copied().unwrap_or(0);
         entries.retain(|e| u64::from(held(&e.pod)) < e.units.iter().map(|&u| u64::from(u)).sum::<u64>() && now.saturating_duration_since(e.at) < ttl);
-        for e in entries.iter() {
+        for e in entries.iter().filter(|e| Some(e.pod.as_str()) != except) {
             for (i, &u) in e.units.iter().enumerate() {
                 // Where the plugin's preferred allocation puts it: the
                 // hinted GPU while it has the room, else best fit. A pod

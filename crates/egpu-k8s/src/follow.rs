@@ -249,15 +249,18 @@ pub struct PodInfo {
 /// A node's pods, by (namespace, name).
 pub type NodePods = HashMap<(String, String), PodInfo>;
 
+/// A pod's entry in [`NodePods`], from its metadata (`None` without a name).
+pub fn pod_entry(pod: ObjectMeta) -> Option<((String, String), PodInfo)> {
+    let annotations = pod.annotations.unwrap_or_default().into_iter().filter(|(k, _)| k.starts_with("egpu.io/")).collect();
+    Some(((pod.namespace.unwrap_or_default(), pod.name?), PodInfo { uid: pod.uid.unwrap_or_default(), annotations }))
+}
+
 /// Follows the pods of `node` (a list, then a watch: [`Follow`]) into
 /// `pods` (`None` until the first list): what the kubelet plugins resize
 /// slices from. Runs until dropped.
 pub async fn node_pods(api: &kube::Api<k8s_openapi::api::core::v1::Pod>, node: &str, retry: Duration, list_timeout: Duration, pods: &Mutex<Option<NodePods>>) {
     let follow = Follow { what: "this node's pods".into(), fields: Some(format!("spec.nodeName={node}")), labels: None, retry, list_timeout };
-    let entry = |pod: ObjectMeta| -> Option<((String, String), PodInfo)> {
-        let annotations = pod.annotations.unwrap_or_default().into_iter().filter(|(k, _)| k.starts_with("egpu.io/")).collect();
-        Some(((pod.namespace.unwrap_or_default(), pod.name?), PodInfo { uid: pod.uid.unwrap_or_default(), annotations }))
-    };
+    let entry = pod_entry;
     let listed = |list: Vec<ObjectMeta>| *pods.lock().expect("pods lock") = Some(list.into_iter().filter_map(entry).collect());
     let changed = |pod: ObjectMeta, present: bool| {
         let Some((key, info)) = entry(pod) else { return };

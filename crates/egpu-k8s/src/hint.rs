@@ -12,9 +12,15 @@
 //! answers, and the pod is admitted either way.
 //!
 //! Format: one `<GPU UUID>=<units>` per container that fits one GPU, in the
-//! pod's container order, joined by commas:
-//! `GPU-5d1c…=10,GPU-0a9e…=4`. A container larger than one GPU (whole
-//! GPUs) has no entry: the plugin's choice of whole GPUs stands. Pure.
+//! pod's container order, joined by commas, then when it was written (Unix
+//! seconds) and the units the whole pod asks for:
+//! `GPU-5d1c…=10,GPU-0a9e…=4;at=1764770000;total=14`. A container larger
+//! than one GPU (whole GPUs) has no entry: the plugin's choice of whole
+//! GPUs stands. Other `;key=value` fields are passed over (a newer
+//! extender's). A hint is pending only for [`HINT_TTL`] after it was
+//! written and while its pod holds fewer than `total` units: a pod that
+//! ended, was refused at admission, or runs, pulls no other pod's request
+//! to its GPU. Pure.
 
 use std::collections::BTreeMap;
 
@@ -27,9 +33,22 @@ pub const MAX_ENTRIES: usize = 64;
 /// longer).
 pub const MAX_UUID: usize = 128;
 
-/// A pod's hint: (GPU UUID, units) per container, in the pod's order.
+/// How long after it was written (by the node's clock) a hint is
+/// followed: the kubelet admits a bound pod within seconds (devices are
+/// allocated before the images are pulled), and clocks a few minutes
+/// apart still work.
+pub const HINT_TTL: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// A pod's hint.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Hint(pub Vec<(String, u32)>);
+pub struct Hint {
+    /// (GPU UUID, units) per container that fits one GPU, in the pod's order.
+    pub gpus: Vec<(String, u32)>,
+    /// When the extender wrote it, Unix seconds.
+    pub at: u64,
+    /// The units the whole pod asks for (its containers of whole GPUs too).
+    pub total: u64,
+}
 
 /// Why an annotation is not a hint.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -40,6 +59,10 @@ pub enum HintError {
     TooMany(usize),
     #[error("{HINT_ANNOTATION} entry {index} ('{entry}') is not <GPU UUID>=<units>: {why}")]
     Entry { index: usize, entry: String, why: &'static str },
+    #[error("{HINT_ANNOTATION} field '{0}' is not a whole number (after ';', at=<Unix seconds> and total=<units>)")]
+    Field(String),
+    #[error("{HINT_ANNOTATION} has no '{0}=' field (after ';', at=<Unix seconds> and total=<units>)")]
+    Missing(&'static str),
 }
 
 /// Whether `uuid` may be written in a hint: not empty, at most
@@ -52,20 +75,36 @@ impl Hint {
     /// The annotation's value. Entries whose UUID [`valid_uuid`] refuses,
     /// or of 0 units, are left out (none is written by the extender).
     pub fn to_annotation(&self) -> String {
-        let mut out = String::new();
-        for (uuid, units) in self.0.iter().filter(|(u, n)| valid_uuid(u) && *n > 0).take(MAX_ENTRIES) {
-            if !out.is_empty() {
-                out.push(',');
-            }
-            out.push_str(uuid);
-            out.push('=');
-            out.push_str(&units.to_string());
-        }
-        out
+        let entries: Vec<String> = self.gpus.iter().filter(|(u, n)| valid_uuid(u) && *n > 0).take(MAX_ENTRIES).map(|(u, n)| format!("{u}={n}")).collect();
+        format!("{};at={};total={}", entries.join(","), self.at, self.total)
     }
 
     /// Reads an annotation's value.
     pub fn parse(value: &str) -> Result<Hint, HintError> {
+        let mut fields = value.split(';');
+        let entries = fields.next().unwrap_or_default();
+        let (mut at, mut total) = (None, None);
+        for f in fields {
+            let Some((k, v)) = f.trim().split_once('=') else { return Err(HintError::Field(egpu_core::slice::shown(f))) };
+            let slot = match k {
+                "at" => &mut at,
+                "total" => &mut total,
+                _ => continue,
+            };
+            *slot = Some(v.parse::<u64>().ok().filter(|_| v.bytes().all(|b| b.is_ascii_digit())).ok_or_else(|| HintError::Field(egpu_core::slice::shown(f)))?);
+        }
+        let gpus = Self::parse_entries(entries)?;
+        Ok(Hint { gpus, at: at.ok_or(HintError::Missing("at"))?, total: total.ok_or(HintError::Missing("total"))? })
+    }
+
+    /// Whether the hint is followed at `now` (Unix seconds): written less
+    /// than [`HINT_TTL`] ago, or (a clock behind the extender's) at most
+    /// that far ahead.
+    pub fn live_at(&self, now: u64) -> bool {
+        now.abs_diff(self.at) < HINT_TTL.as_secs()
+    }
+
+    fn parse_entries(value: &str) -> Result<Vec<(String, u32)>, HintError> {
         if value.trim().is_empty() {
             return Err(HintError::Empty);
         }
@@ -90,7 +129,7 @@ impl Hint {
             }
             out.push((uuid.to_string(), units));
         }
-        Ok(Hint(out))
+        Ok(out)
     }
 }
 
@@ -101,6 +140,37 @@ pub struct Pending<K> {
     pub key: K,
     pub uuid: String,
     pub units: u32,
+}
+
+/// A hint entry's key: its pod's key (UID) and the entry's index.
+pub type EntryKey = (String, usize);
+
+/// The pending entries of a node's pods' hints at `now` (Unix seconds),
+/// keyed by (pod key, entry index). `pods` gives each pod's key, its hint
+/// annotation and the units it holds. Of each hint that parses and is
+/// live ([`Hint::live_at`]), whose pod holds fewer than its `total` units,
+/// the entries not `followed` yet. Hints that do not parse come back with
+/// the reason, under their pod's key.
+pub fn pending<'a>(pods: impl IntoIterator<Item = (String, &'a str, u32)>, followed: &std::collections::HashSet<EntryKey>, now: u64) -> (Vec<Pending<EntryKey>>, Vec<(String, HintError)>) {
+    let (mut out, mut bad) = (Vec::new(), Vec::new());
+    for (key, value, held) in pods {
+        let hint = match Hint::parse(value) {
+            Ok(h) => h,
+            Err(e) => {
+                bad.push((key, e));
+                continue;
+            }
+        };
+        if !hint.live_at(now) || u64::from(held) >= hint.total {
+            continue;
+        }
+        for (i, (uuid, units)) in hint.gpus.into_iter().enumerate() {
+            if !followed.contains(&(key.clone(), i)) {
+                out.push(Pending { key: (key.clone(), i), uuid, units });
+            }
+        }
+    }
+    (out, bad)
 }
 
 /// How a preferred allocation used the hints.
@@ -169,21 +239,31 @@ mod tests {
 
     #[test]
     fn a_hint_round_trips_and_bad_ones_say_what_is_wrong() {
-        let h = Hint(vec![("GPU-a".into(), 10), ("MIG-GPU-b/1/0".into(), 4)]);
-        assert_eq!(h.to_annotation(), "GPU-a=10,MIG-GPU-b/1/0=4");
-        assert_eq!(Hint::parse(&h.to_annotation()), Ok(h));
-        assert_eq!(Hint::parse(" GPU-a=3 , GPU-b=1"), Ok(Hint(vec![("GPU-a".into(), 3), ("GPU-b".into(), 1)])));
-        assert_eq!(Hint::parse(""), Err(HintError::Empty));
+        let h = Hint { gpus: vec![("GPU-a".into(), 10), ("MIG-GPU-b/1/0".into(), 4)], at: 1_764_770_000, total: 46 };
+        assert_eq!(h.to_annotation(), "GPU-a=10,MIG-GPU-b/1/0=4;at=1764770000;total=46");
+        assert_eq!(Hint::parse(&h.to_annotation()), Ok(h.clone()));
+        let two = |a, b| vec![("GPU-a".to_string(), a), ("GPU-b".to_string(), b)];
+        assert_eq!(Hint::parse(" GPU-a=3 , GPU-b=1; total=4 ;at=7;later=x"), Ok(Hint { gpus: two(3, 1), at: 7, total: 4 }), "spaces, any order, unknown fields passed over");
+        assert_eq!(Hint::parse(";at=1;total=1"), Err(HintError::Empty));
+        assert_eq!(Hint::parse("GPU-a=1;total=1"), Err(HintError::Missing("at")));
+        assert_eq!(Hint::parse("GPU-a=1;at=1"), Err(HintError::Missing("total")));
+        for bad in ["GPU-a=1;at=-1;total=1", "GPU-a=1;at=1;total=x", "GPU-a=1;at;total=1"] {
+            assert!(matches!(Hint::parse(bad), Err(HintError::Field(_))), "{bad}");
+        }
         for (bad, why) in [("GPU-a", "no '='"), ("=4", "UUID"), ("GPU a=4", "UUID"), ("GPU-a=", "whole number"), ("GPU-a=-1", "whole number"), ("GPU-a=0", "0 units"), ("GPU-a=99999999999", "too large")] {
-            let e = Hint::parse(bad).unwrap_err().to_string();
+            let e = Hint::parse(&format!("{bad};at=1;total=1")).unwrap_err().to_string();
             assert!(e.contains(why) && e.contains(HINT_ANNOTATION), "{bad}: {e}");
         }
-        let e = Hint::parse("GPU-a=1,GPU-b=x").unwrap_err().to_string();
+        let e = Hint::parse("GPU-a=1,GPU-b=x;at=1;total=1").unwrap_err().to_string();
         assert!(e.contains("entry 1 ('GPU-b=x')"), "{e}");
         let many = vec!["G=1"; MAX_ENTRIES + 1].join(",");
-        assert_eq!(Hint::parse(&many), Err(HintError::TooMany(MAX_ENTRIES + 1)));
+        assert_eq!(Hint::parse(&format!("{many};at=1;total=1")), Err(HintError::TooMany(MAX_ENTRIES + 1)));
         // What cannot be read back is never written.
-        assert_eq!(Hint(vec![("GPU a".into(), 1), ("G".into(), 0), ("G2".into(), 2)]).to_annotation(), "G2=2");
+        assert_eq!(Hint { gpus: vec![("GPU a".into(), 1), ("G".into(), 0), ("G2".into(), 2)], at: 1, total: 3 }.to_annotation(), "G2=2;at=1;total=3");
+        // Live for HINT_TTL either side of its time.
+        let ttl = HINT_TTL.as_secs();
+        assert!(h.live_at(h.at) && h.live_at(h.at + ttl - 1) && h.live_at(h.at - ttl + 1));
+        assert!(!h.live_at(h.at + ttl) && !h.live_at(h.at - ttl));
     }
 
     #[test]
@@ -205,11 +285,30 @@ mod tests {
         assert_eq!(choose(&avail, &must, 4, &[p(1, "GPU-b", 4), p(2, "GPU-a", 4)]), Choice::Followed { key: 1, ids: [must.clone(), ids("GPU-b", &[3, 4, 5])].concat() });
     }
 
+    #[test]
+    fn only_live_hints_of_pods_short_of_their_units_are_pending() {
+        let now = 1_000_000;
+        let hint = |at: u64| format!("GPU-a=4,GPU-b=6;at={at};total=12");
+        let (fresh, old, future) = (hint(now - 5), hint(now - HINT_TTL.as_secs()), hint(now + 60));
+        let followed: std::collections::HashSet<(String, usize)> = [("p2".to_string(), 0)].into();
+        let pods = vec![("p1".to_string(), fresh.as_str(), 0), ("p2".into(), fresh.as_str(), 4), ("old".into(), old.as_str(), 0), ("ahead".into(), future.as_str(), 0), ("runs".into(), fresh.as_str(), 12), ("bad".into(), "GPU-a=4", 0)];
+        let (p, bad) = pending(pods, &followed, now);
+        let keys: Vec<(String, usize)> = p.iter().map(|p| p.key.clone()).collect();
+        // p1 both entries; p2 (4 of 12 held: its other containers still to
+        // come) the one not followed; a clock a minute behind the
+        // extender's still follows; an old hint, and a pod holding all
+        // its units, are not pending.
+        let want: Vec<(String, usize)> = [("p1", 0), ("p1", 1), ("p2", 1), ("ahead", 0), ("ahead", 1)].iter().map(|(k, i)| (k.to_string(), *i)).collect();
+        assert_eq!(keys, want);
+        assert_eq!((p[1].uuid.as_str(), p[1].units), ("GPU-b", 6));
+        assert_eq!(bad, [("bad".to_string(), HintError::Missing("at"))]);
+    }
+
     proptest! {
         #[test]
-        fn any_text_parses_or_is_refused_and_what_is_written_reads_back(s in ".{0,200}", entries in proptest::collection::vec(("[A-Za-z0-9/_.-]{1,20}", 1u32..10_000), 1..8)) {
+        fn any_text_parses_or_is_refused_and_what_is_written_reads_back(s in ".{0,200}", entries in proptest::collection::vec(("[A-Za-z0-9/_.-]{1,20}", 1u32..10_000), 1..8), at in any::<u64>(), total in any::<u64>()) {
             let _ = Hint::parse(&s);
-            let h = Hint(entries);
+            let h = Hint { gpus: entries, at, total };
             prop_assert_eq!(Hint::parse(&h.to_annotation()), Ok(h));
         }
 

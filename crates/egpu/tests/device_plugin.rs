@@ -93,8 +93,13 @@ struct ApiServer {
     pods: Arc<Mutex<serde_json::Map<String, serde_json::Value>>>,
     /// Bindings created, as posted.
     bindings: Arc<Mutex<Vec<serde_json::Value>>>,
-    /// Lists of the node's pods served (watches not counted).
+    /// Lists of the node's pods served (watches not counted), and those
+    /// with a `limit` (the plugin's look for GPU hints at admission).
     pod_lists: Arc<Mutex<u32>>,
+    hint_lists: Arc<Mutex<u32>>,
+    /// Patches of `default/a` that watches do not hear of (a watch that
+    /// lags): only a list sees them.
+    silent_patches: Arc<std::sync::atomic::AtomicBool>,
     /// The version of the pod `default/a`, bumped by each change of its
     /// annotations; watches of the node's pods send each change. With
     /// `true`, open watches get a BOOKMARK at that version and end, as the
@@ -173,7 +178,7 @@ async fn get_pod(axum::extract::State(api): axum::extract::State<ApiServer>, axu
 
 /// `PATCH …/pods/{name}`: a JSON merge patch of the pod's annotations,
 /// with the UID in the patch as a precondition, as the API server checks
-/// it. `default/a` is the pod the node's watch sends: its annotations
+/// it (the kubelet's status patches rely on the same answer). `default/a` is the pod the node's watch sends: its annotations
 /// change there too.
 async fn patch_pod(
     axum::extract::State(api): axum::extract::State<ApiServer>,
@@ -208,7 +213,9 @@ async fn patch_pod(
     drop(pods);
     if name == "a" {
         *api.pod_annotations.lock().unwrap() = ann;
-        api.pod_version.send_modify(|(v, end)| (*v, *end) = (*v + 1, false));
+        if !api.silent_patches.load(std::sync::atomic::Ordering::SeqCst) {
+            api.pod_version.send_modify(|(v, end)| (*v, *end) = (*v + 1, false));
+        }
     }
     axum::Json(out).into_response()
 }
@@ -292,7 +299,7 @@ async fn list_pods(axum::extract::State(api): axum::extract::State<ApiServer>, a
         });
         return axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(body)).into_response();
     }
-    *api.pod_lists.lock().unwrap() += 1;
+    *if q.split('&').any(|kv| kv.starts_with("limit=")) { &api.hint_lists } else { &api.pod_lists }.lock().unwrap() += 1;
     let version = api.pod_version.borrow().0.to_string();
     axum::Json(serde_json::json!({"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": version}, "items": [api.pod_a()]})).into_response()
 }
@@ -794,6 +801,8 @@ fn the_policys_gpu_reaches_the_plugin_through_the_pods_hint() {
         a["metadata"]["uid"] = "uid-a".into();
         api.pods.lock().unwrap().insert("a".into(), a.clone());
         let kubeconfig = tmp.path().join("kubeconfig");
+        // The plugin's watch will lag: it does not hear of the hint.
+        api.silent_patches.store(true, std::sync::atomic::Ordering::SeqCst);
         let (sched, metrics) = Scheduler::start_args(Some(&kubeconfig), &["--metrics-listen", "127.0.0.1:0"]);
         let (code, body) = post(&sched.1, "/filter", &serde_json::json!({"Pod": a, "NodeNames": ["n1"]}).to_string());
         assert_eq!(code, 200, "{body}");
@@ -801,28 +810,43 @@ fn the_policys_gpu_reaches_the_plugin_through_the_pods_hint() {
         let (code, body) = post(&sched.1, "/bind", &serde_json::json!({"PodName": "a", "PodNamespace": "default", "PodUID": "uid-a", "Node": "n1"}).to_string());
         assert_eq!((code, serde_json::from_str::<serde_json::Value>(&body).unwrap()["Error"].as_str()), (200, Some("")), "{body}");
         // The hint names GPU 1, where the policy keeps two holes a 4 can use.
-        let hint = api.pods.lock().unwrap()["a"]["metadata"]["annotations"][egpu_k8s::hint::HINT_ANNOTATION].clone();
-        assert_eq!(hint, serde_json::Value::from(format!("{u1}=4")), "{:?}", api.pods.lock().unwrap()["a"]);
+        let hint = api.pods.lock().unwrap()["a"]["metadata"]["annotations"][egpu_k8s::hint::HINT_ANNOTATION].as_str().map(egpu_k8s::hint::Hint::parse);
+        let Some(Ok(hint)) = hint else { panic!("{:?}", api.pods.lock().unwrap()["a"]) };
+        assert_eq!((hint.gpus, hint.total), (vec![(u1.clone(), 4)], 4));
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        assert!(hint.at <= now && now - hint.at < 60, "written now: {} vs {now}", hint.at);
         assert_eq!(api.bindings.lock().unwrap().len(), 1);
-        let (_, _, m) = http_get(&metrics.unwrap(), "/metrics");
+        let metrics_addr = metrics.unwrap();
+        let (_, _, m) = http_get(&metrics_addr, "/metrics");
         assert_eq!(sample(&m, r#"egpu_extender_hints_total{outcome="written"}"#), Some(1.0), "{m}");
-        // The plugin, once its watch has the hint, prefers GPU 1 for a 4
-        // (until then it answers best fit, as for any pod without one).
-        let deadline = tokio::time::Instant::now() + WAIT;
-        let pref = loop {
-            let pref = prefer(4).await;
-            if pref.iter().all(|id| uuid(id) == u1) || tokio::time::Instant::now() > deadline {
-                break pref;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        };
-        assert!(pref.iter().all(|id| uuid(id) == u1), "{pref:?}; plugin log:\n{}", plugin_log());
-        assert_eq!(pref, all[22..26].to_vec(), "GPU 1's lowest available units");
+        // The kubelet asks before the plugin's watch has the hint (here it
+        // never will): the plugin, finding no hint of the size, reads the
+        // node's pods once and prefers GPU 1 for a 4.
+        let lists = *api.hint_lists.lock().unwrap();
+        let pref = prefer(4).await;
+        assert_eq!(pref, all[22..26].to_vec(), "GPU 1's lowest available units; plugin log:\n{}", plugin_log());
+        assert_eq!(*api.hint_lists.lock().unwrap(), lists + 1);
         // Followed once: the next 4 is best fit again.
         assert!(prefer(4).await.iter().all(|id| uuid(id) == u0));
         let m = scrape_logged(plugin_log);
         assert_eq!(sample(&m, r#"egpu_device_plugin_preferred_hints_total{outcome="followed"}"#), Some(1.0), "{m}");
         assert_eq!(sample(&m, r#"egpu_device_plugin_preferred_hints_total{outcome="stale"}"#), None, "{m}");
+        assert_eq!(sample(&m, r#"egpu_device_plugin_preferred_hints_total{outcome="none"}"#), Some(2.0), "{m}");
+        // A bind whose hint the API server refuses (here the UID
+        // precondition: the pod was replaced) counts the failure and goes
+        // on to the Binding, which is refused for the same reason.
+        let mut b = pod_asking(4);
+        b["metadata"]["name"] = "b".into();
+        b["metadata"]["uid"] = "uid-b".into();
+        api.pods.lock().unwrap().insert("b".into(), b.clone());
+        b["metadata"]["uid"] = "uid-b-old".into();
+        let (code, _) = post(&sched.1, "/filter", &serde_json::json!({"Pod": b, "NodeNames": ["n1"]}).to_string());
+        assert_eq!(code, 200);
+        let (_, body) = post(&sched.1, "/bind", &serde_json::json!({"PodName": "b", "PodNamespace": "default", "PodUID": "uid-b-old", "Node": "n1"}).to_string());
+        assert!(body.contains("refused it (409)") && body.contains("UID in precondition"), "{body}");
+        assert!(api.pods.lock().unwrap()["b"]["metadata"]["annotations"].is_null(), "no hint written");
+        let (_, _, m) = http_get(&metrics_addr, "/metrics");
+        assert_eq!(sample(&m, r#"egpu_extender_hints_total{outcome="failed"}"#), Some(1.0), "{m}");
     });
     assert!(!plugin_log().contains("panicked"), "{}", plugin_log());
 }

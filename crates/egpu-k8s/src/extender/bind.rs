@@ -10,8 +10,10 @@ use std::time::Instant;
 const HINT_DEADLINE: std::time::Duration = std::time::Duration::from_millis(1500);
 
 /// Writes the pod's `egpu.io/gpu-hint` (a merge patch of its annotations,
-/// with its UID as precondition when the request names it).
-async fn write_hint(pods: &kube::Api<k8s_openapi::api::core::v1::Pod>, a: &BindingArgs, hint: &crate::hint::Hint, deadline: tokio::time::Instant) -> Result<(), String> {
+/// with its UID as precondition when the request names it). An error says
+/// why, and whether the patch was surely not applied (an answer from the
+/// API server; not a timeout or a broken connection).
+async fn write_hint(pods: &kube::Api<k8s_openapi::api::core::v1::Pod>, a: &BindingArgs, hint: &crate::hint::Hint, deadline: tokio::time::Instant) -> Result<(), (String, bool)> {
     let mut metadata = serde_json::json!({"annotations": {crate::hint::HINT_ANNOTATION: hint.to_annotation()}});
     if !a.pod_uid.is_empty() {
         metadata["uid"] = a.pod_uid.clone().into();
@@ -20,8 +22,8 @@ async fn write_hint(pods: &kube::Api<k8s_openapi::api::core::v1::Pod>, a: &Bindi
     let until = deadline.min(tokio::time::Instant::now() + HINT_DEADLINE);
     match tokio::time::timeout_at(until, pods.patch(&a.pod_name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))).await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer within {} ms", HINT_DEADLINE.as_millis())),
+        Ok(Err(e)) => Err((e.to_string(), matches!(e, kube::Error::Api(_)))),
+        Err(_) => Err((format!("no answer within {} ms", HINT_DEADLINE.as_millis()), false)),
     }
 }
 
@@ -105,10 +107,14 @@ impl Extender {
         //
         // With the policy's GPU for each container, which the pod's hint
         // then hands to the device plugin (`crate::hint`).
-        let gpus = self.hint(&a.node, &units);
-        let hint = crate::hint::Hint(units.iter().zip(&gpus).filter_map(|(&u, g)| Some((g.clone()?, u))).collect());
+        let gpus = self.hint(&a.node, pod, &units);
+        let hint = crate::hint::Hint {
+            gpus: units.iter().zip(&gpus).filter_map(|(&u, g)| Some((g.clone()?, u))).collect(),
+            at: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            total: units.iter().map(|&u| u64::from(u)).sum(),
+        };
         self.assumed.lock().expect("assume lock").assume_on(&a.node, pod, units.clone(), gpus, Instant::now(), self.assume_ttl);
-        if hint.0.is_empty() {
+        if hint.gpus.is_empty() {
             self.metrics.hint("none");
         } else {
             // Before the Binding, so that the pod reaches its node with it.
@@ -116,10 +122,14 @@ impl Extender {
             // without it, and the plugin's best fit places it.
             match write_hint(&pods, a, &hint, deadline).await {
                 Ok(()) => self.metrics.hint("written"),
-                Err(why) => {
+                Err((why, definite)) => {
                     tracing::warn!(pod, node = a.node, "cannot write the pod's GPU hint ({}), binding it without: {why}", crate::hint::HINT_ANNOTATION);
                     self.metrics.hint("failed");
-                    self.assumed.lock().expect("assume lock").assume(&a.node, pod, units.clone(), Instant::now(), self.assume_ttl);
+                    // A patch that timed out may still have been applied:
+                    // then the hinted GPU stays the better guess.
+                    if definite {
+                        self.assumed.lock().expect("assume lock").assume(&a.node, pod, units.clone(), Instant::now(), self.assume_ttl);
+                    }
                 }
             }
         }

@@ -168,9 +168,14 @@ impl Extender {
     /// without the list is kept (and counted) until the next request, which
     /// errs on the safe side.
     fn viewed(&self, name: &str, full: bool, read: impl FnOnce(bool) -> Result<NodeGpus, AnnotationError>) -> Result<NodeGpus, AnnotationError> {
+        self.viewed_except(name, full, read, None)
+    }
+
+    /// [`Extender::viewed`] without the assumption of pod `except`.
+    fn viewed_except(&self, name: &str, full: bool, read: impl FnOnce(bool) -> Result<NodeGpus, AnnotationError>, except: Option<&str>) -> Result<NodeGpus, AnnotationError> {
         let with_pods = full || self.assumed.lock().expect("assume lock").has(name);
         let g = read(with_pods)?;
-        Ok(self.assumed.lock().expect("assume lock").view(name, g, Instant::now(), self.assume_ttl))
+        Ok(self.assumed.lock().expect("assume lock").view_except(name, g, Instant::now(), self.assume_ttl, except))
     }
 
     /// The request's candidates: Node objects, else names with a node cache.
@@ -301,31 +306,36 @@ impl Extender {
         self.recent.lock().expect("recent lock").units.iter().map(|(_, u)| *u).collect()
     }
 
-    /// The policy's GPU (its UUID) for each of a pod's containers (units
-    /// in the pod's order) on `node`: placed one after another, as the
-    /// kubelet admits them, on what the node has free (its annotation in
-    /// the node cache, less what is assumed there), against the same
-    /// target as [`Extender::prioritize`]. `None` for a container of whole
-    /// GPUs (the plugin's choice stands) or one that does not fit, and for
-    /// every container when the node is not in the node cache, its
-    /// annotation cannot be read, or its GPUs differ in size.
-    fn hint(&self, node: &str, in_order: &[u32]) -> Vec<Option<String>> {
+    /// The policy's GPU (its UUID) for each of the containers of `pod`
+    /// (`namespace/name`; units in the pod's order) on `node`: placed one
+    /// after another, as the kubelet admits them, on what the node has free
+    /// (its annotation in the node cache, less what is assumed there for
+    /// other pods), against the same target as [`Extender::prioritize`].
+    /// `None` for a container that does not fit, for a container of whole
+    /// GPUs and every one after it (the plugin picks whole GPUs by its own
+    /// rule, which this model does not follow), and for every container
+    /// when the node is not in the node cache, its annotation cannot be
+    /// read, or its GPUs differ in size.
+    fn hint(&self, node: &str, pod: &str, in_order: &[u32]) -> Vec<Option<String>> {
         let none = vec![None; in_order.len()];
         let Some(parsed) = self.nodes.as_ref().and_then(|c| c.annotations.read().expect("node cache lock").get(node).cloned()) else { return none };
-        let Ok(g) = self.free_from_parsed(node, &parsed, false) else { return none };
+        let Ok(parsed) = parsed.as_ref().map_err(Clone::clone) else { return none };
+        let Ok(g) = self.viewed_except(node, false, |with_pods| Ok(if with_pods { NodeGpus::clone(parsed) } else { parsed.gpus_only() }), Some(pod)) else { return none };
         let Some(units) = g.gpus.first().map(|x| x.units).filter(|&u| g.gpus.iter().all(|x| x.units == u)) else { return none };
         let (Some(mut model), Some(&largest)) = (Model::new(units), in_order.iter().max()) else { return none };
         let (Some(first), Some(_)) = (model.shape(largest), model.add(node, &g)) else { return none };
         let mut policy = EgpuPolicy::new(model.target(&self.recent_units(), &first));
-        in_order
+        let whole = in_order.iter().position(|&u| u > units).unwrap_or(in_order.len());
+        let mut out: Vec<Option<String>> = in_order[..whole]
             .iter()
             .map(|&u| {
                 let p = policy.place(&model.cluster, &model.shape(u)?)?;
                 model.cluster.apply(&p).ok()?;
-                let gi = usize::from(p.gpus.first()?.index);
-                (u <= units).then(|| g.gpus.get(gi).map(|x| x.uuid.clone())).flatten()
+                g.gpus.get(usize::from(p.gpus.first()?.index)).map(|x| x.uuid.clone())
             })
-            .collect()
+            .collect();
+        out.resize(in_order.len(), None);
+        out
     }
 
     /// `prioritize`: every candidate node with a score from 0 to 10.

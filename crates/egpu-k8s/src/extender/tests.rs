@@ -374,7 +374,7 @@ fn wire_names_are_gos_and_lower_case_is_accepted() {
 fn a_bound_pods_hint_is_the_policys_gpu_not_the_best_fit() {
     let meta = |name: &str, free: &[u32]| -> kube::api::ObjectMeta { serde_json::from_value(node(name, free)["metadata"].clone()).unwrap() };
     let cache = Arc::new(NodeCache::new("egpu.io/enabled=true"));
-    cache.replace(vec![meta("n", &[6, 10]), meta("mixed", &[6, 10])]);
+    cache.replace(vec![meta("n", &[6, 10]), meta("mixed", &[6, 10]), meta("empty", &[16, 16, 16])]);
     // A node whose GPUs differ in size gets no hint.
     let mut mixed: NodeGpus = serde_json::from_str(node("mixed", &[6, 10])["metadata"]["annotations"][crate::annotation::ANNOTATION].as_str().unwrap()).unwrap();
     mixed.gpus[1].units = 24;
@@ -388,16 +388,23 @@ fn a_bound_pods_hint_is_the_policys_gpu_not_the_best_fit() {
     let mut best = NodeGpus::parse(node("n", &[6, 10])["metadata"]["annotations"][crate::annotation::ANNOTATION].as_str()).unwrap();
     assert!(best.take(4));
     assert_eq!(best.gpus.iter().map(|g| g.free).collect::<Vec<_>>(), [2, 10]);
-    assert_eq!(ext.hint("n", &[4]), [Some("GPU-n-1".to_string())]);
+    assert_eq!(ext.hint("n", "default/p", &[4]), [Some("GPU-n-1".to_string())]);
     // Containers go one after another: the second 4 finds [6, 6] and
-    // takes the lower GPU; one of whole GPUs is not hinted.
-    assert_eq!(ext.hint("n", &[4, 4, 32]), [Some("GPU-n-1".to_string()), Some("GPU-n-0".to_string()), None]);
+    // takes the lower GPU.
+    assert_eq!(ext.hint("n", "default/p", &[4, 4]), [Some("GPU-n-1".to_string()), Some("GPU-n-0".to_string())]);
+    // A container of whole GPUs is not hinted, nor is any after it (the
+    // plugin picks whole GPUs by its own rule).
+    let e = ext.hint("empty", "default/p", &[4, 32, 4]);
+    assert!(e[0].is_some() && e[1..] == [None, None], "{e:?}");
     // What the node cache does not have, or cannot fit, is not hinted.
-    assert_eq!(ext.hint("other", &[4]), [None]);
-    assert_eq!(ext.hint("mixed", &[4]), [None]);
-    assert_eq!(ext.hint("n", &[12, 4]), [None, Some("GPU-n-1".to_string())]);
+    assert_eq!(ext.hint("other", "default/p", &[4]), [None]);
+    assert_eq!(ext.hint("mixed", "default/p", &[4]), [None]);
+    assert_eq!(ext.hint("n", "default/p", &[12, 4]), [None, Some("GPU-n-1".to_string())]);
     // What is assumed on the node counts: with 8 of GPU 1 assumed ([6, 2]
     // free), the 4 goes to GPU 0.
     ext.assumed.lock().unwrap().assume_on("n", "default/q", vec![8], vec![Some("GPU-n-1".into())], Instant::now(), DEFAULT_ASSUME_TTL);
-    assert_eq!(ext.hint("n", &[4]), [Some("GPU-n-0".to_string())]);
+    assert_eq!(ext.hint("n", "default/p", &[4]), [Some("GPU-n-0".to_string())]);
+    // ... but not the pod's own (a bind tried again): q is placed on the
+    // node as it is without its earlier assumption.
+    assert_eq!(ext.hint("n", "default/q", &[4]), [Some("GPU-n-1".to_string())]);
 }

@@ -60,6 +60,13 @@ use publish::PUBLISH_TIMEOUT;
 pub use publish::Publisher;
 pub use service::{Service, run};
 
+/// The longest the list of the node's pods read for a request without a
+/// followed hint may take ([`Shared::fresh_hints`]): it is on the kubelet's
+/// admission path.
+const FRESH_LIST_TIMEOUT: Duration = Duration::from_millis(300);
+/// The most pods that list reads (a node runs 110 by default).
+const FRESH_LIST_LIMIT: u32 = 1000;
+
 /// The device-plugin API version this plugin speaks.
 pub const API_VERSION: &str = "v1beta1";
 /// The default extended resource.
@@ -226,7 +233,7 @@ pub struct Shared {
     /// (slice, reason) pairs already warned about.
     resize_warned: Mutex<HashSet<(String, String)>>,
     /// Hint entries a preferred allocation has followed: (pod UID, entry).
-    hints_followed: Mutex<HashSet<(String, usize)>>,
+    hints_followed: Mutex<HashSet<crate::hint::EntryKey>>,
     /// Units each pod holds, by (namespace, name), per the kubelet's last
     /// list (a pod holding all its hinted units has no hint pending).
     held_by_pod: Mutex<HashMap<(String, String), u32>>,
@@ -520,7 +527,7 @@ impl Shared {
                 }
             };
             let [d] = slice.devices.as_slice() else {
-                if !ann.is_empty() {
+                if ann.keys().any(|k| k != crate::hint::HINT_ANNOTATION) {
                     warn("a multi-GPU slice holds whole GPUs: its compute and burst follow no annotation".into());
                 }
                 continue;
@@ -564,51 +571,69 @@ impl Shared {
         crate::follow::node_pods(&p.pods, &p.node, self.cfg.pod_poll, PUBLISH_TIMEOUT, &self.pod_annotations).await;
     }
 
-    /// The hint entries of this node's pods not followed yet
-    /// ([`crate::hint`]), keyed by (pod UID, entry): of the pods the followed
-    /// list names, those that do not hold all their hinted units yet.
-    /// Followed entries of pods gone from the list are forgotten.
-    fn pending_hints(&self) -> Vec<crate::hint::Pending<(String, usize)>> {
-        use crate::hint::{HINT_ANNOTATION, Hint, Pending};
-        let pods = self.pod_annotations.lock().expect("pods lock");
-        let Some(pods) = pods.as_ref() else { return Vec::new() };
-        let held = self.held_by_pod.lock().expect("held lock");
-        let mut followed = self.hints_followed.lock().expect("hints lock");
+    /// The hint entries of `pods` not followed yet ([`crate::hint::pending`]),
+    /// keyed by (pod UID, entry). Followed entries of pods gone from the
+    /// followed list are forgotten; a hint that does not parse is warned
+    /// about once.
+    fn pending_in(&self, pods: &PodAnnotations) -> Vec<crate::hint::Pending<crate::hint::EntryKey>> {
         let key_of = |(ns, name): &(String, String), info: &PodInfo| if info.uid.is_empty() { format!("{ns}/{name}") } else { info.uid.clone() };
-        let live: HashSet<String> = pods.iter().map(|(k, i)| key_of(k, i)).collect();
-        followed.retain(|(uid, _)| live.contains(uid));
-        let mut out = Vec::new();
-        for (k, info) in pods.iter() {
-            let Some(value) = info.annotations.get(HINT_ANNOTATION) else { continue };
-            let hint = match Hint::parse(value) {
-                Ok(h) => h,
-                Err(e) => {
-                    if self.hint_warned.lock().expect("hints lock").insert(format!("{}/{}={value}", k.0, k.1)) {
-                        tracing::warn!(pod = %format!("{}/{}", k.0, k.1), "ignoring the pod's GPU hint: {e}");
-                    }
-                    continue;
-                }
-            };
-            let hinted: u64 = hint.0.iter().map(|(_, u)| u64::from(*u)).sum();
-            if held.get(k).is_some_and(|&h| u64::from(h) >= hinted) {
-                continue;
-            }
-            let uid = key_of(k, info);
-            for (i, (uuid, units)) in hint.0.into_iter().enumerate() {
-                if !followed.contains(&(uid.clone(), i)) {
-                    out.push(Pending { key: (uid.clone(), i), uuid, units });
-                }
+        let held = self.held_by_pod.lock().expect("held lock").clone();
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let with_hint = pods.iter().filter_map(|(k, info)| Some((key_of(k, info), info.annotations.get(crate::hint::HINT_ANNOTATION)?.as_str(), held.get(k).copied().unwrap_or(0))));
+        let (out, bad) = {
+            let followed = self.hints_followed.lock().expect("hints lock");
+            crate::hint::pending(with_hint, &followed, now)
+        };
+        for (pod, e) in bad {
+            if self.hint_warned.lock().expect("hints lock").insert(format!("{pod}: {e}")) {
+                tracing::warn!(pod, "ignoring the pod's GPU hint: {e}");
             }
         }
         out
     }
 
+    /// [`Shared::pending_in`] the followed list of the node's pods.
+    fn pending_hints(&self) -> Vec<crate::hint::Pending<crate::hint::EntryKey>> {
+        let Some(pods) = self.pod_annotations.lock().expect("pods lock").clone() else { return Vec::new() };
+        let key_of = |(ns, name): &(String, String), info: &PodInfo| if info.uid.is_empty() { format!("{ns}/{name}") } else { info.uid.clone() };
+        let live: HashSet<String> = pods.iter().map(|(k, i)| key_of(k, i)).collect();
+        self.hints_followed.lock().expect("hints lock").retain(|(uid, _)| live.contains(uid));
+        self.pending_in(&pods)
+    }
+
+    /// The pending hints from a list of the node's pods read now, for a
+    /// request no followed hint matches: the kubelet and this plugin watch
+    /// the same binding, and the kubelet may ask before the plugin's watch
+    /// has it. `None` without API access, or when the list fails or takes
+    /// over [`FRESH_LIST_TIMEOUT`].
+    async fn fresh_hints(&self) -> Option<Vec<crate::hint::Pending<crate::hint::EntryKey>>> {
+        let p = self.publisher.as_ref()?;
+        let lp = kube::api::ListParams::default().fields(&format!("spec.nodeName={}", p.node)).limit(FRESH_LIST_LIMIT);
+        let list = match tokio::time::timeout(FRESH_LIST_TIMEOUT, p.pods.list_metadata(&lp)).await {
+            Ok(Ok(l)) => l,
+            Ok(Err(e)) => {
+                tracing::debug!("cannot list the node's pods for their GPU hints: {e}");
+                return None;
+            }
+            Err(_) => return None,
+        };
+        let pods: PodAnnotations = list.items.into_iter().filter_map(|m| crate::follow::pod_entry(m.metadata)).collect();
+        Some(self.pending_in(&pods))
+    }
+
     /// The preferred units of one container request of `size` units that
     /// fits one GPU: on a pending hint's GPU ([`crate::hint::choose`]; the
-    /// entry is then followed), else best fit.
-    fn preferred_one(&self, available: &[String], must_include: &[String], size: usize) -> Vec<String> {
+    /// entry is then followed), else best fit. When the followed list has
+    /// no hint of the size, a list read now is asked too.
+    async fn preferred_one(&self, available: &[String], must_include: &[String], size: usize) -> Vec<String> {
         use crate::hint::Choice;
-        match crate::hint::choose(available, must_include, size, &self.pending_hints()) {
+        let mut choice = crate::hint::choose(available, must_include, size, &self.pending_hints());
+        if choice == Choice::None
+            && let Some(fresh) = self.fresh_hints().await
+        {
+            choice = crate::hint::choose(available, must_include, size, &fresh);
+        }
+        match choice {
             Choice::Followed { key, ids } => {
                 self.metrics.hint("followed");
                 self.hints_followed.lock().expect("hints lock").insert(key);

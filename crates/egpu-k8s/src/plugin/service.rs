@@ -51,23 +51,18 @@ impl dp::device_plugin_server::DevicePlugin for Service {
 
     async fn get_preferred_allocation(&self, req: Request<dp::PreferredAllocationRequest>) -> Result<Response<dp::PreferredAllocationResponse>, Status> {
         let inv = self.shared.snapshot.lock().expect("snapshot lock").inventory.clone();
-        let container_responses = req
-            .into_inner()
-            .container_requests
-            .iter()
-            .map(|r| dp::ContainerPreferredAllocationResponse {
-                device_i_ds: {
-                    let size = usize::try_from(r.allocation_size).unwrap_or(0);
-                    // Larger than any one GPU: whole GPUs, when enough are free.
-                    match &inv {
-                        Some(inv) if size > inv.max_tokens() as usize => tokens::preferred_whole(&r.available_device_i_ds, &r.must_include_device_i_ds, size, &|u| inv.tokens_of_uuid(u))
-                            .unwrap_or_else(|| tokens::preferred(&r.available_device_i_ds, &r.must_include_device_i_ds, size)),
-                        // One GPU: the extender's hint, else best fit.
-                        _ => self.shared.preferred_one(&r.available_device_i_ds, &r.must_include_device_i_ds, size),
-                    }
-                },
-            })
-            .collect();
+        let mut container_responses = Vec::new();
+        for r in &req.into_inner().container_requests {
+            let size = usize::try_from(r.allocation_size).unwrap_or(0);
+            let device_i_ds = match &inv {
+                // Larger than any one GPU: whole GPUs, when enough are free.
+                Some(inv) if size > inv.max_tokens() as usize => tokens::preferred_whole(&r.available_device_i_ds, &r.must_include_device_i_ds, size, &|u| inv.tokens_of_uuid(u))
+                    .unwrap_or_else(|| tokens::preferred(&r.available_device_i_ds, &r.must_include_device_i_ds, size)),
+                // One GPU: the extender's hint, else best fit.
+                _ => self.shared.preferred_one(&r.available_device_i_ds, &r.must_include_device_i_ds, size).await,
+            };
+            container_responses.push(dp::ContainerPreferredAllocationResponse { device_i_ds });
+        }
         Ok(Response::new(dp::PreferredAllocationResponse { container_responses }))
     }
 
