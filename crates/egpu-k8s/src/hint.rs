@@ -35,9 +35,10 @@ pub const MAX_UUID: usize = 128;
 
 /// How long after it was written (by the node's clock) a hint is
 /// followed: the kubelet admits a bound pod within seconds (devices are
-/// allocated before the images are pulled), and clocks a few minutes
-/// apart still work.
-pub const HINT_TTL: std::time::Duration = std::time::Duration::from_secs(300);
+/// allocated before the images are pulled), and clocks a minute apart
+/// still work. The extender's default `--assume-ttl` is as long, so a hint
+/// is not followed much longer than the extender counts its pod's units.
+pub const HINT_TTL: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// A pod's hint.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -66,9 +67,9 @@ pub enum HintError {
 }
 
 /// Whether `uuid` may be written in a hint: not empty, at most
-/// [`MAX_UUID`] bytes, printable ASCII without spaces, `,` or `=`.
+/// [`MAX_UUID`] bytes, printable ASCII without spaces, `,`, `;` or `=`.
 pub fn valid_uuid(uuid: &str) -> bool {
-    !uuid.is_empty() && uuid.len() <= MAX_UUID && uuid.bytes().all(|b| b.is_ascii_graphic() && b != b',' && b != b'=')
+    !uuid.is_empty() && uuid.len() <= MAX_UUID && uuid.bytes().all(|b| b.is_ascii_graphic() && !matches!(b, b',' | b';' | b'='))
 }
 
 impl Hint {
@@ -85,7 +86,8 @@ impl Hint {
         let entries = fields.next().unwrap_or_default();
         let (mut at, mut total) = (None, None);
         for f in fields {
-            let Some((k, v)) = f.trim().split_once('=') else { return Err(HintError::Field(egpu_core::slice::shown(f))) };
+            let Some((k, v)) = f.trim().split_once('=') else { continue };
+            let (k, v) = (k.trim(), v.trim());
             let slot = match k {
                 "at" => &mut at,
                 "total" => &mut total,
@@ -98,7 +100,7 @@ impl Hint {
     }
 
     /// Whether the hint is followed at `now` (Unix seconds): written less
-    /// than [`HINT_TTL`] ago, or (a clock behind the extender's) at most
+    /// than [`HINT_TTL`] ago, or (a clock behind the extender's) less than
     /// that far ahead.
     pub fn live_at(&self, now: u64) -> bool {
         now.abs_diff(self.at) < HINT_TTL.as_secs()
@@ -118,7 +120,7 @@ impl Hint {
             let bad = |why| HintError::Entry { index, entry: egpu_core::slice::shown(entry), why };
             let (uuid, units) = entry.rsplit_once('=').ok_or_else(|| bad("no '='"))?;
             if !valid_uuid(uuid) {
-                return Err(bad("the GPU UUID is empty, too long, or has a space, ',' or '='"));
+                return Err(bad("the GPU UUID is empty, too long, or has a space, ',', ';' or '='"));
             }
             if units.is_empty() || !units.bytes().all(|b| b.is_ascii_digit()) {
                 return Err(bad("the units are not a whole number"));
@@ -247,9 +249,10 @@ mod tests {
         assert_eq!(Hint::parse(";at=1;total=1"), Err(HintError::Empty));
         assert_eq!(Hint::parse("GPU-a=1;total=1"), Err(HintError::Missing("at")));
         assert_eq!(Hint::parse("GPU-a=1;at=1"), Err(HintError::Missing("total")));
-        for bad in ["GPU-a=1;at=-1;total=1", "GPU-a=1;at=1;total=x", "GPU-a=1;at;total=1"] {
+        for bad in ["GPU-a=1;at=-1;total=1", "GPU-a=1;at=1;total=x", "GPU-a=1;at=;total=1"] {
             assert!(matches!(Hint::parse(bad), Err(HintError::Field(_))), "{bad}");
         }
+        assert_eq!(Hint::parse("GPU-a=1; at = 2 ;flag;total=3"), Ok(Hint { gpus: vec![("GPU-a".into(), 1)], at: 2, total: 3 }), "keys trimmed, a bare field passed over");
         for (bad, why) in [("GPU-a", "no '='"), ("=4", "UUID"), ("GPU a=4", "UUID"), ("GPU-a=", "whole number"), ("GPU-a=-1", "whole number"), ("GPU-a=0", "0 units"), ("GPU-a=99999999999", "too large")] {
             let e = Hint::parse(&format!("{bad};at=1;total=1")).unwrap_err().to_string();
             assert!(e.contains(why) && e.contains(HINT_ANNOTATION), "{bad}: {e}");
@@ -291,14 +294,18 @@ mod tests {
         let hint = |at: u64| format!("GPU-a=4,GPU-b=6;at={at};total=12");
         let (fresh, old, future) = (hint(now - 5), hint(now - HINT_TTL.as_secs()), hint(now + 60));
         let followed: std::collections::HashSet<(String, usize)> = [("p2".to_string(), 0)].into();
-        let pods = vec![("p1".to_string(), fresh.as_str(), 0), ("p2".into(), fresh.as_str(), 4), ("old".into(), old.as_str(), 0), ("ahead".into(), future.as_str(), 0), ("runs".into(), fresh.as_str(), 12), ("bad".into(), "GPU-a=4", 0)];
+        // "whole" has a container of whole GPUs (8 units, no entry) after
+        // its hinted 4: holding 10 (more than its hinted units, less than
+        // its total) it still waits for its 4 or its whole GPUs.
+        let whole = format!("GPU-a=4;at={now};total=12");
+        let pods = vec![("p1".to_string(), fresh.as_str(), 0), ("p2".into(), fresh.as_str(), 4), ("old".into(), old.as_str(), 0), ("ahead".into(), future.as_str(), 0), ("runs".into(), fresh.as_str(), 12), ("whole".into(), whole.as_str(), 10), ("bad".into(), "GPU-a=4", 0)];
         let (p, bad) = pending(pods, &followed, now);
         let keys: Vec<(String, usize)> = p.iter().map(|p| p.key.clone()).collect();
         // p1 both entries; p2 (4 of 12 held: its other containers still to
         // come) the one not followed; a clock a minute behind the
         // extender's still follows; an old hint, and a pod holding all
         // its units, are not pending.
-        let want: Vec<(String, usize)> = [("p1", 0), ("p1", 1), ("p2", 1), ("ahead", 0), ("ahead", 1)].iter().map(|(k, i)| (k.to_string(), *i)).collect();
+        let want: Vec<(String, usize)> = [("p1", 0), ("p1", 1), ("p2", 1), ("ahead", 0), ("ahead", 1), ("whole", 0)].iter().map(|(k, i)| (k.to_string(), *i)).collect();
         assert_eq!(keys, want);
         assert_eq!((p[1].uuid.as_str(), p[1].units), ("GPU-b", 6));
         assert_eq!(bad, [("bad".to_string(), HintError::Missing("at"))]);
@@ -306,10 +313,18 @@ mod tests {
 
     proptest! {
         #[test]
-        fn any_text_parses_or_is_refused_and_what_is_written_reads_back(s in ".{0,200}", entries in proptest::collection::vec(("[A-Za-z0-9/_.-]{1,20}", 1u32..10_000), 1..8), at in any::<u64>(), total in any::<u64>()) {
+        fn any_text_parses_or_is_refused_and_what_is_written_reads_back(s in ".{0,200}", entries in proptest::collection::vec(("[A-Za-z0-9/_.;=, -]{0,20}", 0u32..10_000), 1..8), at in any::<u64>(), total in any::<u64>()) {
             let _ = Hint::parse(&s);
             let h = Hint { gpus: entries, at, total };
-            prop_assert_eq!(Hint::parse(&h.to_annotation()), Ok(h));
+            // What is written reads back, less the entries that cannot be
+            // written (then nothing is: the extender does not patch).
+            let kept: Vec<(String, u32)> = h.gpus.iter().filter(|(u, n)| valid_uuid(u) && *n > 0).cloned().collect();
+            let back = Hint::parse(&h.to_annotation());
+            if kept.is_empty() {
+                prop_assert_eq!(back, Err(HintError::Empty));
+            } else {
+                prop_assert_eq!(back, Ok(Hint { gpus: kept, at, total }));
+            }
         }
 
         #[test]

@@ -22,7 +22,8 @@ async fn write_hint(pods: &kube::Api<k8s_openapi::api::core::v1::Pod>, a: &Bindi
     let until = deadline.min(tokio::time::Instant::now() + HINT_DEADLINE);
     match tokio::time::timeout_at(until, pods.patch(&a.pod_name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(&patch))).await {
         Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err((e.to_string(), matches!(e, kube::Error::Api(_)))),
+        // Refused (4xx): surely not applied; a 5xx or no answer may have been.
+        Ok(Err(e)) => Err((e.to_string(), matches!(&e, kube::Error::Api(st) if (400..500).contains(&st.code)))),
         Err(_) => Err((format!("no answer within {} ms", HINT_DEADLINE.as_millis()), false)),
     }
 }
@@ -109,7 +110,9 @@ impl Extender {
         // then hands to the device plugin (`crate::hint`).
         let gpus = self.hint(&a.node, pod, &units);
         let hint = crate::hint::Hint {
-            gpus: units.iter().zip(&gpus).filter_map(|(&u, g)| Some((g.clone()?, u))).collect(),
+            // Only what can be written (a UUID the format cannot carry is
+            // left to best fit).
+            gpus: units.iter().zip(&gpus).filter_map(|(&u, g)| Some((g.clone().filter(|g| crate::hint::valid_uuid(g))?, u))).collect(),
             at: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
             total: units.iter().map(|&u| u64::from(u)).sum(),
         };

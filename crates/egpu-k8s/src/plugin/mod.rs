@@ -60,6 +60,14 @@ use publish::PUBLISH_TIMEOUT;
 pub use publish::Publisher;
 pub use service::{Service, run};
 
+/// Forgets the followed hint entries of pods no longer in the followed
+/// list (`live`), once their hints cannot be live any more: a pod the
+/// watch has not delivered yet (its hint found by a list read at
+/// admission) keeps its followed entries.
+fn forget_followed(followed: &mut HashMap<crate::hint::EntryKey, std::time::Instant>, live: &HashSet<String>, now: std::time::Instant) {
+    followed.retain(|(uid, _), at| live.contains(uid) || now.saturating_duration_since(*at) < 2 * crate::hint::HINT_TTL);
+}
+
 /// The longest the list of the node's pods read for a request without a
 /// followed hint may take ([`Shared::fresh_hints`]): it is on the kubelet's
 /// admission path.
@@ -233,7 +241,7 @@ pub struct Shared {
     /// (slice, reason) pairs already warned about.
     resize_warned: Mutex<HashSet<(String, String)>>,
     /// Hint entries a preferred allocation has followed: (pod UID, entry).
-    hints_followed: Mutex<HashSet<crate::hint::EntryKey>>,
+    hints_followed: Mutex<HashMap<crate::hint::EntryKey, std::time::Instant>>,
     /// Units each pod holds, by (namespace, name), per the kubelet's last
     /// list (a pod holding all its hinted units has no hint pending).
     held_by_pod: Mutex<HashMap<(String, String), u32>>,
@@ -267,7 +275,7 @@ impl Shared {
             alloc_lock: tokio::sync::Mutex::new(()),
             pod_annotations: Mutex::new(None),
             resize_warned: Mutex::new(HashSet::new()),
-            hints_followed: Mutex::new(HashSet::new()),
+            hints_followed: Mutex::new(HashMap::new()),
             held_by_pod: Mutex::new(HashMap::new()),
             hint_warned: Mutex::new(HashSet::new()),
             metrics: crate::metrics::DevicePluginMetrics::default(),
@@ -581,7 +589,7 @@ impl Shared {
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let with_hint = pods.iter().filter_map(|(k, info)| Some((key_of(k, info), info.annotations.get(crate::hint::HINT_ANNOTATION)?.as_str(), held.get(k).copied().unwrap_or(0))));
         let (out, bad) = {
-            let followed = self.hints_followed.lock().expect("hints lock");
+            let followed: HashSet<crate::hint::EntryKey> = self.hints_followed.lock().expect("hints lock").keys().cloned().collect();
             crate::hint::pending(with_hint, &followed, now)
         };
         for (pod, e) in bad {
@@ -597,18 +605,21 @@ impl Shared {
         let Some(pods) = self.pod_annotations.lock().expect("pods lock").clone() else { return Vec::new() };
         let key_of = |(ns, name): &(String, String), info: &PodInfo| if info.uid.is_empty() { format!("{ns}/{name}") } else { info.uid.clone() };
         let live: HashSet<String> = pods.iter().map(|(k, i)| key_of(k, i)).collect();
-        self.hints_followed.lock().expect("hints lock").retain(|(uid, _)| live.contains(uid));
+        forget_followed(&mut self.hints_followed.lock().expect("hints lock"), &live, std::time::Instant::now());
         self.pending_in(&pods)
     }
 
     /// The pending hints from a list of the node's pods read now, for a
-    /// request no followed hint matches: the kubelet and this plugin watch
+    /// request no followed hint is followed for: the kubelet and this plugin watch
     /// the same binding, and the kubelet may ask before the plugin's watch
     /// has it. `None` without API access, or when the list fails or takes
     /// over [`FRESH_LIST_TIMEOUT`].
     async fn fresh_hints(&self) -> Option<Vec<crate::hint::Pending<crate::hint::EntryKey>>> {
         let p = self.publisher.as_ref()?;
-        let lp = kube::api::ListParams::default().fields(&format!("spec.nodeName={}", p.node)).limit(FRESH_LIST_LIMIT);
+        // From the API server's watch cache (indexed by node), which holds
+        // what its watches have not delivered yet: cheap, and not a read
+        // of every pod from etcd at each admission.
+        let lp = kube::api::ListParams::default().match_any().fields(&format!("spec.nodeName={}", p.node)).limit(FRESH_LIST_LIMIT);
         let list = match tokio::time::timeout(FRESH_LIST_TIMEOUT, p.pods.list_metadata(&lp)).await {
             Ok(Ok(l)) => l,
             Ok(Err(e)) => {
@@ -623,12 +634,12 @@ impl Shared {
 
     /// The preferred units of one container request of `size` units that
     /// fits one GPU: on a pending hint's GPU ([`crate::hint::choose`]; the
-    /// entry is then followed), else best fit. When the followed list has
-    /// no hint of the size, a list read now is asked too.
+    /// entry is then followed), else best fit. When no hint of the
+    /// followed list is followed, a list read now is asked too.
     async fn preferred_one(&self, available: &[String], must_include: &[String], size: usize) -> Vec<String> {
         use crate::hint::Choice;
         let mut choice = crate::hint::choose(available, must_include, size, &self.pending_hints());
-        if choice == Choice::None
+        if !matches!(choice, Choice::Followed { .. })
             && let Some(fresh) = self.fresh_hints().await
         {
             choice = crate::hint::choose(available, must_include, size, &fresh);
@@ -636,7 +647,7 @@ impl Shared {
         match choice {
             Choice::Followed { key, ids } => {
                 self.metrics.hint("followed");
-                self.hints_followed.lock().expect("hints lock").insert(key);
+                self.hints_followed.lock().expect("hints lock").insert(key, std::time::Instant::now());
                 ids
             }
             other => {

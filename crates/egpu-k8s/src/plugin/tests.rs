@@ -131,3 +131,18 @@ fn a_reused_slice_is_reset_to_the_defaults_where_they_differ() {
     }
 }
 
+
+#[test]
+fn followed_hint_entries_outlive_a_watch_that_has_not_delivered_their_pod() {
+    let t0 = std::time::Instant::now();
+    let mut followed: HashMap<crate::hint::EntryKey, std::time::Instant> = [(("uid-new".to_string(), 0), t0), (("uid-gone".to_string(), 0), t0), (("uid-listed".to_string(), 1), t0)].into();
+    let live: HashSet<String> = ["uid-listed".to_string()].into();
+    // A minute on: the pod the watch has not delivered (followed through a
+    // list read at admission) keeps its entry, so its second container of
+    // the size is not sent to the first one's GPU.
+    forget_followed(&mut followed, &live, t0 + Duration::from_secs(60));
+    assert_eq!(followed.len(), 3);
+    // Once no hint of theirs can be live, pods gone from the list are forgotten.
+    forget_followed(&mut followed, &live, t0 + 2 * crate::hint::HINT_TTL);
+    assert_eq!(followed.keys().cloned().collect::<Vec<_>>(), [("uid-listed".to_string(), 1)]);
+}
