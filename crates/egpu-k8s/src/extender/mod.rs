@@ -311,11 +311,11 @@ impl Extender {
     /// after another, as the kubelet admits them, on what the node has free
     /// (its annotation in the node cache, less what is assumed there for
     /// other pods), against the same target as [`Extender::prioritize`].
-    /// `None` for a container that does not fit, for a container of whole
-    /// GPUs and every one after it (the plugin picks whole GPUs by its own
-    /// rule, which this model does not follow), and for every container
-    /// when the node is not in the node cache, its annotation cannot be
-    /// read, or its GPUs differ in size.
+    /// `None` for a container that does not fit and for a container of
+    /// whole GPUs (the plugin picks those by its own rule, which is what
+    /// the model then takes off for the containers after it), and for
+    /// every container when the node is not in the node cache, its
+    /// annotation cannot be read, or its GPUs differ in size.
     fn hint(&self, node: &str, pod: &str, in_order: &[u32]) -> Vec<Option<String>> {
         let none = vec![None; in_order.len()];
         let Some(parsed) = self.nodes.as_ref().and_then(|c| c.annotations.read().expect("node cache lock").get(node).cloned()) else { return none };
@@ -323,19 +323,31 @@ impl Extender {
         let Ok(g) = self.viewed_except(node, false, |with_pods| Ok(if with_pods { NodeGpus::clone(parsed) } else { parsed.gpus_only() }), Some(pod)) else { return none };
         let Some(units) = g.gpus.first().map(|x| x.units).filter(|&u| g.gpus.iter().all(|x| x.units == u)) else { return none };
         let (Some(mut model), Some(&largest)) = (Model::new(units), in_order.iter().max()) else { return none };
-        let (Some(first), Some(_)) = (model.shape(largest), model.add(node, &g)) else { return none };
+        let (Some(first), Some(id)) = (model.shape(largest), model.add(node, &g)) else { return none };
         let mut policy = EgpuPolicy::new(model.target(&self.recent_units(), &first));
-        let whole = in_order.iter().position(|&u| u > units).unwrap_or(in_order.len());
-        let mut out: Vec<Option<String>> = in_order[..whole]
+        // What the node has free as the containers go in, by the plugin's
+        // rules (for whole GPUs: the ones its preferred allocation takes).
+        let mut left = g.gpus_only();
+        in_order
             .iter()
             .map(|&u| {
-                let p = policy.place(&model.cluster, &model.shape(u)?)?;
+                let pod = model.shape(u)?;
+                if u > units {
+                    let before: Vec<u32> = left.gpus.iter().map(|x| x.free).collect();
+                    if !left.take(u) {
+                        return None;
+                    }
+                    let taken: Vec<u8> = left.gpus.iter().zip(before).enumerate().filter(|(_, (x, b))| x.free < *b).filter_map(|(i, _)| u8::try_from(i).ok()).collect();
+                    let _ = model.cluster.apply(&Placement::new(id, &pod, &taken));
+                    return None;
+                }
+                let p = policy.place(&model.cluster, &pod)?;
                 model.cluster.apply(&p).ok()?;
-                g.gpus.get(usize::from(p.gpus.first()?.index)).map(|x| x.uuid.clone())
+                let uuid = g.gpus.get(usize::from(p.gpus.first()?.index))?.uuid.clone();
+                left.take_on(&uuid, u);
+                Some(uuid)
             })
-            .collect();
-        out.resize(in_order.len(), None);
-        out
+            .collect()
     }
 
     /// `prioritize`: every candidate node with a score from 0 to 10.

@@ -392,10 +392,14 @@ fn a_bound_pods_hint_is_the_policys_gpu_not_the_best_fit() {
     // Containers go one after another: the second 4 finds [6, 6] and
     // takes the lower GPU.
     assert_eq!(ext.hint("n", "default/p", &[4, 4]), [Some("GPU-n-1".to_string()), Some("GPU-n-0".to_string())]);
-    // A container of whole GPUs is not hinted, nor is any after it (the
-    // plugin picks whole GPUs by its own rule).
+    // A container of whole GPUs is not hinted: the plugin picks those by
+    // its own rule (entirely free GPUs, lowest UUIDs), which the model then
+    // takes off. On [16, 16, 16] the 4 goes to GPU 0 ([12, 16, 16]), the 32
+    // takes GPUs 1 and 2, and the last 4 can only go to GPU 0.
     let e = ext.hint("empty", "default/p", &[4, 32, 4]);
-    assert!(e[0].is_some() && e[1..] == [None, None], "{e:?}");
+    assert_eq!(e, [Some("GPU-empty-0".to_string()), None, Some("GPU-empty-0".to_string())]);
+    // Whole GPUs first: the 4 after them finds only GPU 2 free.
+    assert_eq!(ext.hint("empty", "default/p", &[32, 4]), [None, Some("GPU-empty-2".to_string())]);
     // What the node cache does not have, or cannot fit, is not hinted.
     assert_eq!(ext.hint("other", "default/p", &[4]), [None]);
     assert_eq!(ext.hint("mixed", "default/p", &[4]), [None]);
