@@ -176,10 +176,20 @@ async fn get_pod(axum::extract::State(api): axum::extract::State<ApiServer>, axu
     }
 }
 
+/// A PATCH request's body as a JSON merge patch, or why it is not one (the
+/// server answers 415).
+fn merge_patch(headers: &axum::http::HeaderMap, body: &str) -> Result<serde_json::Value, String> {
+    let ct = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
+    match serde_json::from_str(body) {
+        Ok(v) if ct == "application/merge-patch+json" => Ok(v),
+        _ => Err(format!("want a JSON merge patch, got {ct}")),
+    }
+}
+
 /// `PATCH …/pods/{name}`: a JSON merge patch of the pod's annotations,
 /// with the UID in the patch as a precondition, as the API server checks
-/// it (the kubelet's status patches rely on the same answer). `default/a` is the pod the node's watch sends: its annotations
-/// change there too.
+/// it (the kubelet's status patches rely on the same answer). `default/a`
+/// is the pod the node's watch sends: its annotations change there too.
 async fn patch_pod(
     axum::extract::State(api): axum::extract::State<ApiServer>,
     axum::extract::Path((ns, name)): axum::extract::Path<(String, String)>,
@@ -188,10 +198,9 @@ async fn patch_pod(
 ) -> axum::response::Response {
     use axum::http::StatusCode;
     use axum::response::IntoResponse;
-    let ct = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
-    let patch: serde_json::Value = match serde_json::from_str(&body) {
-        Ok(v) if ct == "application/merge-patch+json" => v,
-        _ => return (StatusCode::UNSUPPORTED_MEDIA_TYPE, format!("want a JSON merge patch, got {ct}")).into_response(),
+    let patch = match merge_patch(&headers, &body) {
+        Ok(p) => p,
+        Err(why) => return (axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE, why).into_response(),
     };
     let mut pods = api.pods.lock().unwrap();
     let Some(pod) = pods.get_mut(&name).filter(|_| ns == "default") else {
@@ -348,10 +357,9 @@ async fn patch_node(
     body: String,
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
-    let ct = headers.get("content-type").and_then(|v| v.to_str().ok()).unwrap_or("");
-    let patch: serde_json::Value = match serde_json::from_str(&body) {
-        Ok(v) if ct == "application/merge-patch+json" => v,
-        _ => return (axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE, format!("want a JSON merge patch, got {ct}")).into_response(),
+    let patch = match merge_patch(&headers, &body) {
+        Ok(p) => p,
+        Err(why) => return (axum::http::StatusCode::UNSUPPORTED_MEDIA_TYPE, why).into_response(),
     };
     let mut ann = api.annotations.lock().unwrap();
     for (k, v) in patch["metadata"]["annotations"].as_object().cloned().unwrap_or_default() {
