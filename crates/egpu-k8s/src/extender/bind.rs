@@ -11,8 +11,8 @@ const HINT_DEADLINE: std::time::Duration = std::time::Duration::from_millis(1500
 
 /// Writes the pod's `egpu.io/gpu-hint` (a merge patch of its annotations,
 /// with its UID as precondition when the request names it). An error says
-/// why, and whether the patch was surely not applied (an answer from the
-/// API server; not a timeout or a broken connection).
+/// why, and whether the patch was surely not applied (a 4xx answer; not a
+/// 5xx, a timeout or a broken connection).
 async fn write_hint(pods: &kube::Api<k8s_openapi::api::core::v1::Pod>, a: &BindingArgs, hint: &crate::hint::Hint, deadline: tokio::time::Instant) -> Result<(), (String, bool)> {
     let mut metadata = serde_json::json!({"annotations": {crate::hint::HINT_ANNOTATION: hint.to_annotation()}});
     if !a.pod_uid.is_empty() {

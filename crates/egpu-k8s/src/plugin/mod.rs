@@ -60,6 +60,11 @@ use publish::PUBLISH_TIMEOUT;
 pub use publish::Publisher;
 pub use service::{Service, run};
 
+/// A pod's key in the hint bookkeeping: its UID, else `namespace/name`.
+fn hint_key((ns, name): &(String, String), info: &PodInfo) -> String {
+    if info.uid.is_empty() { format!("{ns}/{name}") } else { info.uid.clone() }
+}
+
 /// Forgets the followed hint entries of pods no longer in the followed
 /// list (`live`), once their hints cannot be live any more: a pod the
 /// watch has not delivered yet (its hint found by a list read at
@@ -243,7 +248,7 @@ pub struct Shared {
     /// Hint entries a preferred allocation has followed: (pod UID, entry).
     hints_followed: Mutex<HashMap<crate::hint::EntryKey, std::time::Instant>>,
     /// Units each pod holds, by (namespace, name), per the kubelet's last
-    /// list (a pod holding all its hinted units has no hint pending).
+    /// list (a pod holding its hint's `total` has no hint pending).
     held_by_pod: Mutex<HashMap<(String, String), u32>>,
     /// Hint annotations already warned about (they do not parse).
     hint_warned: Mutex<HashSet<String>>,
@@ -580,14 +585,12 @@ impl Shared {
     }
 
     /// The hint entries of `pods` not followed yet ([`crate::hint::pending`]),
-    /// keyed by (pod UID, entry). Followed entries of pods gone from the
-    /// followed list are forgotten; a hint that does not parse is warned
+    /// keyed by ([`hint_key`], entry); a hint that does not parse is warned
     /// about once.
     fn pending_in(&self, pods: &PodAnnotations) -> Vec<crate::hint::Pending<crate::hint::EntryKey>> {
-        let key_of = |(ns, name): &(String, String), info: &PodInfo| if info.uid.is_empty() { format!("{ns}/{name}") } else { info.uid.clone() };
         let held = self.held_by_pod.lock().expect("held lock").clone();
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
-        let with_hint = pods.iter().filter_map(|(k, info)| Some((key_of(k, info), info.annotations.get(crate::hint::HINT_ANNOTATION)?.as_str(), held.get(k).copied().unwrap_or(0))));
+        let with_hint = pods.iter().filter_map(|(k, info)| Some((hint_key(k, info), info.annotations.get(crate::hint::HINT_ANNOTATION)?.as_str(), held.get(k).copied().unwrap_or(0))));
         let (out, bad) = {
             let followed: HashSet<crate::hint::EntryKey> = self.hints_followed.lock().expect("hints lock").keys().cloned().collect();
             crate::hint::pending(with_hint, &followed, now)
@@ -600,19 +603,20 @@ impl Shared {
         out
     }
 
-    /// [`Shared::pending_in`] the followed list of the node's pods.
+    /// [`Shared::pending_in`] the followed list of the node's pods, after
+    /// forgetting the followed entries of pods gone from it
+    /// ([`forget_followed`]).
     fn pending_hints(&self) -> Vec<crate::hint::Pending<crate::hint::EntryKey>> {
         let Some(pods) = self.pod_annotations.lock().expect("pods lock").clone() else { return Vec::new() };
-        let key_of = |(ns, name): &(String, String), info: &PodInfo| if info.uid.is_empty() { format!("{ns}/{name}") } else { info.uid.clone() };
-        let live: HashSet<String> = pods.iter().map(|(k, i)| key_of(k, i)).collect();
+        let live: HashSet<String> = pods.iter().map(|(k, i)| hint_key(k, i)).collect();
         forget_followed(&mut self.hints_followed.lock().expect("hints lock"), &live, std::time::Instant::now());
         self.pending_in(&pods)
     }
 
     /// The pending hints from a list of the node's pods read now, for a
-    /// request no followed hint is followed for: the kubelet and this plugin watch
-    /// the same binding, and the kubelet may ask before the plugin's watch
-    /// has it. `None` without API access, or when the list fails or takes
+    /// request the followed list has no hint to follow for: the kubelet and
+    /// this plugin watch the same binding, and the kubelet may ask before
+    /// the plugin's watch has it. `None` without API access, or when the list fails or takes
     /// over [`FRESH_LIST_TIMEOUT`].
     async fn fresh_hints(&self) -> Option<Vec<crate::hint::Pending<crate::hint::EntryKey>>> {
         let p = self.publisher.as_ref()?;
