@@ -344,8 +344,9 @@ impl Extender {
                 let p = policy.place(&model.cluster, &pod)?;
                 model.cluster.apply(&p).ok()?;
                 let uuid = g.gpus.get(usize::from(p.gpus.first()?.index))?.uuid.clone();
-                left.take_on(&uuid, u);
-                Some(uuid)
+                // Milli-GPU rounds: with more than 1,000 units a GPU, the
+                // model may fit a container a unit short; no hint then.
+                left.take_on(&uuid, u).then_some(uuid)
             })
             .collect()
     }
