@@ -308,9 +308,10 @@ pub struct GpuShare {
 }
 
 /// Where a pod goes: the node, the exact GPUs and the share of each. The
-/// simulator commits it as is; the Kubernetes extender takes its node, and
-/// the device plugin picks the GPU inside it by best fit
-/// ([`crate::policy::BestFitInside`] measures that). [`Cluster::release`]
+/// simulator commits it as is; the Kubernetes extender takes its node and
+/// hands its GPUs to the device plugin on the pod, which falls back to
+/// best fit where it cannot follow them ([`crate::policy::BestFitInside`]
+/// measures that). [`Cluster::release`]
 /// takes it back.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Placement {

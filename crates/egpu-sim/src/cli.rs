@@ -58,9 +58,10 @@ pub struct SimulateFlags {
     /// trace's node names).
     #[arg(long, default_value = "shuffled", value_parser = ["shuffled", "name"], conflicts_with = "elastic")]
     pub node_order: String,
-    /// GPU inside the chosen node: `policy` (the GPUs the policy names) or
-    /// `best-fit` (a sharing pod fills the tightest GPU that fits, as the
-    /// Kubernetes device plugin places it: what a cluster gets today).
+    /// GPU inside the chosen node: `policy` (the GPUs the policy names, as
+    /// the Kubernetes device plugin places a pod whose GPU hint it follows)
+    /// or `best-fit` (a sharing pod fills the tightest GPU that fits, as the
+    /// device plugin places a pod without a hint it can follow).
     #[arg(long, default_value = "policy", value_parser = ["policy", "best-fit"], conflicts_with = "elastic")]
     pub gpu_choice: String,
     /// Worker threads (default: all cores).

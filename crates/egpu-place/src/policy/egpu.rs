@@ -232,7 +232,8 @@ mod tests {
         let bf = super::super::BestFit::new().place(&c, &pod(230)).unwrap();
         assert_eq!(bf.gpus.iter().map(|g| g.index).collect::<Vec<_>>(), vec![0]);
         // So does eGPU's node with the GPU chosen as the device plugin
-        // chooses it; the node and the pod's share are the policy's.
+        // chooses it without a hint; the node and the pod's share are the
+        // policy's.
         let mut live = super::super::BestFitInside::new(Box::new(EgpuPolicy::new(target.clone())));
         assert_eq!(live.name(), "egpu/bestfit-gpu");
         let l = live.place(&c, &pod(230)).unwrap();

@@ -2,9 +2,10 @@
 //!
 //! Every policy returns a [`Placement`]: the node, the exact GPU indices and
 //! the milli-GPU of each, which the simulator commits with
-//! [`Cluster::apply`] as is (the Kubernetes extender uses the policy's
-//! node; the GPU inside it is the device plugin's best fit, which
-//! [`BestFitInside`] reproduces). A policy may keep state between calls
+//! [`Cluster::apply`] as is. The Kubernetes extender scores nodes with the
+//! policy and hands the policy's GPU inside the chosen node to the device
+//! plugin on the pod (`egpu.io/gpu-hint`); where the plugin cannot follow
+//! it, the GPU is its best fit, which [`BestFitInside`] reproduces. A policy may keep state between calls
 //! (caches keyed by [`crate::Node::version`], a seeded random stream), so one
 //! instance can follow a live cluster one pod at a time; it never changes
 //! the cluster itself.
@@ -94,10 +95,10 @@ impl PolicyKind {
 /// A policy's node with the GPU inside it chosen by best fit: a sharing pod
 /// goes to the fitting GPU with the least free compute (lowest index on
 /// ties), whatever GPU the policy named. This is what a Kubernetes cluster
-/// gets from the extender and the device plugin today: the extender
-/// scores nodes with the policy, and the kubelet's device plugin, which
-/// sees only the request's size, fills the tightest GPU that fits
-/// (`docs/kubernetes.md`). The simulator measures it with
+/// gets where the device plugin cannot follow a pod's GPU hint: the
+/// extender scores nodes with the policy, and the kubelet's device plugin,
+/// which then sees only the request's size, fills the tightest GPU that
+/// fits (`docs/kubernetes.md`). The simulator measures it with
 /// `--gpu-choice best-fit`. Pods of whole GPUs keep the policy's GPUs.
 pub struct BestFitInside {
     inner: Box<dyn Policy>,
