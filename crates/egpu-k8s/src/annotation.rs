@@ -25,6 +25,11 @@ pub struct GpuFree {
     /// Units neither held by a container nor reserved by a slice made
     /// outside Kubernetes.
     pub free: u32,
+    /// The GPU's NVLink group (the lowest egpud index of the GPUs NVLink
+    /// joins it to); absent when egpud cannot say, or from a plugin
+    /// before this field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nvlink: Option<u32>,
 }
 
 /// The annotation's value.
@@ -123,7 +128,8 @@ impl NodeGpus {
     /// would place them: on one GPU, best fit ([`crate::tokens::best_fit`]:
     /// the least free that holds them, then the lower UUID); or, for a container larger than any one
     /// GPU, whole free GPUs ([`crate::tokens::whole_gpus`]: of one size that
-    /// divides `units`, the largest such, lowest UUIDs). False, and nothing
+    /// divides `units`, the largest such, in one NVLink group when one has
+    /// enough, lowest UUIDs). False, and nothing
     /// taken, when they do not fit.
     pub fn take(&mut self, units: u32) -> bool {
         let free: Vec<(&str, u32)> = self.gpus.iter().map(|g| (g.uuid.as_str(), g.free)).collect();
@@ -136,7 +142,7 @@ impl NodeGpus {
         if self.gpus.iter().any(|g| g.units >= units) {
             return false;
         }
-        let free: Vec<(&str, u32)> = self.gpus.iter().filter(|g| g.units > 0 && g.free == g.units).map(|g| (g.uuid.as_str(), g.units)).collect();
+        let free: Vec<(&str, u32, Option<u32>)> = self.gpus.iter().filter(|g| g.units > 0 && g.free == g.units).map(|g| (g.uuid.as_str(), g.units, g.nvlink)).collect();
         let Some(chosen) = crate::tokens::whole_gpus(&free, units, &[]) else { return false };
         let chosen: Vec<String> = chosen.into_iter().map(str::to_string).collect();
         for g in self.gpus.iter_mut().filter(|g| chosen.contains(&g.uuid)) {
@@ -197,7 +203,7 @@ mod tests {
         NodeGpus {
             v: VERSION,
             unit_bytes: 1 << 30,
-            gpus: vec![GpuFree { index: 0, uuid: "GPU-a".into(), model: "NVIDIA H200".into(), units: 141, free: 20 }],
+            gpus: vec![GpuFree { index: 0, uuid: "GPU-a".into(), model: "NVIDIA H200".into(), units: 141, free: 20, nvlink: None }],
             pods: Some([("default/a".to_string(), 20)].into()),
             holds: Some([("uid-a".to_string(), [(0, 20)].into())].into()),
         }
@@ -208,7 +214,7 @@ mod tests {
         let node = |free: &[u32]| NodeGpus {
             v: VERSION,
             unit_bytes: 1 << 30,
-            gpus: free.iter().enumerate().map(|(i, &f)| GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units: 16, free: f }).collect(),
+            gpus: free.iter().enumerate().map(|(i, &f)| GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units: 16, free: f, nvlink: None }).collect(),
             pods: None,
             holds: None,
         };
@@ -277,7 +283,7 @@ mod tests {
         ) {
             let gpus: Vec<GpuFree> = gpus
                 .into_iter()
-                .map(|(index, u, units, free)| GpuFree { index, uuid: format!("GPU-{u}"), model: "m".into(), units, free })
+                .map(|(index, u, units, free)| GpuFree { index, uuid: format!("GPU-{u}"), model: "m".into(), units, free, nvlink: None })
                 .collect();
             let json = NodeGpus { v: VERSION, unit_bytes: 1 << 30, gpus, pods: None, holds: None }.to_json();
             let Ok(mut n) = NodeGpus::parse(Some(&json)) else { return Ok(()) };
@@ -297,7 +303,7 @@ mod tests {
 
     #[test]
     fn release_gives_the_victims_units_back_to_their_gpus() {
-        let gpu = |index: u32, free: u32| GpuFree { index, uuid: format!("GPU-{index}"), model: "m".into(), units: 16, free };
+        let gpu = |index: u32, free: u32| GpuFree { index, uuid: format!("GPU-{index}"), model: "m".into(), units: 16, free, nvlink: None };
         let mut g = NodeGpus {
             v: VERSION,
             unit_bytes: 1 << 30,

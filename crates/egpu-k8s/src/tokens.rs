@@ -19,12 +19,14 @@ pub struct Gpu {
     /// The model name, e.g. `NVIDIA H200`.
     pub model: String,
     pub memory_bytes: u64,
+    /// Its NVLink group, as egpud reports it (`None`: unknown).
+    pub nvlink: Option<u32>,
 }
 
 impl From<&egpu_node::proto::Device> for Gpu {
     /// A GPU as egpud's `GetNode` lists it.
     fn from(d: &egpu_node::proto::Device) -> Gpu {
-        Gpu { index: d.index, uuid: d.uuid.clone(), model: d.name.clone(), memory_bytes: d.memory_bytes }
+        Gpu { index: d.index, uuid: d.uuid.clone(), model: d.name.clone(), memory_bytes: d.memory_bytes, nvlink: d.nvlink_group }
     }
 }
 
@@ -76,6 +78,11 @@ impl Inventory {
     /// How many tokens the GPU `uuid` has.
     pub fn tokens_of_uuid(&self, uuid: &str) -> Option<u32> {
         self.gpus.iter().find(|g| g.uuid == uuid).map(|g| self.tokens_of(g))
+    }
+
+    /// The tokens and the NVLink group of the GPU `uuid`.
+    pub fn whole_of_uuid(&self, uuid: &str) -> Option<(u32, Option<u32>)> {
+        self.gpus.iter().find(|g| g.uuid == uuid).map(|g| (self.tokens_of(g), g.nvlink))
     }
 
     /// The most tokens one GPU has.
@@ -171,32 +178,53 @@ pub fn best_fit<K: Ord + Copy>(free: &[(K, u32)], size: u32) -> Option<K> {
 }
 
 /// The whole GPUs a container of `size` units larger than any one GPU
-/// takes, from the entirely free GPUs `free` (key, units): those of one
-/// size `per` that divides `size` and has enough free GPUs (the largest
-/// such size), lowest keys first; the `pinned` keys must be among them.
-/// The one rule the plugin's preference and the extender's fit share.
-pub fn whole_gpus<K: Ord + Copy>(free: &[(K, u32)], size: u32, pinned: &[K]) -> Option<Vec<K>> {
-    let mut sizes: Vec<u32> = free.iter().map(|(_, n)| *n).filter(|&n| n > 0 && size > n && size.is_multiple_of(n)).collect();
+/// takes, from the entirely free GPUs `free` (key, units, NVLink group):
+/// those of one size `per` that divides `size` and has enough free GPUs
+/// (the largest such size). Of that size, all from one NVLink group when
+/// a group has enough (the group with the fewest free GPUs of the size,
+/// so larger groups stay whole for larger requests; then the lowest
+/// key), else any; lowest keys first. The `pinned` keys must be among
+/// them. The one rule the plugin's preference and the extender's fit
+/// share.
+pub fn whole_gpus<K: Ord + Copy>(free: &[(K, u32, Option<u32>)], size: u32, pinned: &[K]) -> Option<Vec<K>> {
+    let mut sizes: Vec<u32> = free.iter().map(|(_, n, _)| *n).filter(|&n| n > 0 && size > n && size.is_multiple_of(n)).collect();
     sizes.sort_unstable_by(|a, b| b.cmp(a));
     sizes.dedup();
-    for per in sizes {
-        let mut of: Vec<K> = free.iter().filter(|(_, n)| *n == per).map(|(k, _)| *k).collect();
+    let first = |mut of: Vec<K>, need: usize| {
         of.sort_unstable_by_key(|k| (!pinned.contains(k), *k));
-        let need = (size / per) as usize;
-        if of.len() >= need && pinned.iter().all(|p| of[..need].contains(p)) {
+        (of.len() >= need && pinned.iter().all(|p| of[..need].contains(p))).then(|| {
             of.truncate(need);
-            return Some(of);
+            of
+        })
+    };
+    for per in sizes {
+        let need = (size / per) as usize;
+        let mut groups: BTreeMap<u32, Vec<K>> = BTreeMap::new();
+        for (k, _, g) in free.iter().filter(|(_, n, _)| *n == per) {
+            if let Some(g) = g {
+                groups.entry(*g).or_default().push(*k);
+            }
+        }
+        let linked = groups.into_values().filter_map(|of| first(of.clone(), need).map(|chosen| (of.len(), chosen))).min_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        if let Some((_, chosen)) = linked {
+            return Some(chosen);
+        }
+        if let Some(chosen) = first(free.iter().filter(|(_, n, _)| *n == per).map(|(k, _, _)| *k).collect(), need) {
+            return Some(chosen);
         }
     }
     None
 }
 
-/// For a container larger than any one GPU: whole GPUs whose tokens
-/// (`tokens_of`) are all available, by [`whole_gpus`]. `None` when no size
-/// of entirely free GPUs divides `size` with enough of them (then
-/// [`preferred`] answers, and `Allocate` refuses the spread with the
-/// reason).
-pub fn preferred_whole(available: &[String], must_include: &[String], size: usize, tokens_of: &dyn Fn(&str) -> Option<u32>) -> Option<Vec<String>> {
+/// A GPU's tokens and NVLink group, by UUID ([`Inventory::whole_of_uuid`]).
+pub type WholeOf<'a> = dyn Fn(&str) -> Option<(u32, Option<u32>)> + 'a;
+
+/// For a container larger than any one GPU: whole GPUs whose tokens are
+/// all available, by [`whole_gpus`]; `gpu_of` gives a GPU's tokens and
+/// NVLink group. `None` when no size of entirely free GPUs divides `size`
+/// with enough of them (then [`preferred`] answers, and `Allocate` refuses
+/// the spread with the reason).
+pub fn preferred_whole(available: &[String], must_include: &[String], size: usize, gpu_of: &WholeOf) -> Option<Vec<String>> {
     let mut by_gpu: BTreeMap<&str, std::collections::BTreeSet<(u32, &String)>> = BTreeMap::new();
     for id in available.iter().chain(must_include) {
         if let Some((uuid, k)) = parse_token(id) {
@@ -204,7 +232,7 @@ pub fn preferred_whole(available: &[String], must_include: &[String], size: usiz
         }
     }
     let pinned: Vec<&str> = must_include.iter().filter_map(|id| parse_token(id).map(|(u, _)| u)).collect();
-    let free: Vec<(&str, u32)> = by_gpu.iter().filter_map(|(u, t)| tokens_of(u).filter(|&n| n > 0 && t.len() == n as usize).map(|n| (*u, n))).collect();
+    let free: Vec<(&str, u32, Option<u32>)> = by_gpu.iter().filter_map(|(u, t)| gpu_of(u).filter(|&(n, _)| n > 0 && t.len() == n as usize).map(|(n, g)| (*u, n, g))).collect();
     let chosen = whole_gpus(&free, u32::try_from(size).ok()?, &pinned)?;
     // By GPU UUID, then token number.
     Some(chosen.iter().flat_map(|u| by_gpu[u].iter().map(|(_, id)| (*id).clone())).collect())
@@ -242,8 +270,8 @@ mod tests {
         Inventory {
             unit_bytes: 1 << 30,
             gpus: vec![
-                Gpu { index: 0, uuid: "GPU-a".into(), model: "m".into(), memory_bytes: 16 << 30 },
-                Gpu { index: 1, uuid: "GPU-b".into(), model: "m".into(), memory_bytes: (16 << 30) + 5 },
+                Gpu { index: 0, uuid: "GPU-a".into(), model: "m".into(), memory_bytes: 16 << 30, nvlink: None },
+                Gpu { index: 1, uuid: "GPU-b".into(), model: "m".into(), memory_bytes: (16 << 30) + 5, nvlink: None },
             ],
         }
     }
@@ -282,7 +310,7 @@ mod tests {
         part.extend(ids("GPU-b", 0..15));
         assert!(matches!(inv.resolve(&part), Err(TokenError::Spread { gpus: 2, .. })));
         // Whole GPUs of two sizes, or no larger than the largest GPU: refused.
-        let mixed = Inventory { unit_bytes: 1 << 30, gpus: vec![inv.gpus[0].clone(), Gpu { index: 2, uuid: "GPU-c".into(), model: "m".into(), memory_bytes: 4 << 30 }, Gpu { index: 3, uuid: "GPU-d".into(), model: "m".into(), memory_bytes: 4 << 30 }] };
+        let mixed = Inventory { unit_bytes: 1 << 30, gpus: vec![inv.gpus[0].clone(), Gpu { index: 2, uuid: "GPU-c".into(), model: "m".into(), memory_bytes: 4 << 30, nvlink: None }, Gpu { index: 3, uuid: "GPU-d".into(), model: "m".into(), memory_bytes: 4 << 30, nvlink: None }] };
         let mut two_sizes = ids("GPU-a", 0..16);
         two_sizes.extend(ids("GPU-c", 0..4));
         assert!(matches!(mixed.resolve(&two_sizes), Err(TokenError::Spread { .. })));
@@ -316,7 +344,7 @@ mod tests {
 
     #[test]
     fn preferred_whole_takes_entirely_free_gpus_for_a_multi_gpu_container() {
-        let n = |_: &str| Some(16);
+        let n = |_: &str| Some((16, None));
         let (a, b, c) = (ids("GPU-a", 0..16), ids("GPU-b", 0..16), ids("GPU-c", 0..16));
         let avail: Vec<String> = [c.clone(), a.clone(), b.clone()].concat();
         let mut want: Vec<String> = [a.clone(), b.clone()].concat();
@@ -335,12 +363,30 @@ mod tests {
     #[test]
     fn whole_gpus_takes_one_size_that_divides_the_request() {
         // The largest size that divides it and has enough free GPUs.
-        assert_eq!(whole_gpus(&[(0, 40), (1, 80), (2, 80)], 160, &[]), Some(vec![1, 2]));
-        assert_eq!(whole_gpus(&[(0, 40), (1, 40), (2, 80), (3, 40), (4, 40)], 160, &[]), Some(vec![0, 1, 3, 4]), "one 80 is not enough: four 40s");
-        assert_eq!(whole_gpus(&[(0, 80), (1, 80)], 120, &[]), None, "no size divides 120 with enough GPUs");
-        assert_eq!(whole_gpus(&[(0, 80), (1, 80)], 80, &[]), None, "one GPU is not a multi-GPU request");
-        assert_eq!(whole_gpus(&[(0, 80), (1, 80), (2, 80)], 160, &[2]), Some(vec![2, 0]), "pinned first");
-        assert_eq!(whole_gpus(&[(0, 80), (1, 80), (2, 40)], 160, &[2]), None, "a pinned GPU of another size");
+        assert_eq!(whole_gpus(&[(0, 40, None), (1, 80, None), (2, 80, None)], 160, &[]), Some(vec![1, 2]));
+        assert_eq!(whole_gpus(&[(0, 40, None), (1, 40, None), (2, 80, None), (3, 40, None), (4, 40, None)], 160, &[]), Some(vec![0, 1, 3, 4]), "one 80 is not enough: four 40s");
+        assert_eq!(whole_gpus(&[(0, 80, None), (1, 80, None)], 120, &[]), None, "no size divides 120 with enough GPUs");
+        assert_eq!(whole_gpus(&[(0, 80, None), (1, 80, None)], 80, &[]), None, "one GPU is not a multi-GPU request");
+        assert_eq!(whole_gpus(&[(0, 80, None), (1, 80, None), (2, 80, None)], 160, &[2]), Some(vec![2, 0]), "pinned first");
+        assert_eq!(whole_gpus(&[(0, 80, None), (1, 80, None), (2, 40, None)], 160, &[2]), None, "a pinned GPU of another size");
+    }
+
+    #[test]
+    fn whole_gpus_keep_to_one_nvlink_group_when_one_has_enough() {
+        // GPUs 0-1 and 2-3 are NVLink pairs; GPU 1 is in use. Lowest keys
+        // would take 0 and 2, across the pairs: the pair 2-3 is taken.
+        let pairs = |free: &[u32]| free.iter().map(|&k| (k, 80, Some(k / 2 * 2))).collect::<Vec<_>>();
+        assert_eq!(whole_gpus(&pairs(&[0, 2, 3]), 160, &[]), Some(vec![2, 3]));
+        // Of two groups that can, the one with fewer free GPUs of the size,
+        // so the larger stays whole: 4 GPUs of group 0, 2 of group 4.
+        let two = [(0, 80, Some(0)), (1, 80, Some(0)), (2, 80, Some(0)), (3, 80, Some(0)), (4, 80, Some(4)), (5, 80, Some(4))];
+        assert_eq!(whole_gpus(&two, 160, &[]), Some(vec![4, 5]));
+        assert_eq!(whole_gpus(&two, 320, &[]), Some(vec![0, 1, 2, 3]));
+        // A pinned GPU decides the group; no group with enough: any GPUs.
+        assert_eq!(whole_gpus(&two, 160, &[1]), Some(vec![1, 0]));
+        assert_eq!(whole_gpus(&pairs(&[0, 2]), 160, &[]), Some(vec![0, 2]));
+        // Unknown groups: as before, the lowest keys.
+        assert_eq!(whole_gpus(&[(0, 80, None), (2, 80, None), (3, 80, None)], 160, &[]), Some(vec![0, 2]));
     }
 
     #[test]

@@ -12,8 +12,10 @@ pub const SOCKET_FILE: &str = "egpud.sock";
 /// Environment of the simulated driver (read by `libegpu_simgpu.so`).
 pub const SIM_GPUS_ENV: &str = "EGPU_SIM_GPUS";
 pub const SIM_STATE_ENV: &str = "EGPU_SIM_STATE";
-/// Tuning variables of the simulated driver passed on to workloads when egpud has them.
-pub const SIM_PASSTHROUGH_ENV: [&str; 2] = ["EGPU_SIM_CTX_BYTES", "EGPU_SIM_NS_PER_THREAD"];
+/// Variables of the simulated driver passed on to workloads when egpud has
+/// them: tuning, and the NVLink topology (so that workloads see the links
+/// egpud reports).
+pub const SIM_PASSTHROUGH_ENV: [&str; 3] = ["EGPU_SIM_CTX_BYTES", "EGPU_SIM_NS_PER_THREAD", "EGPU_SIM_NVLINK"];
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]

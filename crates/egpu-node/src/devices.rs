@@ -14,6 +14,10 @@ pub struct DeviceInfo {
     pub memory_bytes: u64,
     /// 0 when the driver does not say.
     pub sm_count: u32,
+    /// The device's NVLink group: the lowest index of the devices it is
+    /// joined to by NVLink, directly or through others (its own index when
+    /// it has no NVLink peer); `None` when the driver cannot say.
+    pub nvlink_group: Option<u32>,
 }
 
 /// What discovery found.
@@ -106,6 +110,50 @@ fn nv<T>(call: &'static str, r: Result<T, nvml_wrapper::error::NvmlError>) -> Re
     r.map_err(|source| DeviceError::Nvml { call, source })
 }
 
+impl NvmlGpus {
+    /// Each device's NVLink group ([`DeviceInfo::nvlink_group`]), from the
+    /// driver's NVLink P2P status of every pair (`nvmlDeviceGetP2PStatus`);
+    /// all `None` when any pair cannot be asked.
+    fn nvlink_groups(&self, n: u32) -> Vec<Option<u32>> {
+        use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus};
+        let handles: Option<Vec<_>> = (0..n).map(|i| self.nvml.device_by_index(i).ok()).collect();
+        let Some(handles) = handles else { return vec![None; n as usize] };
+        let mut pairs = Vec::new();
+        for a in 0..handles.len() {
+            for b in a + 1..handles.len() {
+                match handles[a].p2p_status(&handles[b], P2pCapabilitiesIndex::NvLink) {
+                    Ok(P2pStatus::Ok) => pairs.push((a, b)),
+                    Ok(_) => {}
+                    Err(_) => return vec![None; n as usize],
+                }
+            }
+        }
+        nvlink_groups(handles.len(), &pairs).into_iter().map(Some).collect()
+    }
+}
+
+/// The NVLink group of each of `n` devices joined by the `linked` pairs:
+/// the lowest index of its connected set.
+pub fn nvlink_groups(n: usize, linked: &[(usize, usize)]) -> Vec<u32> {
+    let mut group: Vec<u32> = (0..n as u32).collect();
+    // Merge until no pair joins two groups (n is at most a few dozen).
+    let mut changed = true;
+    while changed {
+        changed = false;
+        for &(a, b) in linked.iter().filter(|(a, b)| *a < n && *b < n) {
+            let low = group[a].min(group[b]);
+            for side in [a, b] {
+                let old = group[side];
+                if old != low {
+                    group.iter_mut().filter(|g| **g == old).for_each(|g| *g = low);
+                    changed = true;
+                }
+            }
+        }
+    }
+    group
+}
+
 impl Gpus for NvmlGpus {
     fn inventory(&self) -> Result<Inventory, DeviceError> {
         let n = nv("nvmlDeviceGetCount", self.nvml.device_count())?;
@@ -122,7 +170,11 @@ impl Gpus for NvmlGpus {
                 name: nv("nvmlDeviceGetName", d.name())?,
                 memory_bytes: mem.total,
                 sm_count: self.sm_counts.get(i as usize).copied().unwrap_or(0),
+                nvlink_group: None,
             });
+        }
+        for (d, g) in devices.iter_mut().zip(self.nvlink_groups(n)) {
+            d.nvlink_group = g;
         }
         let driver_version = self.nvml.sys_driver_version().unwrap_or_else(|_| "unknown".into());
         Ok(Inventory { devices, driver_version })
@@ -192,6 +244,7 @@ impl FakeGpus {
                 name: "Fake GPU".into(),
                 memory_bytes,
                 sm_count: 108,
+                nvlink_group: Some(0),
             })
             .collect();
         FakeGpus { devices, used: Mutex::new(vec![0; n as usize]), procs: Mutex::new(vec![None; n as usize]) }
@@ -211,5 +264,20 @@ impl Gpus for FakeGpus {
     fn process_memory(&self, index: u32) -> Result<Option<Vec<ProcMemory>>, DeviceError> {
         let procs = self.procs.lock().unwrap_or_else(|e| e.into_inner());
         procs.get(index as usize).cloned().ok_or(DeviceError::NoSuchDevice(index))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::nvlink_groups;
+
+    #[test]
+    fn nvlink_groups_are_the_lowest_index_of_each_connected_set() {
+        assert_eq!(nvlink_groups(4, &[(0, 1), (2, 3)]), [0, 0, 2, 2], "pairs");
+        assert_eq!(nvlink_groups(4, &[]), [0, 1, 2, 3], "no NVLink: each GPU alone");
+        // Joined through another GPU (a ring, or links found out of order).
+        assert_eq!(nvlink_groups(5, &[(3, 4), (1, 3), (0, 2)]), [0, 1, 0, 1, 1]);
+        assert_eq!(nvlink_groups(3, &[(2, 1), (1, 0)]), [0, 0, 0]);
+        assert_eq!(nvlink_groups(2, &[(0, 7)]), [0, 1], "a pair past the devices is ignored");
     }
 }

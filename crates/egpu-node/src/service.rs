@@ -55,6 +55,7 @@ impl node_server::Node for NodeService {
                         driver_used_bytes: node.gpus.used_bytes(d.index).unwrap_or(0),
                         lent_memory_bytes: lent.get(d.index as usize).copied().unwrap_or(0),
                         unmanaged_bytes: unmanaged.get(d.index as usize).copied().flatten(),
+                        nvlink_group: d.nvlink_group,
                     }
                 })
                 .collect();

@@ -34,6 +34,10 @@ pub struct DeviceOut {
     /// when egpud does not audit memory).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub unmanaged_bytes: Option<u64>,
+    /// The lowest index of the devices NVLink joins this one to (its own
+    /// without NVLink peers); absent when the driver cannot say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nvlink_group: Option<u32>,
 }
 
 #[derive(Debug, Serialize)]
@@ -128,6 +132,7 @@ pub fn node_out(n: proto::GetNodeResponse) -> NodeOut {
                 allocated_memory_bytes: d.allocated_memory_bytes,
                 driver_used_bytes: d.driver_used_bytes,
                 unmanaged_bytes: d.unmanaged_bytes,
+                nvlink_group: d.nvlink_group,
             })
             .collect(),
         hostname: n.hostname,

@@ -350,6 +350,7 @@ mod tests {
                 allocated_compute_percent: 100.0,
                 driver_used_bytes: 1 << 30,
                 unmanaged_bytes: None,
+                nvlink_group: None,
             }],
         };
         Snapshot {

@@ -517,10 +517,15 @@ impl Rig {
 
     /// [`Rig::start`], the plugin given `extra` arguments too.
     fn start_with(grace: &str, extra: &[&str]) -> Rig {
+        Rig::start_on("2x16GiB", &[], grace, extra)
+    }
+
+    /// [`Rig::start_with`] on `spec` simulated GPUs, egpud given `env`.
+    fn start_on(spec: &str, env: &[(&str, &str)], grace: &str, extra: &[&str]) -> Rig {
         let tmp = tempfile::tempdir().unwrap();
         let cdi = tmp.path().join("cdi");
         let kdir = tmp.path().join("kubelet");
-        let node = Node::start_with("2x16GiB", &["--cdi-dir", cdi.to_str().unwrap()]);
+        let node = Node::start_env(spec, &["--cdi-dir", cdi.to_str().unwrap()], env);
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let (tx, registered) = mpsc::unbounded_channel();
         let pods = Arc::new(Mutex::new(Vec::new()));
@@ -859,6 +864,46 @@ fn the_policys_gpu_reaches_the_plugin_through_the_pods_hint() {
     assert!(!plugin_log().contains("panicked"), "{}", plugin_log());
 }
 
+/// On a node whose GPUs are NVLink pairs (0-1, 2-3: the simulated
+/// driver's `EGPU_SIM_NVLINK=pairs`), egpud reports each GPU's NVLink
+/// group, the plugin publishes it in the Node's annotation, and a
+/// container of two whole GPUs gets a pair: with GPU 1 in use, GPUs 2 and
+/// 3, not the lowest free ones (0 and 2, across the pairs). The extender's
+/// view of the node takes the same two.
+#[test]
+fn whole_gpus_come_from_one_nvlink_group() {
+    let Rig { rt, mut registered, pods, api, kdir, node, _plugin, tmp, .. } = Rig::start_on("4x16GiB", &[("EGPU_SIM_NVLINK", "pairs")], "0s", &[]);
+    let plugin_log = || std::fs::read_to_string(tmp.path().join("plugin.log")).unwrap_or_default();
+    let out = node.egpu(&["devices", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let groups: Vec<serde_json::Value> = v["devices"].as_array().unwrap().iter().map(|d| d["nvlink_group"].clone()).collect();
+    assert_eq!(groups, [0, 0, 2, 2].map(serde_json::Value::from), "{v}");
+    rt.block_on(async {
+        let reg = tokio::time::timeout(WAIT, registered.recv()).await.expect("no registration").unwrap();
+        let mut c = connect(&kdir.join("device-plugins").join(&reg.endpoint)).await;
+        let mut stream = c.list_and_watch(dp::Empty {}).await.unwrap().into_inner();
+        let all: Vec<String> = until(&mut stream, "64 healthy", |d| d.len() == 64 && unhealthy(d).is_empty()).await.iter().map(|d| d.id.clone()).collect();
+        let uuid = |id: &str| id.rsplit_once('_').unwrap().0.to_string();
+        let gpu = |i: usize| uuid(&all[i * 16]);
+        // Pod x holds 4 units of GPU 1.
+        let x = all[16..20].to_vec();
+        pods.lock().unwrap().push(holder("x", &x));
+        c.allocate(dp::AllocateRequest { container_requests: vec![dp::ContainerAllocateRequest { devices_ids: x.clone() }] }).await.unwrap();
+        let published = || api.annotation().map(|a| (a.gpus.iter().map(|g| g.nvlink).collect::<Vec<_>>(), a.gpus.iter().map(|g| g.free).collect::<Vec<_>>()));
+        assert!(wait_until(WAIT, || published() == Some((vec![Some(0), Some(0), Some(2), Some(2)], vec![16, 12, 16, 16]))), "{:?}; plugin log:\n{}", published(), plugin_log());
+        let available: Vec<String> = all.iter().filter(|id| !x.contains(id)).cloned().collect();
+        let req = dp::PreferredAllocationRequest { container_requests: vec![dp::ContainerPreferredAllocationRequest { available_device_i_ds: available, must_include_device_i_ds: vec![], allocation_size: 32 }] };
+        let pref = c.get_preferred_allocation(req).await.unwrap().into_inner().container_responses.remove(0).device_i_ds;
+        let mut on: Vec<String> = pref.iter().map(|id| uuid(id)).collect();
+        on.dedup();
+        assert_eq!((pref.len(), on), (32, vec![gpu(2), gpu(3)]));
+        // The extender places the same container on the same two GPUs.
+        let mut g = api.annotation().unwrap();
+        assert!(g.take(32));
+        assert_eq!(g.gpus.iter().map(|g| g.free).collect::<Vec<_>>(), [16, 12, 0, 0]);
+    });
+}
+
 #[test]
 fn scheduler_extender_answers_bad_requests_with_the_reason() {
     let sched = Scheduler::start();
@@ -886,7 +931,7 @@ fn gpus_annotation(free: &[u32], pods: &[(&str, u32)]) -> String {
     egpu_k8s::annotation::NodeGpus {
         v: egpu_k8s::annotation::VERSION,
         unit_bytes: 1 << 30,
-        gpus: free.iter().enumerate().map(|(i, &f)| egpu_k8s::annotation::GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units: 16, free: f }).collect(),
+        gpus: free.iter().enumerate().map(|(i, &f)| egpu_k8s::annotation::GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units: 16, free: f, nvlink: None }).collect(),
         pods: Some(pods.iter().map(|(p, u)| (p.to_string(), *u)).collect()),
         holds: None,
     }

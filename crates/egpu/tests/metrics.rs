@@ -10,7 +10,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 fn start_with_metrics() -> (Node, String) {
-    let mut n = Node { dir: tempfile::tempdir().unwrap(), spec: "1x16GiB".into(), daemon: None, extra: Vec::new() };
+    let mut n = Node { dir: tempfile::tempdir().unwrap(), spec: "1x16GiB".into(), daemon: None, extra: Vec::new(), env: Vec::new() };
     let log = std::fs::File::create(n.log_path()).unwrap();
     let child = n.daemon_cmd().args(["--metrics-addr", "127.0.0.1:0"]).stdout(Stdio::null()).stderr(log).spawn().unwrap();
     n.daemon = Some(child);

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 fn gpus() -> Vec<Gpu> {
-    (0..2).map(|i| Gpu { index: i, uuid: format!("GPU-{i}"), model: "NVIDIA H200".into(), memory_bytes: 16 << 30 }).collect()
+    (0..2).map(|i| Gpu { index: i, uuid: format!("GPU-{i}"), model: "NVIDIA H200".into(), memory_bytes: 16 << 30, nvlink: None }).collect()
 }
 
 fn claim(v: serde_json::Value) -> res::ResourceClaim {

@@ -436,7 +436,9 @@ impl Model {
             cpu_milli: u64::MAX / 4,
             memory_mib: u64::MAX / 4,
             gpu_type: Some(self.ty),
-            nvlink_groups: vec![0; g.gpus.len().min(egpu_place::model::MAX_GPUS_PER_NODE)],
+            // The GPUs' NVLink groups where the node's plugin reports them
+            // (else one group: no preference).
+            nvlink_groups: g.gpus.iter().take(egpu_place::model::MAX_GPUS_PER_NODE).map(|x| x.nvlink.and_then(|g| u8::try_from(g).ok()).unwrap_or(0)).collect(),
             max_pods: u32::MAX,
         };
         let id = self.cluster.add_node(spec).ok()?;

@@ -56,7 +56,7 @@ impl dp::device_plugin_server::DevicePlugin for Service {
             let size = usize::try_from(r.allocation_size).unwrap_or(0);
             let device_i_ds = match &inv {
                 // Larger than any one GPU: whole GPUs, when enough are free.
-                Some(inv) if size > inv.max_tokens() as usize => tokens::preferred_whole(&r.available_device_i_ds, &r.must_include_device_i_ds, size, &|u| inv.tokens_of_uuid(u))
+                Some(inv) if size > inv.max_tokens() as usize => tokens::preferred_whole(&r.available_device_i_ds, &r.must_include_device_i_ds, size, &|u| inv.whole_of_uuid(u))
                     .unwrap_or_else(|| tokens::preferred(&r.available_device_i_ds, &r.must_include_device_i_ds, size)),
                 // One GPU: the extender's hint, else best fit.
                 _ => self.shared.preferred_one(&r.available_device_i_ds, &r.must_include_device_i_ds, size).await,

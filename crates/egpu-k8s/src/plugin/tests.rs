@@ -12,7 +12,7 @@ fn slice(name: &str, device: u32, gib: u64) -> node::Slice {
 
 #[test]
 fn the_annotation_says_which_gpus_each_known_pod_holds() {
-    let gpu = |index: u32, uuid: &str| tokens::Gpu { index, uuid: uuid.into(), model: "m".into(), memory_bytes: 4 << 30 };
+    let gpu = |index: u32, uuid: &str| tokens::Gpu { index, uuid: uuid.into(), model: "m".into(), memory_bytes: 4 << 30, nvlink: None };
     let inv = Inventory { unit_bytes: 1 << 30, gpus: vec![gpu(0, "GPU-a"), gpu(1, "GPU-b")] };
     let devices = advertise(&inv, &[], None);
     let holder = |pod: &str, ids: &[&str]| Holder { namespace: "ns".into(), pod: pod.into(), ids: ids.iter().map(|s| s.to_string()).collect() };
@@ -34,8 +34,8 @@ fn foreign_slices_make_free_tokens_unhealthy_from_the_top() {
     let inv = Inventory {
         unit_bytes: 1 << 30,
         gpus: vec![
-            tokens::Gpu { index: 0, uuid: "GPU-a".into(), model: "m".into(), memory_bytes: 4 << 30 },
-            tokens::Gpu { index: 1, uuid: "GPU-b".into(), model: "m".into(), memory_bytes: 4 << 30 },
+            tokens::Gpu { index: 0, uuid: "GPU-a".into(), model: "m".into(), memory_bytes: 4 << 30, nvlink: None },
+            tokens::Gpu { index: 1, uuid: "GPU-b".into(), model: "m".into(), memory_bytes: 4 << 30, nvlink: None },
         ],
     };
     let mut half = slice("train", 1, 1);
@@ -97,7 +97,7 @@ fn endpoint_and_config_checks() {
     assert!(own.synced(pods.iter().copied()));
     assert!(!own.synced(pods[..1].iter().copied()), "a static pod alone is not a synced list");
     assert!(!own.synced([("other", "egpu-node-7")].into_iter()), "the namespace counts too");
-    let gpu = tokens::Gpu { index: 3, uuid: "GPU-x".into(), model: "m".into(), memory_bytes: 1 << 30 };
+    let gpu = tokens::Gpu { index: 3, uuid: "GPU-x".into(), model: "m".into(), memory_bytes: 1 << 30, nvlink: None };
     let names = |cfg: &PluginConfig| cdi_devices(cfg, "k8s-1", std::iter::once(&gpu)).into_iter().map(|d| d.name).collect::<Vec<_>>();
     assert_eq!(names(&cfg), ["egpu.io/slice=k8s-1"]);
     let nvidia = PluginConfig { gpu_cdi_kind: Some("nvidia.com/gpu".into()), ..cfg.clone() };
@@ -108,7 +108,7 @@ fn endpoint_and_config_checks() {
     assert_eq!(both, ["egpu.io/slice=k8s-2", "nvidia.com/gpu=3", "nvidia.com/gpu=5"]);
     // The default share: the memory's fraction, or all of it for every
     // unit of the GPU (an H100 80 GB: 81,559 MiB, 79 units of 1 GiB).
-    let h100 = tokens::Gpu { index: 0, uuid: "GPU-h".into(), model: "m".into(), memory_bytes: 81_559 << 20 };
+    let h100 = tokens::Gpu { index: 0, uuid: "GPU-h".into(), model: "m".into(), memory_bytes: 81_559 << 20, nvlink: None };
     let inv = Inventory { unit_bytes: 1 << 30, gpus: vec![h100.clone()] };
     assert_eq!(default_share(&inv, &h100, 79 << 30), 10_000);
     assert_eq!(default_share(&inv, &h100, 10 << 30), 1255, "10 GiB of 79.6");

@@ -84,6 +84,8 @@ pub struct Node {
     pub daemon: Option<Child>,
     /// More egpud flags.
     pub extra: Vec<String>,
+    /// More environment for egpud (e.g. the simulated driver's `EGPU_SIM_NVLINK`).
+    pub env: Vec<(String, String)>,
 }
 
 impl Node {
@@ -110,7 +112,18 @@ impl Node {
 
     /// Starts egpud with more flags.
     pub fn start_with(spec: &str, extra: &[&str]) -> Node {
-        let mut n = Node { dir: tempfile::tempdir().unwrap(), spec: spec.into(), daemon: None, extra: extra.iter().map(|s| s.to_string()).collect() };
+        Node::start_env(spec, extra, &[])
+    }
+
+    /// Starts egpud with more flags and environment.
+    pub fn start_env(spec: &str, extra: &[&str], env: &[(&str, &str)]) -> Node {
+        let mut n = Node {
+            dir: tempfile::tempdir().unwrap(),
+            spec: spec.into(),
+            daemon: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        };
         n.restart();
         n
     }
@@ -119,6 +132,7 @@ impl Node {
     pub fn daemon_cmd(&self) -> Command {
         let mut c = Command::new(EGPUD);
         c.args(["--simulate", &self.spec, "--log", "info"]).arg("--run-dir").arg(self.run_dir()).arg("--state-dir").arg(self.state_dir()).args(&self.extra);
+        c.envs(self.env.iter().map(|(k, v)| (k, v)));
         c
     }
 
