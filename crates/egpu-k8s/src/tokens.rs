@@ -183,9 +183,9 @@ pub fn best_fit<K: Ord + Copy>(free: &[(K, u32)], size: u32) -> Option<K> {
 /// (the largest such size). Of that size, all from one NVLink group when
 /// a group has enough (the group with the fewest free GPUs of the size,
 /// so larger groups stay whole for larger requests; then the lowest
-/// key), else any; lowest keys first. The `pinned` keys must be among
-/// them. The one rule the plugin's preference and the extender's fit
-/// share.
+/// key), else any of that size (a smaller size is not tried for the sake
+/// of a group); lowest keys first. The `pinned` keys must be among them.
+/// The one rule the plugin's preference and the extender's fit share.
 pub fn whole_gpus<K: Ord + Copy>(free: &[(K, u32, Option<u32>)], size: u32, pinned: &[K]) -> Option<Vec<K>> {
     let mut sizes: Vec<u32> = free.iter().map(|(_, n, _)| *n).filter(|&n| n > 0 && size > n && size.is_multiple_of(n)).collect();
     sizes.sort_unstable_by(|a, b| b.cmp(a));

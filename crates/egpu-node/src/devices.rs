@@ -113,7 +113,8 @@ fn nv<T>(call: &'static str, r: Result<T, nvml_wrapper::error::NvmlError>) -> Re
 impl NvmlGpus {
     /// Each device's NVLink group ([`DeviceInfo::nvlink_group`]), from the
     /// driver's NVLink P2P status of every pair (`nvmlDeviceGetP2PStatus`);
-    /// all `None` when any pair cannot be asked.
+    /// a pair the driver answers "not supported" for is not linked; all
+    /// `None` (with a warning) when a pair cannot be asked.
     fn nvlink_groups(&self, n: u32) -> Vec<Option<u32>> {
         use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus};
         let handles: Option<Vec<_>> = (0..n).map(|i| self.nvml.device_by_index(i).ok()).collect();
@@ -123,8 +124,11 @@ impl NvmlGpus {
             for b in a + 1..handles.len() {
                 match handles[a].p2p_status(&handles[b], P2pCapabilitiesIndex::NvLink) {
                     Ok(P2pStatus::Ok) => pairs.push((a, b)),
-                    Ok(_) => {}
-                    Err(_) => return vec![None; n as usize],
+                    Ok(_) | Err(nvml_wrapper::error::NvmlError::NotSupported) => {}
+                    Err(e) => {
+                        tracing::warn!("cannot read the NVLink status of GPUs {a} and {b} ({e}); the node reports no NVLink groups, and whole GPUs are picked without them");
+                        return vec![None; n as usize];
+                    }
                 }
             }
         }

@@ -437,8 +437,10 @@ impl Model {
             memory_mib: u64::MAX / 4,
             gpu_type: Some(self.ty),
             // The GPUs' NVLink groups where the node's plugin reports them
-            // (else one group: no preference).
-            nvlink_groups: g.gpus.iter().take(egpu_place::model::MAX_GPUS_PER_NODE).map(|x| x.nvlink.and_then(|g| u8::try_from(g).ok()).unwrap_or(0)).collect(),
+            // (else each GPU its own, joined to none). The node's cost does
+            // not read them (it takes the lowest fitting GPUs, as FGD's
+            // measure does); the policy's own choice of whole GPUs does.
+            nvlink_groups: g.gpus.iter().take(egpu_place::model::MAX_GPUS_PER_NODE).enumerate().map(|(i, x)| x.nvlink.and_then(|g| u8::try_from(g).ok()).unwrap_or(i as u8)).collect(),
             max_pods: u32::MAX,
         };
         let id = self.cluster.add_node(spec).ok()?;
