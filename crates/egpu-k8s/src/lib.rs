@@ -64,6 +64,11 @@ pub async fn unix_channel(path: &std::path::Path, timeout: std::time::Duration) 
     egpu_node::client::unix_channel(path, timeout, timeout).await
 }
 
+/// Seconds since the Unix epoch by this machine's clock (0 before it).
+pub(crate) fn unix_secs() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
 /// A ticker of `period` whose first tick is one period from now and which
 /// delays (never bursts) after a slow tick: the plugins' refresh loops and
 /// the extender's resync.

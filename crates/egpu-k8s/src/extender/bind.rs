@@ -113,7 +113,7 @@ impl Extender {
             // Only what can be written (a UUID the format cannot carry is
             // left to best fit).
             gpus: units.iter().zip(&gpus).filter_map(|(&u, g)| Some((g.clone().filter(|g| crate::hint::valid_uuid(g))?, u))).collect(),
-            at: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs()),
+            at: crate::unix_secs(),
             total: units.iter().map(|&u| u64::from(u)).sum(),
         };
         self.assumed.lock().expect("assume lock").assume_on(&a.node, pod, units.clone(), gpus, Instant::now(), self.assume_ttl);

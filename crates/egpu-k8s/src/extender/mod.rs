@@ -152,27 +152,23 @@ impl Extender {
     /// annotation does not count yet; `full`: with the pod lists (`pods`,
     /// `holds`) however it stands.
     fn free_from(&self, name: &str, value: Option<&str>, full: bool) -> Result<NodeGpus, AnnotationError> {
-        self.viewed(name, full, |with_pods| NodeGpus::parse_with(value, with_pods))
+        self.viewed(name, full, |with_pods| NodeGpus::parse_with(value, with_pods), None)
     }
 
     /// [`Extender::free_from`] for an annotation the node cache parsed: its
-    /// GPUs copied, and its pod lists only where needed.
-    fn free_from_parsed(&self, name: &str, parsed: &Result<Arc<NodeGpus>, AnnotationError>, full: bool) -> Result<NodeGpus, AnnotationError> {
+    /// GPUs copied, and its pod lists only where needed; without the
+    /// assumption of pod `except`, if any.
+    fn free_from_parsed(&self, name: &str, parsed: &Result<Arc<NodeGpus>, AnnotationError>, full: bool, except: Option<&str>) -> Result<NodeGpus, AnnotationError> {
         let parsed = parsed.as_ref().map_err(Clone::clone)?;
-        self.viewed(name, full, |with_pods| Ok(if with_pods { NodeGpus::clone(parsed) } else { parsed.gpus_only() }))
+        self.viewed(name, full, |with_pods| Ok(if with_pods { NodeGpus::clone(parsed) } else { parsed.gpus_only() }), except)
     }
 
     /// The annotation `read` gives (with its pod lists when asked for) less
-    /// the node's assumptions. The pod lists only where `full` or something
-    /// is assumed: an assumption made between these two locks and read
-    /// without the list is kept (and counted) until the next request, which
-    /// errs on the safe side.
-    fn viewed(&self, name: &str, full: bool, read: impl FnOnce(bool) -> Result<NodeGpus, AnnotationError>) -> Result<NodeGpus, AnnotationError> {
-        self.viewed_except(name, full, read, None)
-    }
-
-    /// [`Extender::viewed`] without the assumption of pod `except`.
-    fn viewed_except(&self, name: &str, full: bool, read: impl FnOnce(bool) -> Result<NodeGpus, AnnotationError>, except: Option<&str>) -> Result<NodeGpus, AnnotationError> {
+    /// the node's assumptions (but that of pod `except`, if any). The pod
+    /// lists only where `full` or something is assumed: an assumption made
+    /// between these two locks and read without the list is kept (and
+    /// counted) until the next request, which errs on the safe side.
+    fn viewed(&self, name: &str, full: bool, read: impl FnOnce(bool) -> Result<NodeGpus, AnnotationError>, except: Option<&str>) -> Result<NodeGpus, AnnotationError> {
         let with_pods = full || self.assumed.lock().expect("assume lock").has(name);
         let g = read(with_pods)?;
         Ok(self.assumed.lock().expect("assume lock").view_except(name, g, Instant::now(), self.assume_ttl, except))
@@ -208,7 +204,7 @@ impl Extender {
                     .map(|name| {
                         let free = match cache.get(name) {
                             None => Err(format!("node is not in this extender's node cache: not selected by '{selector}', or not seen yet")),
-                            Some(parsed) => self.free_from_parsed(name, parsed, full).map_err(|e| e.to_string()),
+                            Some(parsed) => self.free_from_parsed(name, parsed, full, None).map_err(|e| e.to_string()),
                         };
                         (name.clone(), free)
                     })
@@ -319,8 +315,7 @@ impl Extender {
     fn hint(&self, node: &str, pod: &str, in_order: &[u32]) -> Vec<Option<String>> {
         let none = vec![None; in_order.len()];
         let Some(parsed) = self.nodes.as_ref().and_then(|c| c.annotations.read().expect("node cache lock").get(node).cloned()) else { return none };
-        let Ok(parsed) = parsed.as_ref().map_err(Clone::clone) else { return none };
-        let Ok(g) = self.viewed_except(node, false, |with_pods| Ok(if with_pods { NodeGpus::clone(parsed) } else { parsed.gpus_only() }), Some(pod)) else { return none };
+        let Ok(g) = self.free_from_parsed(node, &parsed, false, Some(pod)) else { return none };
         let Some(units) = g.gpus.first().map(|x| x.units).filter(|&u| g.gpus.iter().all(|x| x.units == u)) else { return none };
         let (Some(mut model), Some(&largest)) = (Model::new(units), in_order.iter().max()) else { return none };
         let (Some(first), Some(id)) = (model.shape(largest), model.add(node, &g)) else { return none };

@@ -475,7 +475,7 @@ impl Shared {
     /// them, and a slice must not go in that window.
     async fn sweep(&self, client: &mut egpu_node::client::Client, slices: &[node::Slice], held: &[Vec<String>]) {
         let live: HashSet<String> = held.iter().map(|ids| tokens::slice_name(ids)).collect();
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+        let now = crate::unix_secs();
         let grace = self.cfg.sweep_grace;
         let settle = self.cfg.sweep_settle();
         let unsettled = *self.unsettled_until.lock().expect("sweep lock") > std::time::Instant::now();
@@ -589,7 +589,7 @@ impl Shared {
     /// about once.
     fn pending_in(&self, pods: &PodAnnotations) -> Vec<crate::hint::Pending<crate::hint::EntryKey>> {
         let held = self.held_by_pod.lock().expect("held lock").clone();
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_secs());
+        let now = crate::unix_secs();
         let with_hint = pods.iter().filter_map(|(k, info)| Some((hint_key(k, info), info.annotations.get(crate::hint::HINT_ANNOTATION)?.as_str(), held.get(k).copied().unwrap_or(0))));
         let (out, bad) = {
             let followed: HashSet<crate::hint::EntryKey> = self.hints_followed.lock().expect("hints lock").keys().cloned().collect();
