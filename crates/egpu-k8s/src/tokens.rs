@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 const SEP: char = '_';
 
 /// A GPU as the plugin sees it: its index and UUID in egpud, its memory.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Gpu {
     pub index: u32,
     pub uuid: String,
@@ -21,13 +21,42 @@ pub struct Gpu {
     pub memory_bytes: u64,
     /// Its NVLink group, as egpud reports it (`None`: unknown).
     pub nvlink: Option<u32>,
+    /// The NUMA node nearest it, as egpud reports it (`None`: none or unknown).
+    pub numa: Option<u32>,
+    /// Its PCI address (sysfs form) and PCIe root complex, when known.
+    pub pci_bus_id: Option<String>,
+    pub pcie_root: Option<String>,
+}
+
+impl Gpu {
+    /// Where it is, for picking whole GPUs that work well together.
+    pub fn link(&self) -> Link {
+        Link { nvlink: self.nvlink, numa: self.numa }
+    }
 }
 
 impl From<&egpu_node::proto::Device> for Gpu {
     /// A GPU as egpud's `GetNode` lists it.
     fn from(d: &egpu_node::proto::Device) -> Gpu {
-        Gpu { index: d.index, uuid: d.uuid.clone(), model: d.name.clone(), memory_bytes: d.memory_bytes, nvlink: d.nvlink_group }
+        Gpu {
+            index: d.index,
+            uuid: d.uuid.clone(),
+            model: d.name.clone(),
+            memory_bytes: d.memory_bytes,
+            nvlink: d.nvlink_group,
+            numa: d.numa_node,
+            pci_bus_id: d.pci_bus_id.clone(),
+            pcie_root: d.pcie_root.clone(),
+        }
     }
+}
+
+/// Where a GPU is, as far as picking several whole GPUs for one container
+/// goes: its NVLink group and its NUMA node (`None`: unknown).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Link {
+    pub nvlink: Option<u32>,
+    pub numa: Option<u32>,
 }
 
 /// The node's GPUs and the size of one token.
@@ -80,9 +109,9 @@ impl Inventory {
         self.gpus.iter().find(|g| g.uuid == uuid).map(|g| self.tokens_of(g))
     }
 
-    /// The tokens and the NVLink group of the GPU `uuid`.
-    pub fn whole_of_uuid(&self, uuid: &str) -> Option<(u32, Option<u32>)> {
-        self.gpus.iter().find(|g| g.uuid == uuid).map(|g| (self.tokens_of(g), g.nvlink))
+    /// The tokens and the NVLink group and NUMA node of the GPU `uuid`.
+    pub fn whole_of_uuid(&self, uuid: &str) -> Option<(u32, Link)> {
+        self.gpus.iter().find(|g| g.uuid == uuid).map(|g| (self.tokens_of(g), g.link()))
     }
 
     /// The most tokens one GPU has.
@@ -178,15 +207,17 @@ pub fn best_fit<K: Ord + Copy>(free: &[(K, u32)], size: u32) -> Option<K> {
 }
 
 /// The whole GPUs a container of `size` units larger than any one GPU
-/// takes, from the entirely free GPUs `free` (key, units, NVLink group):
+/// takes, from the entirely free GPUs `free` (key, units, where it is):
 /// those of one size `per` that divides `size` and has enough free GPUs
-/// (the largest such size). Of that size, all from one NVLink group when
-/// a group has enough (the group with the fewest free GPUs of the size,
-/// so larger groups stay whole for larger requests; then the lowest
-/// key), else any of that size (a smaller size is not tried for the sake
-/// of a group); lowest keys first. The `pinned` keys must be among them.
+/// (the largest such size). Of that size, all from one group of GPUs when
+/// a group has enough, trying in turn GPUs of one NVLink group and one
+/// NUMA node, of one NVLink group, then of one NUMA node (of the groups
+/// that have enough, the one with the fewest free GPUs of the size, so
+/// larger groups stay whole for larger requests; then the lowest keys),
+/// else any of that size (a smaller size is not tried for the sake of a
+/// group); lowest keys first. The `pinned` keys must be among them.
 /// The one rule the plugin's preference and the extender's fit share.
-pub fn whole_gpus<K: Ord + Copy>(free: &[(K, u32, Option<u32>)], size: u32, pinned: &[K]) -> Option<Vec<K>> {
+pub fn whole_gpus<K: Ord + Copy>(free: &[(K, u32, Link)], size: u32, pinned: &[K]) -> Option<Vec<K>> {
     let mut sizes: Vec<u32> = free.iter().map(|(_, n, _)| *n).filter(|&n| n > 0 && size > n && size.is_multiple_of(n)).collect();
     sizes.sort_unstable_by(|a, b| b.cmp(a));
     sizes.dedup();
@@ -197,17 +228,23 @@ pub fn whole_gpus<K: Ord + Copy>(free: &[(K, u32, Option<u32>)], size: u32, pinn
             of
         })
     };
+    // The groupings, closest first: a GPU outside a grouping (a part
+    // unknown) is in none of its groups.
+    type GroupOf = fn(Link) -> Option<(u32, u32)>;
+    let groupings: [GroupOf; 3] = [|l| l.nvlink.zip(l.numa), |l| l.nvlink.map(|g| (g, 0)), |l| l.numa.map(|n| (n, 0))];
     for per in sizes {
         let need = (size / per) as usize;
-        let mut groups: BTreeMap<u32, Vec<K>> = BTreeMap::new();
-        for (k, _, g) in free.iter().filter(|(_, n, _)| *n == per) {
-            if let Some(g) = g {
-                groups.entry(*g).or_default().push(*k);
+        for group_of in groupings {
+            let mut groups: BTreeMap<(u32, u32), Vec<K>> = BTreeMap::new();
+            for (k, _, l) in free.iter().filter(|(_, n, _)| *n == per) {
+                if let Some(g) = group_of(*l) {
+                    groups.entry(g).or_default().push(*k);
+                }
             }
-        }
-        let linked = groups.into_values().filter_map(|of| first(of.clone(), need).map(|chosen| (of.len(), chosen))).min_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-        if let Some((_, chosen)) = linked {
-            return Some(chosen);
+            let best = groups.into_values().filter_map(|of| first(of.clone(), need).map(|chosen| (of.len(), chosen))).min_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+            if let Some((_, chosen)) = best {
+                return Some(chosen);
+            }
         }
         if let Some(chosen) = first(free.iter().filter(|(_, n, _)| *n == per).map(|(k, _, _)| *k).collect(), need) {
             return Some(chosen);
@@ -216,12 +253,12 @@ pub fn whole_gpus<K: Ord + Copy>(free: &[(K, u32, Option<u32>)], size: u32, pinn
     None
 }
 
-/// A GPU's tokens and NVLink group, by UUID ([`Inventory::whole_of_uuid`]).
-pub type WholeOf<'a> = dyn Fn(&str) -> Option<(u32, Option<u32>)> + 'a;
+/// A GPU's tokens and where it is, by UUID ([`Inventory::whole_of_uuid`]).
+pub type WholeOf<'a> = dyn Fn(&str) -> Option<(u32, Link)> + 'a;
 
 /// For a container larger than any one GPU: whole GPUs whose tokens are
 /// all available, by [`whole_gpus`]; `gpu_of` gives a GPU's tokens and
-/// NVLink group. `None` when no size of entirely free GPUs divides `size`
+/// where it is. `None` when no size of entirely free GPUs divides `size`
 /// with enough of them (then [`preferred`] answers, and `Allocate` refuses
 /// the spread with the reason).
 pub fn preferred_whole(available: &[String], must_include: &[String], size: usize, gpu_of: &WholeOf) -> Option<Vec<String>> {
@@ -232,7 +269,7 @@ pub fn preferred_whole(available: &[String], must_include: &[String], size: usiz
         }
     }
     let pinned: Vec<&str> = must_include.iter().filter_map(|id| parse_token(id).map(|(u, _)| u)).collect();
-    let free: Vec<(&str, u32, Option<u32>)> = by_gpu.iter().filter_map(|(u, t)| gpu_of(u).filter(|&(n, _)| n > 0 && t.len() == n as usize).map(|(n, g)| (*u, n, g))).collect();
+    let free: Vec<(&str, u32, Link)> = by_gpu.iter().filter_map(|(u, t)| gpu_of(u).filter(|&(n, _)| n > 0 && t.len() == n as usize).map(|(n, l)| (*u, n, l))).collect();
     let chosen = whole_gpus(&free, u32::try_from(size).ok()?, &pinned)?;
     // By GPU UUID, then token number.
     Some(chosen.iter().flat_map(|u| by_gpu[u].iter().map(|(_, id)| (*id).clone())).collect())
@@ -270,8 +307,8 @@ mod tests {
         Inventory {
             unit_bytes: 1 << 30,
             gpus: vec![
-                Gpu { index: 0, uuid: "GPU-a".into(), model: "m".into(), memory_bytes: 16 << 30, nvlink: None },
-                Gpu { index: 1, uuid: "GPU-b".into(), model: "m".into(), memory_bytes: (16 << 30) + 5, nvlink: None },
+                Gpu { index: 0, uuid: "GPU-a".into(), model: "m".into(), memory_bytes: 16 << 30, nvlink: None, ..Default::default() },
+                Gpu { index: 1, uuid: "GPU-b".into(), model: "m".into(), memory_bytes: (16 << 30) + 5, nvlink: None, ..Default::default() },
             ],
         }
     }
@@ -310,7 +347,7 @@ mod tests {
         part.extend(ids("GPU-b", 0..15));
         assert!(matches!(inv.resolve(&part), Err(TokenError::Spread { gpus: 2, .. })));
         // Whole GPUs of two sizes, or no larger than the largest GPU: refused.
-        let mixed = Inventory { unit_bytes: 1 << 30, gpus: vec![inv.gpus[0].clone(), Gpu { index: 2, uuid: "GPU-c".into(), model: "m".into(), memory_bytes: 4 << 30, nvlink: None }, Gpu { index: 3, uuid: "GPU-d".into(), model: "m".into(), memory_bytes: 4 << 30, nvlink: None }] };
+        let mixed = Inventory { unit_bytes: 1 << 30, gpus: vec![inv.gpus[0].clone(), Gpu { index: 2, uuid: "GPU-c".into(), model: "m".into(), memory_bytes: 4 << 30, nvlink: None, ..Default::default() }, Gpu { index: 3, uuid: "GPU-d".into(), model: "m".into(), memory_bytes: 4 << 30, nvlink: None, ..Default::default() }] };
         let mut two_sizes = ids("GPU-a", 0..16);
         two_sizes.extend(ids("GPU-c", 0..4));
         assert!(matches!(mixed.resolve(&two_sizes), Err(TokenError::Spread { .. })));
@@ -342,9 +379,17 @@ mod tests {
         assert_eq!(preferred(&avail, &ids("GPU-b", [9]), 3), vec![token_id("GPU-b", 9), token_id("GPU-b", 0), token_id("GPU-b", 1)]);
     }
 
+    /// Where nothing is known.
+    const U: Link = Link { nvlink: None, numa: None };
+
+    /// In NVLink group `g`, NUMA node unknown.
+    fn nv(g: u32) -> Link {
+        Link { nvlink: Some(g), numa: None }
+    }
+
     #[test]
     fn preferred_whole_takes_entirely_free_gpus_for_a_multi_gpu_container() {
-        let n = |_: &str| Some((16, None));
+        let n = |_: &str| Some((16, U));
         let (a, b, c) = (ids("GPU-a", 0..16), ids("GPU-b", 0..16), ids("GPU-c", 0..16));
         let avail: Vec<String> = [c.clone(), a.clone(), b.clone()].concat();
         let mut want: Vec<String> = [a.clone(), b.clone()].concat();
@@ -363,30 +408,52 @@ mod tests {
     #[test]
     fn whole_gpus_takes_one_size_that_divides_the_request() {
         // The largest size that divides it and has enough free GPUs.
-        assert_eq!(whole_gpus(&[(0, 40, None), (1, 80, None), (2, 80, None)], 160, &[]), Some(vec![1, 2]));
-        assert_eq!(whole_gpus(&[(0, 40, None), (1, 40, None), (2, 80, None), (3, 40, None), (4, 40, None)], 160, &[]), Some(vec![0, 1, 3, 4]), "one 80 is not enough: four 40s");
-        assert_eq!(whole_gpus(&[(0, 80, None), (1, 80, None)], 120, &[]), None, "no size divides 120 with enough GPUs");
-        assert_eq!(whole_gpus(&[(0, 80, None), (1, 80, None)], 80, &[]), None, "one GPU is not a multi-GPU request");
-        assert_eq!(whole_gpus(&[(0, 80, None), (1, 80, None), (2, 80, None)], 160, &[2]), Some(vec![2, 0]), "pinned first");
-        assert_eq!(whole_gpus(&[(0, 80, None), (1, 80, None), (2, 40, None)], 160, &[2]), None, "a pinned GPU of another size");
+        assert_eq!(whole_gpus(&[(0, 40, U), (1, 80, U), (2, 80, U)], 160, &[]), Some(vec![1, 2]));
+        assert_eq!(whole_gpus(&[(0, 40, U), (1, 40, U), (2, 80, U), (3, 40, U), (4, 40, U)], 160, &[]), Some(vec![0, 1, 3, 4]), "one 80 is not enough: four 40s");
+        assert_eq!(whole_gpus(&[(0, 80, U), (1, 80, U)], 120, &[]), None, "no size divides 120 with enough GPUs");
+        assert_eq!(whole_gpus(&[(0, 80, U), (1, 80, U)], 80, &[]), None, "one GPU is not a multi-GPU request");
+        assert_eq!(whole_gpus(&[(0, 80, U), (1, 80, U), (2, 80, U)], 160, &[2]), Some(vec![2, 0]), "pinned first");
+        assert_eq!(whole_gpus(&[(0, 80, U), (1, 80, U), (2, 40, U)], 160, &[2]), None, "a pinned GPU of another size");
     }
 
     #[test]
     fn whole_gpus_keep_to_one_nvlink_group_when_one_has_enough() {
         // GPUs 0-1 and 2-3 are NVLink pairs; GPU 1 is in use. Lowest keys
         // would take 0 and 2, across the pairs: the pair 2-3 is taken.
-        let pairs = |free: &[u32]| free.iter().map(|&k| (k, 80, Some(k / 2 * 2))).collect::<Vec<_>>();
+        let pairs = |free: &[u32]| free.iter().map(|&k| (k, 80, nv(k / 2 * 2))).collect::<Vec<_>>();
         assert_eq!(whole_gpus(&pairs(&[0, 2, 3]), 160, &[]), Some(vec![2, 3]));
         // Of two groups that can, the one with fewer free GPUs of the size,
         // so the larger stays whole: 4 GPUs of group 0, 2 of group 4.
-        let two = [(0, 80, Some(0)), (1, 80, Some(0)), (2, 80, Some(0)), (3, 80, Some(0)), (4, 80, Some(4)), (5, 80, Some(4))];
+        let two = [(0, 80, nv(0)), (1, 80, nv(0)), (2, 80, nv(0)), (3, 80, nv(0)), (4, 80, nv(4)), (5, 80, nv(4))];
         assert_eq!(whole_gpus(&two, 160, &[]), Some(vec![4, 5]));
         assert_eq!(whole_gpus(&two, 320, &[]), Some(vec![0, 1, 2, 3]));
         // A pinned GPU decides the group; no group with enough: any GPUs.
         assert_eq!(whole_gpus(&two, 160, &[1]), Some(vec![1, 0]));
         assert_eq!(whole_gpus(&pairs(&[0, 2]), 160, &[]), Some(vec![0, 2]));
         // Unknown groups: as before, the lowest keys.
-        assert_eq!(whole_gpus(&[(0, 80, None), (2, 80, None), (3, 80, None)], 160, &[]), Some(vec![0, 2]));
+        assert_eq!(whole_gpus(&[(0, 80, U), (2, 80, U), (3, 80, U)], 160, &[]), Some(vec![0, 2]));
+    }
+
+    #[test]
+    fn whole_gpus_keep_to_one_numa_node_after_the_nvlink_group() {
+        let at = |nvlink: Option<u32>, numa: Option<u32>| Link { nvlink, numa };
+        // No NVLink; GPUs 0-1 on NUMA node 0, 2-3 on node 1; GPU 1 in use.
+        let numa = |free: &[u32]| free.iter().map(|&k| (k, 80, at(None, Some(k / 2)))).collect::<Vec<_>>();
+        assert_eq!(whole_gpus(&numa(&[0, 2, 3]), 160, &[]), Some(vec![2, 3]), "one NUMA node, not the lowest keys");
+        assert_eq!(whole_gpus(&numa(&[0, 2]), 160, &[]), Some(vec![0, 2]), "no node has enough: any");
+        // One NVSwitch group of eight over two NUMA nodes (0-3, 4-7), 1 in
+        // use: both nodes' GPUs are linked, the pair comes from one node,
+        // the one with fewer free (node 0, three free, keeps node 1 whole).
+        let sw = |free: &[u32]| free.iter().map(|&k| (k, 80, at(Some(0), Some(k / 4)))).collect::<Vec<_>>();
+        assert_eq!(whole_gpus(&sw(&[0, 2, 3, 4, 5, 6, 7]), 160, &[]), Some(vec![0, 2]));
+        assert_eq!(whole_gpus(&sw(&[0, 2, 3, 4, 5, 6, 7]), 320, &[]), Some(vec![4, 5, 6, 7]), "four: the whole node 1");
+        assert_eq!(whole_gpus(&sw(&[0, 2, 3, 4, 5, 6]), 320, &[]), Some(vec![0, 2, 3, 4]), "no node has four: the NVLink group");
+        // NVLink before NUMA: pairs 0-1 and 2-3 linked, across nodes (0, 2
+        // on node 0; 1, 3 on node 1): the linked pair wins.
+        let cross = [(0, 80, at(Some(0), Some(0))), (1, 80, at(Some(0), Some(1))), (2, 80, at(Some(2), Some(0))), (3, 80, at(Some(2), Some(1)))];
+        assert_eq!(whole_gpus(&cross[1..], 160, &[]), Some(vec![2, 3]));
+        // A GPU whose node is unknown is in no node's group.
+        assert_eq!(whole_gpus(&[(0, 80, at(None, None)), (1, 80, at(None, Some(1))), (2, 80, at(None, Some(1)))], 160, &[]), Some(vec![1, 2]));
     }
 
     #[test]
@@ -435,6 +502,43 @@ mod tests {
             if one_fits {
                 let gpus: std::collections::BTreeSet<&str> = p.iter().map(|t| parse_token(t).unwrap().0).collect();
                 prop_assert!(gpus.len() <= 1, "spread over {:?}", gpus);
+            }
+        }
+
+        #[test]
+        fn whole_gpus_are_one_size_and_as_close_together_as_any_choice(
+            gpus in proptest::collection::vec((prop_oneof![Just(40u32), Just(80u32)], proptest::option::of(0u32..3), proptest::option::of(0u32..2)), 0..10),
+            k in 2u32..5,
+            per in prop_oneof![Just(40u32), Just(80u32)],
+            pin in proptest::option::of(0usize..10),
+        ) {
+            let free: Vec<(usize, u32, Link)> = gpus.iter().enumerate().map(|(i, &(n, nvlink, numa))| (i, n, Link { nvlink, numa })).collect();
+            let pinned: Vec<usize> = pin.filter(|&p| p < free.len()).into_iter().collect();
+            let size = k * per;
+            let Some(chosen) = whole_gpus(&free, size, &pinned) else {
+                // None only when no size that divides it has enough GPUs (with the pinned one among them).
+                for n in [40u32, 80] {
+                    let of: Vec<usize> = free.iter().filter(|g| g.1 == n).map(|g| g.0).collect();
+                    prop_assert!(!(size > n && size.is_multiple_of(n) && of.len() as u32 >= size / n && pinned.iter().all(|p| of.contains(p))), "{n}-unit GPUs could hold {size}: {free:?}");
+                }
+                return Ok(());
+            };
+            let sizes: std::collections::BTreeSet<u32> = chosen.iter().map(|&i| free[i].1).collect();
+            prop_assert_eq!(sizes.len(), 1, "one size");
+            let n = *sizes.first().unwrap();
+            prop_assert_eq!(chosen.len() as u32 * n, size);
+            prop_assert!(pinned.iter().all(|p| chosen.contains(p)), "pinned {:?} in {:?}", pinned, chosen);
+            let uniq: std::collections::BTreeSet<usize> = chosen.iter().copied().collect();
+            prop_assert_eq!(uniq.len(), chosen.len());
+            // Where some choice of that size keeps to one NVLink group and
+            // NUMA node (the pinned GPU among it), this one does too.
+            let links: std::collections::BTreeSet<Link> = chosen.iter().map(|&i| free[i].2).collect();
+            let whole_group = free.iter().filter(|g| g.1 == n && g.2.nvlink.is_some() && g.2.numa.is_some()).any(|g| {
+                let of: Vec<usize> = free.iter().filter(|h| h.1 == n && h.2 == g.2).map(|h| h.0).collect();
+                of.len() >= chosen.len() && pinned.iter().all(|p| of.contains(p))
+            });
+            if whole_group {
+                prop_assert!(links.len() == 1 && links.first().is_some_and(|l| l.nvlink.is_some() && l.numa.is_some()), "{:?} from {:?}", chosen, free);
             }
         }
     }

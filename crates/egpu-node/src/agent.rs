@@ -139,7 +139,7 @@ impl Agent {
             }
             None => (PathBuf::from("libnvidia-ml.so.1"), Vec::new()),
         };
-        let gpus = NvmlGpus::load(&lib, sm_counts).map_err(|e| match (&config.simulate, e) {
+        let gpus = NvmlGpus::load(&lib, sm_counts).map(|g| g.with_sysfs(config.sysfs.clone())).map_err(|e| match (&config.simulate, e) {
             // NVML's own error says nothing useful here ("an internal
             // driver error"); the simulated driver has said why.
             (Some(spec), DeviceError::Load { .. }) => {

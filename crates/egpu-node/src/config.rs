@@ -50,6 +50,11 @@ pub struct NodeConfig {
     /// deleted instead of stopping the start ([`crate::slices::SliceOpError::NotStored`]).
     #[serde(default)]
     pub drop_unstored_slices: bool,
+    /// Where the host's sysfs is mounted (`egpud --sysfs`; `/sys` unless
+    /// the GPUs are simulated), read for each GPU's NUMA node and PCIe
+    /// root; `None`: not read.
+    #[serde(default)]
+    pub sysfs: Option<PathBuf>,
 }
 
 fn default_audit_slack() -> u64 {

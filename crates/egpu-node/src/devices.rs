@@ -5,7 +5,7 @@ use std::ffi::OsString;
 use std::sync::Mutex;
 
 /// One device as the agent knows it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct DeviceInfo {
     /// Node-local index, NVML order.
     pub index: u32,
@@ -18,6 +18,17 @@ pub struct DeviceInfo {
     /// joined to by NVLink, directly or through others (its own index when
     /// it has no NVLink peer); `None` when the driver cannot say.
     pub nvlink_group: Option<u32>,
+    /// Its PCI address as sysfs writes it (`0000:3b:00.0`), from the
+    /// driver; `None` when the driver cannot say.
+    pub pci_bus_id: Option<String>,
+    /// The NUMA node nearest the device (sysfs `numa_node`): the CPUs and
+    /// host memory a workload on it should use. `None` on a host without
+    /// NUMA affinity for it (sysfs says -1), or when it cannot be read.
+    pub numa_node: Option<u32>,
+    /// The PCIe root complex it hangs from (`pci0000:3a`, the first
+    /// component of its sysfs device path): devices under one root talk
+    /// without crossing the CPUs' interconnect. `None` when unknown.
+    pub pcie_root: Option<String>,
 }
 
 /// What discovery found.
@@ -92,6 +103,9 @@ pub struct NvmlGpus {
     nvml: nvml_wrapper::Nvml,
     /// SM counts by index when known from elsewhere (the simulated spec); NVML has no SM-count query.
     sm_counts: Vec<u32>,
+    /// Where the host's sysfs is (`/sys`), for each device's NUMA node and
+    /// PCIe root; `None`: not read (they are reported unknown).
+    sysfs: Option<std::path::PathBuf>,
 }
 
 impl NvmlGpus {
@@ -102,8 +116,42 @@ impl NvmlGpus {
             .lib_path(&os)
             .init()
             .map_err(|source| DeviceError::Load { lib: lib.display().to_string(), source })?;
-        Ok(NvmlGpus { nvml, sm_counts })
+        Ok(NvmlGpus { nvml, sm_counts, sysfs: None })
     }
+
+    /// Reads each device's NUMA node and PCIe root from the sysfs at `root`.
+    pub fn with_sysfs(mut self, root: Option<std::path::PathBuf>) -> NvmlGpus {
+        self.sysfs = root;
+        self
+    }
+}
+
+/// An NVML PCI bus ID (`00000000:3B:00.0`, an 8-digit domain) in the form
+/// sysfs names the device by (`0000:3b:00.0`); `None` when it is not one.
+pub fn sysfs_bus_id(nvml: &str) -> Option<String> {
+    let (domain, rest) = nvml.trim().split_once(':')?;
+    let domain = u32::from_str_radix(domain, 16).ok()?;
+    let (bus, rest) = rest.split_once(':')?;
+    let (dev, func) = rest.split_once('.')?;
+    let hex = |s: &str, max: u32| u32::from_str_radix(s, 16).ok().filter(|&v| v <= max && !s.is_empty() && s.len() <= 2);
+    let (bus, dev, func) = (hex(bus, 0xff)?, hex(dev, 0x1f)?, func.parse::<u32>().ok().filter(|&f| f <= 7 && func.len() == 1)?);
+    Some(format!("{domain:04x}:{bus:02x}:{dev:02x}.{func}"))
+}
+
+/// The NUMA node and the PCIe root of the PCI device `bus_id` (sysfs form)
+/// under the sysfs at `root`: its `numa_node` (-1, none: `None`) and the
+/// first `pci<domain>:<bus>` component of the path its
+/// `bus/pci/devices/<bus_id>` link points to. Either is `None` when it
+/// cannot be read.
+pub fn pci_locality(root: &std::path::Path, bus_id: &str) -> (Option<u32>, Option<String>) {
+    let dev = root.join("bus/pci/devices").join(bus_id);
+    let numa = std::fs::read_to_string(dev.join("numa_node")).ok().and_then(|s| s.trim().parse::<i64>().ok()).and_then(|n| u32::try_from(n).ok());
+    let is_root = |c: &str| {
+        let Some((domain, bus)) = c.strip_prefix("pci").and_then(|r| r.split_once(':')) else { return false };
+        domain.len() == 4 && bus.len() == 2 && domain.chars().chain(bus.chars()).all(|ch| ch.is_ascii_hexdigit())
+    };
+    let pcie_root = std::fs::read_link(&dev).ok().and_then(|target| target.components().filter_map(|c| c.as_os_str().to_str()).find(|c| is_root(c)).map(str::to_string));
+    (numa, pcie_root)
 }
 
 fn nv<T>(call: &'static str, r: Result<T, nvml_wrapper::error::NvmlError>) -> Result<T, DeviceError> {
@@ -168,6 +216,11 @@ impl Gpus for NvmlGpus {
         for i in 0..n {
             let d = nv("nvmlDeviceGetHandleByIndex", self.nvml.device_by_index(i))?;
             let mem = nv("nvmlDeviceGetMemoryInfo", d.memory_info())?;
+            let pci_bus_id = d.pci_info().ok().and_then(|p| sysfs_bus_id(&p.bus_id));
+            let (numa_node, pcie_root) = match (&self.sysfs, &pci_bus_id) {
+                (Some(root), Some(id)) => pci_locality(root, id),
+                _ => (None, None),
+            };
             devices.push(DeviceInfo {
                 index: i,
                 uuid: nv("nvmlDeviceGetUUID", d.uuid())?,
@@ -175,6 +228,9 @@ impl Gpus for NvmlGpus {
                 memory_bytes: mem.total,
                 sm_count: self.sm_counts.get(i as usize).copied().unwrap_or(0),
                 nvlink_group: None,
+                pci_bus_id,
+                numa_node,
+                pcie_root,
             });
         }
         for (d, g) in devices.iter_mut().zip(self.nvlink_groups(n)) {
@@ -249,6 +305,7 @@ impl FakeGpus {
                 memory_bytes,
                 sm_count: 108,
                 nvlink_group: Some(0),
+                ..DeviceInfo::default()
             })
             .collect();
         FakeGpus { devices, used: Mutex::new(vec![0; n as usize]), procs: Mutex::new(vec![None; n as usize]) }
@@ -273,7 +330,7 @@ impl Gpus for FakeGpus {
 
 #[cfg(test)]
 mod tests {
-    use super::nvlink_groups;
+    use super::{nvlink_groups, pci_locality, sysfs_bus_id};
 
     #[test]
     fn nvlink_groups_are_the_lowest_index_of_each_connected_set() {
@@ -283,5 +340,37 @@ mod tests {
         assert_eq!(nvlink_groups(5, &[(3, 4), (1, 3), (0, 2)]), [0, 1, 0, 1, 1]);
         assert_eq!(nvlink_groups(3, &[(2, 1), (1, 0)]), [0, 0, 0]);
         assert_eq!(nvlink_groups(2, &[(0, 7)]), [0, 1], "a pair past the devices is ignored");
+    }
+
+    #[test]
+    fn nvml_bus_ids_become_sysfs_names() {
+        assert_eq!(sysfs_bus_id("00000000:3B:00.0").as_deref(), Some("0000:3b:00.0"));
+        assert_eq!(sysfs_bus_id("00000001:c1:1F.7").as_deref(), Some("0001:c1:1f.7"));
+        assert_eq!(sysfs_bus_id("0000:3b:00.0").as_deref(), Some("0000:3b:00.0"), "already short");
+        for bad in ["", "3B:00.0", "00000000:3B:00", "00000000:3B:20.0", "00000000:3B:00.8", "00000000:3BB:00.0", "x:3B:00.0", "00000000:3B:00.0/.."] {
+            assert_eq!(sysfs_bus_id(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn numa_node_and_pcie_root_come_from_the_devices_sysfs_link() {
+        let root = tempfile::tempdir().unwrap();
+        let devices = root.path().join("bus/pci/devices");
+        std::fs::create_dir_all(&devices).unwrap();
+        let add = |bdf: &str, path: &str, numa: Option<&str>| {
+            let real = root.path().join("devices").join(path);
+            std::fs::create_dir_all(&real).unwrap();
+            if let Some(n) = numa {
+                std::fs::write(real.join("numa_node"), n).unwrap();
+            }
+            std::os::unix::fs::symlink(format!("../../../devices/{path}"), devices.join(bdf)).unwrap();
+        };
+        add("0000:3b:00.0", "pci0000:3a/0000:3a:00.0/0000:3b:00.0", Some("1\n"));
+        add("0000:18:00.0", "pci0000:17/0000:17:01.0/0000:18:00.0", Some("-1\n"));
+        add("0000:99:00.0", "platform/0000:99:00.0", None);
+        assert_eq!(pci_locality(root.path(), "0000:3b:00.0"), (Some(1), Some("pci0000:3a".into())));
+        assert_eq!(pci_locality(root.path(), "0000:18:00.0"), (None, Some("pci0000:17".into())), "-1: no NUMA affinity");
+        assert_eq!(pci_locality(root.path(), "0000:99:00.0"), (None, None), "no root in the path, no numa_node");
+        assert_eq!(pci_locality(root.path(), "0000:01:00.0"), (None, None), "not in sysfs");
     }
 }

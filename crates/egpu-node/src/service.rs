@@ -56,6 +56,9 @@ impl node_server::Node for NodeService {
                         lent_memory_bytes: lent.get(d.index as usize).copied().unwrap_or(0),
                         unmanaged_bytes: unmanaged.get(d.index as usize).copied().flatten(),
                         nvlink_group: d.nvlink_group,
+                        pci_bus_id: d.pci_bus_id.clone(),
+                        numa_node: d.numa_node,
+                        pcie_root: d.pcie_root.clone(),
                     }
                 })
                 .collect();

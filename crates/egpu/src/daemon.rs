@@ -58,6 +58,12 @@ pub struct DaemonArgs {
     /// Without it egpud refuses to start and names them.
     #[arg(long)]
     pub drop_unstored_slices: bool,
+    /// Where the host's sysfs is mounted, read for each GPU's NUMA node and
+    /// PCIe root complex (published to the kubelet's Topology Manager and
+    /// as DRA attributes) [default: /sys; with --simulate, none: the
+    /// simulated GPUs' PCI addresses are not the host's].
+    #[arg(long, value_name = "DIR")]
+    pub sysfs: Option<PathBuf>,
     /// Sweep period in milliseconds (dead-process reclaim, heartbeat).
     #[arg(long, default_value_t = 200, hide = true)]
     pub sweep_ms: u64,
@@ -100,6 +106,11 @@ impl DaemonArgs {
             memory_audit: self.memory_audit,
             memory_audit_slack: self.memory_audit_slack.0,
             drop_unstored_slices: self.drop_unstored_slices,
+            sysfs: match (&self.sysfs, &self.simulate) {
+                (Some(dir), _) => Some(absolute(dir)),
+                (None, None) => Some(PathBuf::from("/sys")),
+                (None, Some(_)) => None,
+            },
         }
     }
 }

@@ -38,6 +38,16 @@ pub struct DeviceOut {
     /// without NVLink peers); absent when the driver cannot say.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub nvlink_group: Option<u32>,
+    /// PCI address in sysfs form; absent when unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pci_bus_id: Option<String>,
+    /// The NUMA node nearest the GPU; absent when there is none or egpud
+    /// does not read sysfs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub numa_node: Option<u32>,
+    /// The PCIe root complex it hangs from; absent when unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pcie_root: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -133,6 +143,9 @@ pub fn node_out(n: proto::GetNodeResponse) -> NodeOut {
                 driver_used_bytes: d.driver_used_bytes,
                 unmanaged_bytes: d.unmanaged_bytes,
                 nvlink_group: d.nvlink_group,
+                pci_bus_id: d.pci_bus_id,
+                numa_node: d.numa_node,
+                pcie_root: d.pcie_root,
             })
             .collect(),
         hostname: n.hostname,
@@ -213,6 +226,7 @@ pub fn devices_table(n: &NodeOut) -> String {
                 Bytes(d.free_memory_bytes).to_string(),
                 format!("{}%", d.allocated_compute_percent),
                 Bytes(d.driver_used_bytes).to_string(),
+                d.numa_node.map_or_else(|| "-".into(), |n| n.to_string()),
                 d.uuid.clone(),
             ]
         })
@@ -223,7 +237,7 @@ pub fn devices_table(n: &NodeOut) -> String {
         n.devices.len(),
         n.hostname,
         n.slice_count,
-        table(&["INDEX", "NAME", "MEMORY", "ALLOCATED", "LENT", "FREE", "COMPUTE", "DRIVER-USED", "UUID"], &rows)
+        table(&["INDEX", "NAME", "MEMORY", "ALLOCATED", "LENT", "FREE", "COMPUTE", "DRIVER-USED", "NUMA", "UUID"], &rows)
     )
 }
 

@@ -351,6 +351,9 @@ mod tests {
                 driver_used_bytes: 1 << 30,
                 unmanaged_bytes: None,
                 nvlink_group: None,
+                pci_bus_id: None,
+                numa_node: None,
+                pcie_root: None,
             }],
         };
         Snapshot {

@@ -517,15 +517,16 @@ impl Rig {
 
     /// [`Rig::start`], the plugin given `extra` arguments too.
     fn start_with(grace: &str, extra: &[&str]) -> Rig {
-        Rig::start_on("2x16GiB", &[], grace, extra)
+        Rig::start_on("2x16GiB", &[], &[], grace, extra)
     }
 
-    /// [`Rig::start_with`] on `spec` simulated GPUs, egpud given `env`.
-    fn start_on(spec: &str, env: &[(&str, &str)], grace: &str, extra: &[&str]) -> Rig {
+    /// [`Rig::start_with`] on `spec` simulated GPUs, egpud given `env` and
+    /// the flags `node_extra`.
+    fn start_on(spec: &str, env: &[(&str, &str)], node_extra: &[&str], grace: &str, extra: &[&str]) -> Rig {
         let tmp = tempfile::tempdir().unwrap();
         let cdi = tmp.path().join("cdi");
         let kdir = tmp.path().join("kubelet");
-        let node = Node::start_env(spec, &["--cdi-dir", cdi.to_str().unwrap()], env);
+        let node = Node::start_env(spec, &[&["--cdi-dir", cdi.to_str().unwrap()], node_extra].concat(), env);
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         let (tx, registered) = mpsc::unbounded_channel();
         let pods = Arc::new(Mutex::new(Vec::new()));
@@ -872,25 +873,74 @@ fn the_policys_gpu_reaches_the_plugin_through_the_pods_hint() {
 /// view of the node takes the same two.
 #[test]
 fn whole_gpus_come_from_one_nvlink_group() {
-    let Rig { rt, mut registered, pods, api, kdir, node, _plugin, tmp, .. } = Rig::start_on("4x16GiB", &[("EGPU_SIM_NVLINK", "pairs")], "0s", &[]);
-    let plugin_log = || std::fs::read_to_string(tmp.path().join("plugin.log")).unwrap_or_default();
-    let out = node.egpu(&["devices", "-o", "json"]);
+    let rig = Rig::start_on("4x16GiB", &[("EGPU_SIM_NVLINK", "pairs")], &[], "0s", &[]);
+    let out = rig.node.egpu(&["devices", "-o", "json"]);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let groups: Vec<serde_json::Value> = v["devices"].as_array().unwrap().iter().map(|d| d["nvlink_group"].clone()).collect();
     assert_eq!(groups, [0, 0, 2, 2].map(serde_json::Value::from), "{v}");
+    two_whole_gpus_are_2_and_3(rig, |g| g.nvlink, [Some(0), Some(0), Some(2), Some(2)], [None; 4]);
+}
+
+/// On a node whose GPUs sit on two NUMA nodes (0-1 on node 0, 2-3 on node
+/// 1, in a made-up sysfs given to `egpud --sysfs`; all four in one NVLink
+/// domain, the simulated driver's default), egpud reports each GPU's
+/// PCI address, NUMA node and PCIe root; every token the plugin advertises
+/// carries its GPU's NUMA node for the kubelet's Topology Manager; and a
+/// container of two whole GPUs gets two of one NUMA node: with GPU 1 in
+/// use, GPUs 2 and 3, not 0 and 2. The extender's view takes the same two.
+#[test]
+fn whole_gpus_come_from_one_numa_node() {
+    let sysfs = tempfile::tempdir().unwrap();
+    let devices = sysfs.path().join("bus/pci/devices");
+    std::fs::create_dir_all(&devices).unwrap();
+    for d in 0..4u32 {
+        // The simulated driver's PCI addresses: bus 0x10 + index.
+        let bdf = format!("0000:{:02x}:00.0", 0x10 + d);
+        let root = if d < 2 { "pci0000:00" } else { "pci0000:80" };
+        let path = format!("{root}/{}:01.0/{bdf}", &root[3..]);
+        let real = sysfs.path().join("devices").join(&path);
+        std::fs::create_dir_all(&real).unwrap();
+        std::fs::write(real.join("numa_node"), format!("{}\n", d / 2)).unwrap();
+        std::os::unix::fs::symlink(format!("../../../devices/{path}"), devices.join(&bdf)).unwrap();
+    }
+    let rig = Rig::start_on("4x16GiB", &[], &["--sysfs", sysfs.path().to_str().unwrap()], "0s", &["--numa-topology"]);
+    let out = rig.node.egpu(&["devices", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let field = |f: &str| v["devices"].as_array().unwrap().iter().map(|d| d[f].clone()).collect::<Vec<_>>();
+    assert_eq!(field("numa_node"), [0, 0, 1, 1].map(serde_json::Value::from), "{v}");
+    assert_eq!(field("pcie_root"), ["pci0000:00", "pci0000:00", "pci0000:80", "pci0000:80"].map(serde_json::Value::from), "{v}");
+    assert_eq!(field("pci_bus_id")[3], "0000:13:00.0", "{v}");
+    let table = String::from_utf8(rig.node.egpu(&["devices"]).stdout).unwrap();
+    assert!(table.lines().nth(1).is_some_and(|h| h.contains(" NUMA ")), "{table}");
+    two_whole_gpus_are_2_and_3(rig, |g| g.numa, [Some(0), Some(0), Some(1), Some(1)], [Some(0), Some(0), Some(1), Some(1)]);
+}
+
+/// The shared part of the two tests above, on four GPUs of 16 units
+/// whose `link` (read from each GPU of the Node's annotation) is `links`
+/// and whose tokens carry the NUMA nodes `numa`: pod x holds 4 units of
+/// GPU 1, and a container of two whole GPUs is preferred GPUs 2 and 3, as
+/// the extender's view of the node takes them.
+fn two_whole_gpus_are_2_and_3(rig: Rig, link: fn(&egpu_k8s::annotation::GpuFree) -> Option<u32>, links: [Option<u32>; 4], numa: [Option<i64>; 4]) {
+    let Rig { rt, mut registered, pods, api, kdir, _plugin, tmp, .. } = rig;
+    let plugin_log = || std::fs::read_to_string(tmp.path().join("plugin.log")).unwrap_or_default();
     rt.block_on(async {
         let reg = tokio::time::timeout(WAIT, registered.recv()).await.expect("no registration").unwrap();
         let mut c = connect(&kdir.join("device-plugins").join(&reg.endpoint)).await;
         let mut stream = c.list_and_watch(dp::Empty {}).await.unwrap().into_inner();
-        let all: Vec<String> = until(&mut stream, "64 healthy", |d| d.len() == 64 && unhealthy(d).is_empty()).await.iter().map(|d| d.id.clone()).collect();
+        let devices = until(&mut stream, "64 healthy", |d| d.len() == 64 && unhealthy(d).is_empty()).await;
+        let topology: Vec<Option<Vec<i64>>> = devices.iter().step_by(16).map(|d| d.topology.as_ref().map(|t| t.nodes.iter().map(|n| n.id).collect())).collect();
+        assert_eq!(topology, numa.map(|n| n.map(|n| vec![n])), "each GPU's first token");
+        let first = |id: &str| devices.iter().find(|e| e.id == format!("{}_0", id.rsplit_once('_').unwrap().0)).unwrap();
+        assert!(devices.iter().all(|d| d.topology == first(&d.id).topology), "every token as its GPU's first");
+        let all: Vec<String> = devices.iter().map(|d| d.id.clone()).collect();
         let uuid = |id: &str| id.rsplit_once('_').unwrap().0.to_string();
         let gpu = |i: usize| uuid(&all[i * 16]);
         // Pod x holds 4 units of GPU 1.
         let x = all[16..20].to_vec();
         pods.lock().unwrap().push(holder("x", &x));
         c.allocate(dp::AllocateRequest { container_requests: vec![dp::ContainerAllocateRequest { devices_ids: x.clone() }] }).await.unwrap();
-        let published = || api.annotation().map(|a| (a.gpus.iter().map(|g| g.nvlink).collect::<Vec<_>>(), a.gpus.iter().map(|g| g.free).collect::<Vec<_>>()));
-        assert!(wait_until(WAIT, || published() == Some((vec![Some(0), Some(0), Some(2), Some(2)], vec![16, 12, 16, 16]))), "{:?}; plugin log:\n{}", published(), plugin_log());
+        let published = || api.annotation().map(|a| (a.gpus.iter().map(link).collect::<Vec<_>>(), a.gpus.iter().map(|g| g.free).collect::<Vec<_>>()));
+        assert!(wait_until(WAIT, || published() == Some((links.to_vec(), vec![16, 12, 16, 16]))), "{:?}; plugin log:\n{}", published(), plugin_log());
         let available: Vec<String> = all.iter().filter(|id| !x.contains(id)).cloned().collect();
         let req = dp::PreferredAllocationRequest { container_requests: vec![dp::ContainerPreferredAllocationRequest { available_device_i_ds: available, must_include_device_i_ds: vec![], allocation_size: 32 }] };
         let pref = c.get_preferred_allocation(req).await.unwrap().into_inner().container_responses.remove(0).device_i_ds;
@@ -931,7 +981,7 @@ fn gpus_annotation(free: &[u32], pods: &[(&str, u32)]) -> String {
     egpu_k8s::annotation::NodeGpus {
         v: egpu_k8s::annotation::VERSION,
         unit_bytes: 1 << 30,
-        gpus: free.iter().enumerate().map(|(i, &f)| egpu_k8s::annotation::GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units: 16, free: f, nvlink: None }).collect(),
+        gpus: free.iter().enumerate().map(|(i, &f)| egpu_k8s::annotation::GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units: 16, free: f, nvlink: None, numa: None }).collect(),
         pods: Some(pods.iter().map(|(p, u)| (p.to_string(), *u)).collect()),
         holds: None,
     }

@@ -62,6 +62,12 @@ struct Args {
     /// one, and the address is logged.
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Give each unit its GPU's NUMA node (egpud reads it from sysfs), so that the kubelet's Topology Manager
+    /// aligns a container's CPUs with its GPU. Off by default: the kubelet counts units per NUMA node, not per
+    /// GPU, so under a Topology Manager policy it can pick a NUMA node whose free units are spread over GPUs
+    /// none of which holds the container, and Allocate then refuses it (see docs/kubernetes.md, "Topology").
+    #[arg(long)]
+    numa_topology: bool,
     /// Log filter (tracing's EnvFilter syntax).
     #[arg(long, env = "EGPU_LOG", default_value = "info", value_parser = egpu_node::logging::log_filter)]
     log: String,
@@ -106,6 +112,7 @@ fn main() -> ExitCode {
         gpu_cdi_kind: Some(a.gpu_cdi_kind).filter(|k| !k.is_empty()),
         pod_poll: a.pod_poll,
         own_pod,
+        numa_topology: a.numa_topology,
     };
     if a.sweep_grace < Duration::from_secs(30) {
         tracing::warn!(

@@ -44,6 +44,13 @@ pub fn reserved_elsewhere(slices: &[node::Slice]) -> BTreeMap<u32, Reserved> {
     out
 }
 
+/// Kubernetes' standard device attributes (`resource.kubernetes.io/`):
+/// the NUMA node nearest the device (left out where sysfs says -1), its
+/// PCI address, and its PCIe root complex (`pci<domain>:<bus>`).
+pub const NUMA_NODE_ATTRIBUTE: &str = "resource.kubernetes.io/numaNode";
+pub const PCI_BUS_ID_ATTRIBUTE: &str = "resource.kubernetes.io/pciBusID";
+pub const PCIE_ROOT_ATTRIBUTE: &str = "resource.kubernetes.io/pcieRoot";
+
 /// The spec of this node's ResourceSlice: one pool, named after the node,
 /// with one device per GPU, its capacities less what `reserved` holds (a
 /// GPU with under [`MIN_MEMORY`] left is left out).
@@ -59,11 +66,19 @@ pub fn resource_slice_spec(driver: &str, node: &str, gpus: &[Gpu], reserved: &BT
                 return None;
             }
             let attr_s = |s: &str| res::DeviceAttribute { string: Some(s.to_string()), ..Default::default() };
-            let attributes = BTreeMap::from([
-                ("index".to_string(), res::DeviceAttribute { int: Some(i64::from(g.index)), ..Default::default() }),
-                ("uuid".to_string(), attr_s(&g.uuid)),
-                ("model".to_string(), attr_s(&g.model)),
-            ]);
+            let attr_i = |n: u32| res::DeviceAttribute { int: Some(i64::from(n)), ..Default::default() };
+            let mut attributes = BTreeMap::from([("index".to_string(), attr_i(g.index)), ("uuid".to_string(), attr_s(&g.uuid)), ("model".to_string(), attr_s(&g.model))]);
+            // Where the GPU is, when egpud knows: its NVLink group (ours),
+            // and the standard attributes Kubernetes defines so that one
+            // claim's devices of several drivers (a GPU and a NIC) can be
+            // kept together with matchAttribute.
+            let located = [
+                ("nvlinkGroup", g.nvlink.map(attr_i)),
+                (NUMA_NODE_ATTRIBUTE, g.numa.map(attr_i)),
+                (PCI_BUS_ID_ATTRIBUTE, g.pci_bus_id.as_deref().map(attr_s)),
+                (PCIE_ROOT_ATTRIBUTE, g.pcie_root.as_deref().map(attr_s)),
+            ];
+            attributes.extend(located.into_iter().filter_map(|(name, v)| v.map(|v| (name.to_string(), v))));
             // A claim that names no amount gets the whole GPU's memory and no
             // compute guarantee (it still uses idle compute up to its cap).
             let memory = res::DeviceCapacity {

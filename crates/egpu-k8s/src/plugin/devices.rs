@@ -13,8 +13,9 @@ use std::collections::{HashMap, HashSet};
 /// egpud has promised elsewhere covers (rounded up): the guarantees of
 /// slices made outside Kubernetes, of plugin slices no container holds any
 /// more (known only when the kubelet's list could be read), and burst
-/// memory lent to any slice.
-pub(super) fn advertise(inv: &Inventory, slices: &[node::Slice], held: Option<&Vec<Vec<String>>>) -> Vec<dp::Device> {
+/// memory lent to any slice. With `numa`, each unit carries its GPU's
+/// NUMA node (where egpud knows it) for the kubelet's Topology Manager.
+pub(super) fn advertise(inv: &Inventory, slices: &[node::Slice], held: Option<&Vec<Vec<String>>>, numa: bool) -> Vec<dp::Device> {
     let live: Option<HashSet<String>> = held.map(|h| h.iter().map(|ids| tokens::slice_name(ids)).collect());
     let mut foreign: HashMap<u32, u64> = HashMap::new();
     for s in slices {
@@ -42,7 +43,10 @@ pub(super) fn advertise(inv: &Inventory, slices: &[node::Slice], held: Option<&V
                 reserve -= 1;
             }
         }
-        out.extend((0..n).map(|k| dp::Device { id: tokens::token_id(&g.uuid, k), health: health[k as usize].into(), topology: None }));
+        // The GPU's NUMA node, for the kubelet's Topology Manager to align
+        // the container's CPUs and memory with (none: no preference).
+        let topology = g.numa.filter(|_| numa).map(|n| dp::TopologyInfo { nodes: vec![dp::NumaNode { id: i64::from(n) }] });
+        out.extend((0..n).map(|k| dp::Device { id: tokens::token_id(&g.uuid, k), health: health[k as usize].into(), topology: topology.clone() }));
     }
     out
 }
@@ -99,7 +103,7 @@ pub(super) fn node_gpus(inv: &Inventory, devices: &[dp::Device], holders: &[Hold
                 .map(|k| tokens::token_id(&g.uuid, k))
                 .filter(|id| !held.contains(id.as_str()) && healthy.contains(id.as_str()))
                 .count();
-            GpuFree { index: g.index, uuid: g.uuid.clone(), model: g.model.clone(), units, free: u32::try_from(free).unwrap_or(u32::MAX), nvlink: g.nvlink }
+            GpuFree { index: g.index, uuid: g.uuid.clone(), model: g.model.clone(), units, free: u32::try_from(free).unwrap_or(u32::MAX), nvlink: g.nvlink, numa: g.numa }
         })
         .collect();
     NodeGpus { v: annotation::VERSION, unit_bytes: inv.unit_bytes, gpus, pods: Some(pods), holds: Some(holds) }

@@ -122,6 +122,12 @@ pub struct PluginConfig {
     /// is never read (the kubelet keeps ended pods in it until its next
     /// write, so it is no guide once its list is whole).
     pub own_pod: Option<(String, String)>,
+    /// Give each unit its GPU's NUMA node as its `TopologyInfo`
+    /// (`--numa-topology`), for the kubelet's Topology Manager. Off by
+    /// default: the kubelet counts units per NUMA node, not per GPU, so
+    /// with a Topology Manager policy it may pick a node whose units are
+    /// spread over GPUs none of which holds the container (docs/kubernetes.md, "Topology").
+    pub numa_topology: bool,
 }
 
 impl PluginConfig {
@@ -353,7 +359,7 @@ impl Shared {
                     unit_bytes: self.cfg.unit_bytes,
                     gpus: n.devices.iter().map(tokens::Gpu::from).collect(),
                 };
-                let devices = advertise(&inv, &slices, last_held.as_ref());
+                let devices = advertise(&inv, &slices, last_held.as_ref(), self.cfg.numa_topology);
                 if let Some(holders) = &holders {
                     if let Some(held) = &held {
                         self.sweep(&mut client, &slices, held).await;

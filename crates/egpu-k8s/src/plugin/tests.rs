@@ -12,9 +12,9 @@ fn slice(name: &str, device: u32, gib: u64) -> node::Slice {
 
 #[test]
 fn the_annotation_says_which_gpus_each_known_pod_holds() {
-    let gpu = |index: u32, uuid: &str| tokens::Gpu { index, uuid: uuid.into(), model: "m".into(), memory_bytes: 4 << 30, nvlink: None };
+    let gpu = |index: u32, uuid: &str| tokens::Gpu { index, uuid: uuid.into(), model: "m".into(), memory_bytes: 4 << 30, nvlink: None, ..Default::default() };
     let inv = Inventory { unit_bytes: 1 << 30, gpus: vec![gpu(0, "GPU-a"), gpu(1, "GPU-b")] };
-    let devices = advertise(&inv, &[], None);
+    let devices = advertise(&inv, &[], None, false);
     let holder = |pod: &str, ids: &[&str]| Holder { namespace: "ns".into(), pod: pod.into(), ids: ids.iter().map(|s| s.to_string()).collect() };
     // Pod p: two containers, on both GPUs; pod q is not in the followed list.
     let holders = [holder("p", &["GPU-a_0", "GPU-a_1"]), holder("p", &["GPU-b_0"]), holder("q", &["GPU-b_1", "GPU-b_2"])];
@@ -30,12 +30,24 @@ fn the_annotation_says_which_gpus_each_known_pod_holds() {
 }
 
 #[test]
+fn every_token_carries_its_gpus_numa_node_for_the_topology_manager() {
+    let gpu = |index: u32, numa: Option<u32>| tokens::Gpu { index, uuid: format!("GPU-{index}"), memory_bytes: 2 << 30, numa, ..Default::default() };
+    let inv = Inventory { unit_bytes: 1 << 30, gpus: vec![gpu(0, Some(1)), gpu(1, None)] };
+    assert!(advertise(&inv, &[], None, false).iter().all(|d| d.topology.is_none()), "off unless asked for");
+    let d = advertise(&inv, &[], None, true);
+    let nodes: Vec<(&str, Option<Vec<i64>>)> = d.iter().map(|d| (d.id.as_str(), d.topology.as_ref().map(|t| t.nodes.iter().map(|n| n.id).collect()))).collect();
+    assert_eq!(nodes, [("GPU-0_0", Some(vec![1])), ("GPU-0_1", Some(vec![1])), ("GPU-1_0", None), ("GPU-1_1", None)], "no NUMA node known: no topology, so no preference");
+    let g = node_gpus(&inv, &d, &[], &[], None);
+    assert_eq!(g.gpus.iter().map(|x| x.numa).collect::<Vec<_>>(), [Some(1), None], "the annotation says it too, for the extender's view of whole GPUs");
+}
+
+#[test]
 fn foreign_slices_make_free_tokens_unhealthy_from_the_top() {
     let inv = Inventory {
         unit_bytes: 1 << 30,
         gpus: vec![
-            tokens::Gpu { index: 0, uuid: "GPU-a".into(), model: "m".into(), memory_bytes: 4 << 30, nvlink: None },
-            tokens::Gpu { index: 1, uuid: "GPU-b".into(), model: "m".into(), memory_bytes: 4 << 30, nvlink: None },
+            tokens::Gpu { index: 0, uuid: "GPU-a".into(), model: "m".into(), memory_bytes: 4 << 30, nvlink: None, ..Default::default() },
+            tokens::Gpu { index: 1, uuid: "GPU-b".into(), model: "m".into(), memory_bytes: 4 << 30, nvlink: None, ..Default::default() },
         ],
     };
     let mut half = slice("train", 1, 1);
@@ -43,22 +55,22 @@ fn foreign_slices_make_free_tokens_unhealthy_from_the_top() {
     let slices = [half, slice(&tokens::slice_name(&["GPU-a_0".into()]), 0, 1)];
     // GPU-b_3 is held by a container: the reserve skips it.
     let held = vec![vec!["GPU-b_3".to_string()]];
-    let d = advertise(&inv, &slices, Some(&held));
+    let d = advertise(&inv, &slices, Some(&held), false);
     let unhealthy: Vec<&str> = d.iter().filter(|d| d.health == UNHEALTHY).map(|d| d.id.as_str()).collect();
     // GPU-a: the plugin slice no container holds still has its 1 GiB.
     assert_eq!(unhealthy, ["GPU-a_3", "GPU-b_1", "GPU-b_2"]);
     assert_eq!(d.len(), 8);
     // Held again: its units count for it, nothing more is reserved.
     let held2 = vec![held[0].clone(), vec!["GPU-a_0".to_string()]];
-    let d = advertise(&inv, &slices, Some(&held2));
+    let d = advertise(&inv, &slices, Some(&held2), false);
     assert_eq!(d.iter().filter(|d| d.health == UNHEALTHY).count(), 2);
     // Borrowed burst memory is reserved too.
     let mut lent = slices.clone();
     lent[0].devices[0].memory_granted_bytes = 1 << 30;
-    let d = advertise(&inv, &lent, Some(&held2));
+    let d = advertise(&inv, &lent, Some(&held2), false);
     assert_eq!(d.iter().filter(|d| d.health == UNHEALTHY).count(), 3);
     // Without the held set only outside slices count, from the top.
-    let d = advertise(&inv, &slices, None);
+    let d = advertise(&inv, &slices, None, false);
     let unhealthy: Vec<&str> = d.iter().filter(|d| d.health == UNHEALTHY).map(|d| d.id.as_str()).collect();
     assert_eq!(unhealthy, ["GPU-b_2", "GPU-b_3"]);
 }
@@ -88,6 +100,7 @@ fn endpoint_and_config_checks() {
         gpu_cdi_kind: None,
         pod_poll: Duration::from_secs(5),
         own_pod: None,
+        numa_topology: false,
     };
     assert_eq!(cfg.endpoint(), "egpu-gpu-memory.sock");
     // Synced: the list names the plugin's own pod; not known, always.
@@ -97,7 +110,7 @@ fn endpoint_and_config_checks() {
     assert!(own.synced(pods.iter().copied()));
     assert!(!own.synced(pods[..1].iter().copied()), "a static pod alone is not a synced list");
     assert!(!own.synced([("other", "egpu-node-7")].into_iter()), "the namespace counts too");
-    let gpu = tokens::Gpu { index: 3, uuid: "GPU-x".into(), model: "m".into(), memory_bytes: 1 << 30, nvlink: None };
+    let gpu = tokens::Gpu { index: 3, uuid: "GPU-x".into(), model: "m".into(), memory_bytes: 1 << 30, nvlink: None, ..Default::default() };
     let names = |cfg: &PluginConfig| cdi_devices(cfg, "k8s-1", std::iter::once(&gpu)).into_iter().map(|d| d.name).collect::<Vec<_>>();
     assert_eq!(names(&cfg), ["egpu.io/slice=k8s-1"]);
     let nvidia = PluginConfig { gpu_cdi_kind: Some("nvidia.com/gpu".into()), ..cfg.clone() };
@@ -108,7 +121,7 @@ fn endpoint_and_config_checks() {
     assert_eq!(both, ["egpu.io/slice=k8s-2", "nvidia.com/gpu=3", "nvidia.com/gpu=5"]);
     // The default share: the memory's fraction, or all of it for every
     // unit of the GPU (an H100 80 GB: 81,559 MiB, 79 units of 1 GiB).
-    let h100 = tokens::Gpu { index: 0, uuid: "GPU-h".into(), model: "m".into(), memory_bytes: 81_559 << 20, nvlink: None };
+    let h100 = tokens::Gpu { index: 0, uuid: "GPU-h".into(), model: "m".into(), memory_bytes: 81_559 << 20, nvlink: None, ..Default::default() };
     let inv = Inventory { unit_bytes: 1 << 30, gpus: vec![h100.clone()] };
     assert_eq!(default_share(&inv, &h100, 79 << 30), 10_000);
     assert_eq!(default_share(&inv, &h100, 10 << 30), 1255, "10 GiB of 79.6");

@@ -61,7 +61,7 @@ fn a_slice_follows_its_gpu_when_the_gpus_are_renumbered() {
         m.create(req("on-0", vec![share(0, 4)])).unwrap();
     }
     // After a reboot GPU-fake-0 is gone, GPU-fake-1 is index 0, and a new GPU is index 1.
-    let gpu = |index: u32, uuid: &str| crate::devices::DeviceInfo { index, uuid: uuid.into(), name: "Fake GPU".into(), memory_bytes: 16 * Bytes::GIB, sm_count: 108, nvlink_group: None };
+    let gpu = |index: u32, uuid: &str| crate::devices::DeviceInfo { index, uuid: uuid.into(), name: "Fake GPU".into(), memory_bytes: 16 * Bytes::GIB, sm_count: 108, nvlink_group: None, ..Default::default() };
     let adopt = || SliceManager::adopt(run.path(), vec![gpu(0, "GPU-fake-1"), gpu(1, "GPU-fake-new")], Store::open(state.path()).unwrap()).unwrap();
     let (mut m, report) = adopt();
     assert_eq!(report.moved_devices, vec![("on-1".to_string(), 1, 0)]);
@@ -307,6 +307,7 @@ fn a_slice_whose_cdi_spec_cannot_be_written_is_not_created() {
         memory_audit: Default::default(),
         memory_audit_slack: crate::audit::DEFAULT_SLACK,
         drop_unstored_slices: false,
+        sysfs: None,
     };
     m.set_cdi(crate::cdi::CdiPublisher::new(&cfg, cdi.path()).unwrap());
     m.create(req("ok", vec![share(0, 1)])).unwrap();
