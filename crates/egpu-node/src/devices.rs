@@ -130,11 +130,11 @@ impl NvmlGpus {
 /// sysfs names the device by (`0000:3b:00.0`); `None` when it is not one.
 pub fn sysfs_bus_id(nvml: &str) -> Option<String> {
     let (domain, rest) = nvml.trim().split_once(':')?;
-    let domain = u32::from_str_radix(domain, 16).ok()?;
     let (bus, rest) = rest.split_once(':')?;
     let (dev, func) = rest.split_once('.')?;
-    let hex = |s: &str, max: u32| u32::from_str_radix(s, 16).ok().filter(|&v| v <= max && !s.is_empty() && s.len() <= 2);
-    let (bus, dev, func) = (hex(bus, 0xff)?, hex(dev, 0x1f)?, func.parse::<u32>().ok().filter(|&f| f <= 7 && func.len() == 1)?);
+    // Hex digits only (`from_str_radix` alone would take a sign).
+    let hex = |s: &str, len: usize, max: u32| (!s.is_empty() && s.len() <= len && s.bytes().all(|b| b.is_ascii_hexdigit())).then(|| u32::from_str_radix(s, 16).ok()).flatten().filter(|&v| v <= max);
+    let (domain, bus, dev, func) = (hex(domain, 8, u32::MAX)?, hex(bus, 2, 0xff)?, hex(dev, 2, 0x1f)?, hex(func, 1, 7)?);
     Some(format!("{domain:04x}:{bus:02x}:{dev:02x}.{func}"))
 }
 
@@ -148,7 +148,9 @@ pub fn pci_locality(root: &std::path::Path, bus_id: &str) -> (Option<u32>, Optio
     let numa = std::fs::read_to_string(dev.join("numa_node")).ok().and_then(|s| s.trim().parse::<i64>().ok()).and_then(|n| u32::try_from(n).ok());
     let is_root = |c: &str| {
         let Some((domain, bus)) = c.strip_prefix("pci").and_then(|r| r.split_once(':')) else { return false };
-        domain.len() == 4 && bus.len() == 2 && domain.chars().chain(bus.chars()).all(|ch| ch.is_ascii_hexdigit())
+        // The kernel writes the domain with at least four digits (more
+        // for the domains above 0xffff of some virtual machines and VMD).
+        domain.len() >= 4 && bus.len() == 2 && domain.chars().chain(bus.chars()).all(|ch| ch.is_ascii_hexdigit())
     };
     let pcie_root = std::fs::read_link(&dev).ok().and_then(|target| target.components().filter_map(|c| c.as_os_str().to_str()).find(|c| is_root(c)).map(str::to_string));
     (numa, pcie_root)
@@ -347,7 +349,8 @@ mod tests {
         assert_eq!(sysfs_bus_id("00000000:3B:00.0").as_deref(), Some("0000:3b:00.0"));
         assert_eq!(sysfs_bus_id("00000001:c1:1F.7").as_deref(), Some("0001:c1:1f.7"));
         assert_eq!(sysfs_bus_id("0000:3b:00.0").as_deref(), Some("0000:3b:00.0"), "already short");
-        for bad in ["", "3B:00.0", "00000000:3B:00", "00000000:3B:20.0", "00000000:3B:00.8", "00000000:3BB:00.0", "x:3B:00.0", "00000000:3B:00.0/.."] {
+        assert_eq!(sysfs_bus_id("00010000:3B:00.0").as_deref(), Some("10000:3b:00.0"), "a domain above 0xffff keeps its digits");
+        for bad in ["", "3B:00.0", "00000000:3B:00", "00000000:3B:20.0", "00000000:3B:00.8", "00000000:3BB:00.0", "x:3B:00.0", "00000000:3B:00.0/..", "0000:+f:00.0", "+000:3b:00.0", "000000000:3b:00.0"] {
             assert_eq!(sysfs_bus_id(bad), None, "{bad:?}");
         }
     }
@@ -368,6 +371,8 @@ mod tests {
         add("0000:3b:00.0", "pci0000:3a/0000:3a:00.0/0000:3b:00.0", Some("1\n"));
         add("0000:18:00.0", "pci0000:17/0000:17:01.0/0000:18:00.0", Some("-1\n"));
         add("0000:99:00.0", "platform/0000:99:00.0", None);
+        add("10000:01:00.0", "pci10000:00/10000:00:02.0/10000:01:00.0", Some("0"));
+        assert_eq!(pci_locality(root.path(), "10000:01:00.0"), (Some(0), Some("pci10000:00".into())), "a five-digit domain");
         assert_eq!(pci_locality(root.path(), "0000:3b:00.0"), (Some(1), Some("pci0000:3a".into())));
         assert_eq!(pci_locality(root.path(), "0000:18:00.0"), (None, Some("pci0000:17".into())), "-1: no NUMA affinity");
         assert_eq!(pci_locality(root.path(), "0000:99:00.0"), (None, None), "no root in the path, no numa_node");

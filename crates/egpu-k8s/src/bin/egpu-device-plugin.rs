@@ -62,10 +62,12 @@ struct Args {
     /// one, and the address is logged.
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
-    /// Give each unit its GPU's NUMA node (egpud reads it from sysfs), so that the kubelet's Topology Manager
-    /// aligns a container's CPUs with its GPU. Off by default: the kubelet counts units per NUMA node, not per
-    /// GPU, so under a Topology Manager policy it can pick a NUMA node whose free units are spread over GPUs
-    /// none of which holds the container, and Allocate then refuses it (see docs/kubernetes.md, "Topology").
+    /// Give each unit its GPU's NUMA node (egpud reads it from sysfs; only where every GPU's is known), so that
+    /// the kubelet's Topology Manager aligns a container's CPUs with its GPU. Off by default: the kubelet then
+    /// picks the NUMA node itself, counting units per NUMA node, not per GPU, so it can pick one whose free
+    /// units are spread over GPUs none of which holds the container (Allocate refuses it), it overrides the
+    /// scheduler's GPU hint and the whole-GPU rule, and strict policies refuse containers whose GPUs would span
+    /// NUMA nodes (see docs/kubernetes.md, "Topology").
     #[arg(long)]
     numa_topology: bool,
     /// Log filter (tracing's EnvFilter syntax).

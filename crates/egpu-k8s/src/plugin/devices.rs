@@ -14,7 +14,9 @@ use std::collections::{HashMap, HashSet};
 /// slices made outside Kubernetes, of plugin slices no container holds any
 /// more (known only when the kubelet's list could be read), and burst
 /// memory lent to any slice. With `numa`, each unit carries its GPU's
-/// NUMA node (where egpud knows it) for the kubelet's Topology Manager.
+/// NUMA node for the kubelet's Topology Manager, if egpud knows every
+/// GPU's: once any device of a resource has one, the kubelet counts only
+/// devices with one, so a GPU of unknown node would never be chosen.
 pub(super) fn advertise(inv: &Inventory, slices: &[node::Slice], held: Option<&Vec<Vec<String>>>, numa: bool) -> Vec<dp::Device> {
     let live: Option<HashSet<String>> = held.map(|h| h.iter().map(|ids| tokens::slice_name(ids)).collect());
     let mut foreign: HashMap<u32, u64> = HashMap::new();
@@ -45,7 +47,7 @@ pub(super) fn advertise(inv: &Inventory, slices: &[node::Slice], held: Option<&V
         }
         // The GPU's NUMA node, for the kubelet's Topology Manager to align
         // the container's CPUs and memory with (none: no preference).
-        let topology = g.numa.filter(|_| numa).map(|n| dp::TopologyInfo { nodes: vec![dp::NumaNode { id: i64::from(n) }] });
+        let topology = g.numa.filter(|_| numa && inv.gpus.iter().all(|g| g.numa.is_some())).map(|n| dp::TopologyInfo { nodes: vec![dp::NumaNode { id: i64::from(n) }] });
         out.extend((0..n).map(|k| dp::Device { id: tokens::token_id(&g.uuid, k), health: health[k as usize].into(), topology: topology.clone() }));
     }
     out

@@ -123,10 +123,12 @@ pub struct PluginConfig {
     /// write, so it is no guide once its list is whole).
     pub own_pod: Option<(String, String)>,
     /// Give each unit its GPU's NUMA node as its `TopologyInfo`
-    /// (`--numa-topology`), for the kubelet's Topology Manager. Off by
-    /// default: the kubelet counts units per NUMA node, not per GPU, so
-    /// with a Topology Manager policy it may pick a node whose units are
-    /// spread over GPUs none of which holds the container (docs/kubernetes.md, "Topology").
+    /// (`--numa-topology`), for the kubelet's Topology Manager, where
+    /// egpud knows every GPU's. Off by default: the kubelet counts units
+    /// per NUMA node, not per GPU, and picks the NUMA node itself, so with
+    /// a Topology Manager policy it may pick one whose units are spread
+    /// over GPUs none of which holds the container, or other GPUs than the
+    /// extender's (docs/kubernetes.md, "Topology").
     pub numa_topology: bool,
 }
 
@@ -258,6 +260,8 @@ pub struct Shared {
     held_by_pod: Mutex<HashMap<(String, String), u32>>,
     /// Hint annotations already warned about (they do not parse).
     hint_warned: Mutex<HashSet<String>>,
+    /// `--numa-topology` with some GPUs' NUMA nodes unknown was logged.
+    numa_warned: std::sync::atomic::AtomicBool,
     metrics: crate::metrics::DevicePluginMetrics,
 }
 
@@ -289,6 +293,7 @@ impl Shared {
             hints_followed: Mutex::new(HashMap::new()),
             held_by_pod: Mutex::new(HashMap::new()),
             hint_warned: Mutex::new(HashSet::new()),
+            numa_warned: std::sync::atomic::AtomicBool::new(false),
             metrics: crate::metrics::DevicePluginMetrics::default(),
         }))
     }
@@ -359,6 +364,13 @@ impl Shared {
                     unit_bytes: self.cfg.unit_bytes,
                     gpus: n.devices.iter().map(tokens::Gpu::from).collect(),
                 };
+                let numa_known = inv.gpus.iter().all(|g| g.numa.is_some());
+                if self.cfg.numa_topology && !numa_known && !self.numa_warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    tracing::warn!(
+                        "--numa-topology: egpud knows the NUMA node of only some GPUs ({}); no unit is given one (the kubelet would never count the units of the others), so the Topology Manager sees no preference",
+                        inv.gpus.iter().map(|g| format!("GPU {}: {}", g.index, g.numa.map_or_else(|| "unknown".into(), |n| n.to_string()))).collect::<Vec<_>>().join(", ")
+                    );
+                }
                 let devices = advertise(&inv, &slices, last_held.as_ref(), self.cfg.numa_topology);
                 if let Some(holders) = &holders {
                     if let Some(held) = &held {

@@ -32,13 +32,17 @@ fn the_annotation_says_which_gpus_each_known_pod_holds() {
 #[test]
 fn every_token_carries_its_gpus_numa_node_for_the_topology_manager() {
     let gpu = |index: u32, numa: Option<u32>| tokens::Gpu { index, uuid: format!("GPU-{index}"), memory_bytes: 2 << 30, numa, ..Default::default() };
-    let inv = Inventory { unit_bytes: 1 << 30, gpus: vec![gpu(0, Some(1)), gpu(1, None)] };
+    let inv = Inventory { unit_bytes: 1 << 30, gpus: vec![gpu(0, Some(1)), gpu(1, Some(0))] };
     assert!(advertise(&inv, &[], None, false).iter().all(|d| d.topology.is_none()), "off unless asked for");
     let d = advertise(&inv, &[], None, true);
     let nodes: Vec<(&str, Option<Vec<i64>>)> = d.iter().map(|d| (d.id.as_str(), d.topology.as_ref().map(|t| t.nodes.iter().map(|n| n.id).collect()))).collect();
-    assert_eq!(nodes, [("GPU-0_0", Some(vec![1])), ("GPU-0_1", Some(vec![1])), ("GPU-1_0", None), ("GPU-1_1", None)], "no NUMA node known: no topology, so no preference");
-    let g = node_gpus(&inv, &d, &[], &[], None);
-    assert_eq!(g.gpus.iter().map(|x| x.numa).collect::<Vec<_>>(), [Some(1), None], "the annotation says it too, for the extender's view of whole GPUs");
+    assert_eq!(nodes, [("GPU-0_0", Some(vec![1])), ("GPU-0_1", Some(vec![1])), ("GPU-1_0", Some(vec![0])), ("GPU-1_1", Some(vec![0]))]);
+    // One GPU's node unknown: none is given one, since the kubelet would
+    // never count the units of a GPU without.
+    let some = Inventory { gpus: vec![gpu(0, Some(1)), gpu(1, None)], ..inv.clone() };
+    assert!(advertise(&some, &[], None, true).iter().all(|d| d.topology.is_none()));
+    let g = node_gpus(&some, &d, &[], &[], None);
+    assert_eq!(g.gpus.iter().map(|x| x.numa).collect::<Vec<_>>(), [Some(1), None], "the annotation says what is known, for the extender's view of whole GPUs");
 }
 
 #[test]
