@@ -30,7 +30,7 @@ fn node(i: usize, rng: &mut rand_chacha::ChaCha8Rng) -> Value {
         .map(|g| {
             // ~90% taken: most GPUs full, some with holes.
             let free = if rng.random_bool(0.6) { 0 } else { rng.random_range(0..=UNITS / 2) };
-            GpuFree { index: g as u32, uuid: format!("GPU-{i:04}-{g}-0000-0000-000000000000"), model: "NVIDIA H100 80GB HBM3".into(), units: UNITS, free, nvlink: None, numa: None }
+            GpuFree { index: g as u32, uuid: format!("GPU-{i:04}-{g}-0000-0000-000000000000"), model: "NVIDIA H100 80GB HBM3".into(), units: UNITS, free, nvlink: None, numa: None, pcie: None }
         })
         .collect();
     // The pods holding units, named as a Deployment names them: up to 10

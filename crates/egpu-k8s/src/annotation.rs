@@ -34,6 +34,11 @@ pub struct GpuFree {
     /// does not know it, or from a plugin before this field.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub numa: Option<u32>,
+    /// The GPU's PCIe switch group (the lowest egpud index of the GPUs
+    /// PCIe switches join it to without a host bridge); absent when egpud
+    /// cannot say, or from a plugin before this field.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie: Option<u32>,
 }
 
 /// The annotation's value.
@@ -146,7 +151,7 @@ impl NodeGpus {
         if self.gpus.iter().any(|g| g.units >= units) {
             return false;
         }
-        let free: Vec<(&str, u32, crate::tokens::Link)> = self.gpus.iter().filter(|g| g.units > 0 && g.free == g.units).map(|g| (g.uuid.as_str(), g.units, crate::tokens::Link { nvlink: g.nvlink, numa: g.numa })).collect();
+        let free: Vec<(&str, u32, crate::tokens::Link)> = self.gpus.iter().filter(|g| g.units > 0 && g.free == g.units).map(|g| (g.uuid.as_str(), g.units, crate::tokens::Link { nvlink: g.nvlink, numa: g.numa, pcie: g.pcie })).collect();
         let Some(chosen) = crate::tokens::whole_gpus(&free, units, &[]) else { return false };
         let chosen: Vec<String> = chosen.into_iter().map(str::to_string).collect();
         for g in self.gpus.iter_mut().filter(|g| chosen.contains(&g.uuid)) {
@@ -207,7 +212,7 @@ mod tests {
         NodeGpus {
             v: VERSION,
             unit_bytes: 1 << 30,
-            gpus: vec![GpuFree { index: 0, uuid: "GPU-a".into(), model: "NVIDIA H200".into(), units: 141, free: 20, nvlink: None, numa: None }],
+            gpus: vec![GpuFree { index: 0, uuid: "GPU-a".into(), model: "NVIDIA H200".into(), units: 141, free: 20, nvlink: None, numa: None, pcie: None }],
             pods: Some([("default/a".to_string(), 20)].into()),
             holds: Some([("uid-a".to_string(), [(0, 20)].into())].into()),
         }
@@ -218,7 +223,7 @@ mod tests {
         let node = |free: &[u32]| NodeGpus {
             v: VERSION,
             unit_bytes: 1 << 30,
-            gpus: free.iter().enumerate().map(|(i, &f)| GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units: 16, free: f, nvlink: None, numa: None }).collect(),
+            gpus: free.iter().enumerate().map(|(i, &f)| GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units: 16, free: f, nvlink: None, numa: None, pcie: None }).collect(),
             pods: None,
             holds: None,
         };
@@ -287,7 +292,7 @@ mod tests {
         ) {
             let gpus: Vec<GpuFree> = gpus
                 .into_iter()
-                .map(|(index, u, units, free)| GpuFree { index, uuid: format!("GPU-{u}"), model: "m".into(), units, free, nvlink: None, numa: None })
+                .map(|(index, u, units, free)| GpuFree { index, uuid: format!("GPU-{u}"), model: "m".into(), units, free, nvlink: None, numa: None, pcie: None })
                 .collect();
             let json = NodeGpus { v: VERSION, unit_bytes: 1 << 30, gpus, pods: None, holds: None }.to_json();
             let Ok(mut n) = NodeGpus::parse(Some(&json)) else { return Ok(()) };
@@ -307,7 +312,7 @@ mod tests {
 
     #[test]
     fn release_gives_the_victims_units_back_to_their_gpus() {
-        let gpu = |index: u32, free: u32| GpuFree { index, uuid: format!("GPU-{index}"), model: "m".into(), units: 16, free, nvlink: None, numa: None };
+        let gpu = |index: u32, free: u32| GpuFree { index, uuid: format!("GPU-{index}"), model: "m".into(), units: 16, free, nvlink: None, numa: None, pcie: None };
         let mut g = NodeGpus {
             v: VERSION,
             unit_bytes: 1 << 30,

@@ -178,7 +178,7 @@ mod tests {
         NodeGpus {
             v: VERSION,
             unit_bytes: 1 << 30,
-            gpus: free.iter().enumerate().map(|(i, &f)| GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units: 16, free: f, nvlink: None, numa: None }).collect(),
+            gpus: free.iter().enumerate().map(|(i, &f)| GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units: 16, free: f, nvlink: None, numa: None, pcie: None }).collect(),
             pods: pods.map(|p| p.iter().map(|(s, u)| (s.to_string(), *u)).collect()),
             holds: None,
         }

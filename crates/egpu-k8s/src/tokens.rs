@@ -26,12 +26,14 @@ pub struct Gpu {
     /// Its PCI address (sysfs form) and PCIe root complex, when known.
     pub pci_bus_id: Option<String>,
     pub pcie_root: Option<String>,
+    /// Its PCIe switch group, as egpud reports it (`None`: unknown).
+    pub pcie: Option<u32>,
 }
 
 impl Gpu {
     /// Where it is, for picking whole GPUs that work well together.
     pub fn link(&self) -> Link {
-        Link { nvlink: self.nvlink, numa: self.numa }
+        Link { nvlink: self.nvlink, numa: self.numa, pcie: self.pcie }
     }
 }
 
@@ -47,16 +49,19 @@ impl From<&egpu_node::proto::Device> for Gpu {
             numa: d.numa_node,
             pci_bus_id: d.pci_bus_id.clone(),
             pcie_root: d.pcie_root.clone(),
+            pcie: d.pcie_switch_group,
         }
     }
 }
 
 /// Where a GPU is, as far as picking several whole GPUs for one container
-/// goes: its NVLink group and its NUMA node (`None`: unknown).
+/// goes: its NVLink group, its NUMA node and its PCIe switch group
+/// (`None`: unknown).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Link {
     pub nvlink: Option<u32>,
     pub numa: Option<u32>,
+    pub pcie: Option<u32>,
 }
 
 /// The node's GPUs and the size of one token.
@@ -211,7 +216,8 @@ pub fn best_fit<K: Ord + Copy>(free: &[(K, u32)], size: u32) -> Option<K> {
 /// those of one size `per` that divides `size` and has enough free GPUs
 /// (the largest such size). Of that size, all from one group of GPUs when
 /// a group has enough, trying in turn GPUs of one NVLink group and one
-/// NUMA node, of one NVLink group, then of one NUMA node (of the groups
+/// NUMA node, of one NVLink group, of one PCIe switch group, then of one
+/// NUMA node (of the groups
 /// that have enough, the one with the fewest free GPUs of the size, so
 /// larger groups stay whole for larger requests; then the lowest keys),
 /// else any of that size (a smaller size is not tried for the sake of a
@@ -231,7 +237,7 @@ pub fn whole_gpus<K: Ord + Copy>(free: &[(K, u32, Link)], size: u32, pinned: &[K
     // The groupings, closest first: a GPU outside a grouping (a part
     // unknown) is in none of its groups.
     type GroupOf = fn(Link) -> Option<(u32, u32)>;
-    let groupings: [GroupOf; 3] = [|l| l.nvlink.zip(l.numa), |l| l.nvlink.map(|g| (g, 0)), |l| l.numa.map(|n| (n, 0))];
+    let groupings: [GroupOf; 4] = [|l| l.nvlink.zip(l.numa), |l| l.nvlink.map(|g| (g, 0)), |l| l.pcie.map(|g| (g, 0)), |l| l.numa.map(|n| (n, 0))];
     for per in sizes {
         let need = (size / per) as usize;
         for group_of in groupings {
@@ -380,11 +386,11 @@ mod tests {
     }
 
     /// Where nothing is known.
-    const U: Link = Link { nvlink: None, numa: None };
+    const U: Link = Link { nvlink: None, numa: None, pcie: None };
 
     /// In NVLink group `g`, NUMA node unknown.
     fn nv(g: u32) -> Link {
-        Link { nvlink: Some(g), numa: None }
+        Link { nvlink: Some(g), ..U }
     }
 
     #[test]
@@ -436,7 +442,7 @@ mod tests {
 
     #[test]
     fn whole_gpus_keep_to_one_numa_node_after_the_nvlink_group() {
-        let at = |nvlink: Option<u32>, numa: Option<u32>| Link { nvlink, numa };
+        let at = |nvlink: Option<u32>, numa: Option<u32>| Link { nvlink, numa, pcie: None };
         // No NVLink; GPUs 0-1 on NUMA node 0, 2-3 on node 1; GPU 1 in use.
         let numa = |free: &[u32]| free.iter().map(|&k| (k, 80, at(None, Some(k / 2)))).collect::<Vec<_>>();
         assert_eq!(whole_gpus(&numa(&[0, 2, 3]), 160, &[]), Some(vec![2, 3]), "one NUMA node, not the lowest keys");
@@ -452,6 +458,11 @@ mod tests {
         // on node 0; 1, 3 on node 1): the linked pair wins.
         let cross = [(0, 80, at(Some(0), Some(0))), (1, 80, at(Some(0), Some(1))), (2, 80, at(Some(2), Some(0))), (3, 80, at(Some(2), Some(1)))];
         assert_eq!(whole_gpus(&cross[1..], 160, &[]), Some(vec![2, 3]));
+        // No NVLink: a PCIe switch group (pairs 0-1, 2-3) before a NUMA
+        // node (0 and 2 on node 0, 1 and 3 on node 1).
+        let pcie = |free: &[u32]| free.iter().map(|&k| (k, 80, Link { nvlink: None, numa: Some(k % 2), pcie: Some(k / 2 * 2) })).collect::<Vec<_>>();
+        assert_eq!(whole_gpus(&pcie(&[1, 2, 3]), 160, &[]), Some(vec![2, 3]), "the switch pair, not the NUMA pair 1, 3");
+        assert_eq!(whole_gpus(&pcie(&[0, 1, 3]), 160, &[]), Some(vec![0, 1]));
         // A GPU whose node is unknown is in no node's group.
         assert_eq!(whole_gpus(&[(0, 80, at(None, None)), (1, 80, at(None, Some(1))), (2, 80, at(None, Some(1)))], 160, &[]), Some(vec![1, 2]));
     }
@@ -512,7 +523,7 @@ mod tests {
             per in prop_oneof![Just(40u32), Just(80u32)],
             pin in proptest::option::of(0usize..10),
         ) {
-            let free: Vec<(usize, u32, Link)> = gpus.iter().enumerate().map(|(i, &(n, nvlink, numa))| (i, n, Link { nvlink, numa })).collect();
+            let free: Vec<(usize, u32, Link)> = gpus.iter().enumerate().map(|(i, &(n, nvlink, numa))| (i, n, Link { nvlink, numa, pcie: None })).collect();
             let pinned: Vec<usize> = pin.filter(|&p| p < free.len()).into_iter().collect();
             let size = k * per;
             let Some(chosen) = whole_gpus(&free, size, &pinned) else {

@@ -13,9 +13,9 @@ pub const SOCKET_FILE: &str = "egpud.sock";
 pub const SIM_GPUS_ENV: &str = "EGPU_SIM_GPUS";
 pub const SIM_STATE_ENV: &str = "EGPU_SIM_STATE";
 /// Variables of the simulated driver passed on to workloads when egpud has
-/// them: tuning, and the NVLink topology (so that workloads see the links
-/// egpud reports).
-pub const SIM_PASSTHROUGH_ENV: [&str; 3] = ["EGPU_SIM_CTX_BYTES", "EGPU_SIM_NS_PER_THREAD", "EGPU_SIM_NVLINK"];
+/// them: tuning, and the NVLink and PCIe topology (so that workloads see
+/// the links egpud reports).
+pub const SIM_PASSTHROUGH_ENV: [&str; 4] = ["EGPU_SIM_CTX_BYTES", "EGPU_SIM_NS_PER_THREAD", "EGPU_SIM_NVLINK", "EGPU_SIM_PCIE"];
 
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -29,6 +29,12 @@ pub struct DeviceInfo {
     /// component of its sysfs device path): devices under one root talk
     /// without crossing the CPUs' interconnect. `None` when unknown.
     pub pcie_root: Option<String>,
+    /// Its PCIe switch group: the lowest index of the devices it reaches
+    /// through PCIe switches alone, without a host bridge
+    /// (`nvmlDeviceGetTopologyCommonAncestor` at most
+    /// `NVML_TOPOLOGY_MULTIPLE`), directly or through others; its own index
+    /// when it shares no switch. `None` when the driver cannot say.
+    pub pcie_switch_group: Option<u32>,
 }
 
 /// What discovery found.
@@ -126,6 +132,19 @@ impl NvmlGpus {
     }
 }
 
+/// The first bytes of `path` if it is a regular file (not a FIFO, whose
+/// open would block, nor a device; at most 64 bytes), as text.
+fn read_small(path: &std::path::Path) -> Option<String> {
+    use std::io::Read;
+    if !std::fs::metadata(path).ok()?.is_file() {
+        return None;
+    }
+    let f = std::fs::File::open(path).ok()?;
+    let mut buf = Vec::new();
+    f.take(64).read_to_end(&mut buf).ok()?;
+    String::from_utf8(buf).ok()
+}
+
 /// An NVML PCI bus ID (`00000000:3B:00.0`, an 8-digit domain) in the form
 /// sysfs names the device by (`0000:3b:00.0`); `None` when it is not one.
 pub fn sysfs_bus_id(nvml: &str) -> Option<String> {
@@ -145,7 +164,8 @@ pub fn sysfs_bus_id(nvml: &str) -> Option<String> {
 /// cannot be read.
 pub fn pci_locality(root: &std::path::Path, bus_id: &str) -> (Option<u32>, Option<String>) {
     let dev = root.join("bus/pci/devices").join(bus_id);
-    let numa = std::fs::read_to_string(dev.join("numa_node")).ok().and_then(|s| s.trim().parse::<i64>().ok()).and_then(|n| u32::try_from(n).ok());
+    // A kernel never writes a NUMA node of 1024 or more (MAX_NUMNODES).
+    let numa = read_small(&dev.join("numa_node")).and_then(|s| s.trim().parse::<i64>().ok()).filter(|n| (0..1024).contains(n)).map(|n| n as u32);
     let is_root = |c: &str| {
         let Some((domain, bus)) = c.strip_prefix("pci").and_then(|r| r.split_once(':')) else { return false };
         // The kernel writes the domain with at least four digits (more
@@ -184,10 +204,34 @@ impl NvmlGpus {
         }
         nvlink_groups(handles.len(), &pairs).into_iter().map(Some).collect()
     }
+
+    /// Each device's PCIe switch group ([`DeviceInfo::pcie_switch_group`]);
+    /// all `None` (with a warning) when a pair cannot be asked.
+    fn pcie_switch_groups(&self, n: u32) -> Vec<Option<u32>> {
+        use nvml_wrapper::enum_wrappers::device::TopologyLevel;
+        let handles: Option<Vec<_>> = (0..n).map(|i| self.nvml.device_by_index(i).ok()).collect();
+        let Some(handles) = handles else { return vec![None; n as usize] };
+        let mut pairs = Vec::new();
+        for a in 0..handles.len() {
+            for b in a + 1..handles.len() {
+                // It takes the other device by value: a handle of its own.
+                let level = self.nvml.device_by_index(b as u32).and_then(|other| handles[a].topology_common_ancestor(other));
+                match level {
+                    Ok(TopologyLevel::Internal | TopologyLevel::Single | TopologyLevel::Multiple) => pairs.push((a, b)),
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!("cannot read the PCIe topology of GPUs {a} and {b} ({e}); the node reports no PCIe switch groups");
+                        return vec![None; n as usize];
+                    }
+                }
+            }
+        }
+        nvlink_groups(handles.len(), &pairs).into_iter().map(Some).collect()
+    }
 }
 
-/// The NVLink group of each of `n` devices joined by the `linked` pairs:
-/// the lowest index of its connected set.
+/// The group of each of `n` devices joined by the `linked` pairs (by
+/// NVLink, or by PCIe switches): the lowest index of its connected set.
 pub fn nvlink_groups(n: usize, linked: &[(usize, usize)]) -> Vec<u32> {
     let mut group: Vec<u32> = (0..n as u32).collect();
     // Merge until no pair joins two groups (n is at most a few dozen).
@@ -233,10 +277,18 @@ impl Gpus for NvmlGpus {
                 pci_bus_id,
                 numa_node,
                 pcie_root,
+                pcie_switch_group: None,
             });
         }
-        for (d, g) in devices.iter_mut().zip(self.nvlink_groups(n)) {
+        for ((d, g), p) in devices.iter_mut().zip(self.nvlink_groups(n)).zip(self.pcie_switch_groups(n)) {
             d.nvlink_group = g;
+            d.pcie_switch_group = p;
+        }
+        if let Some(root) = &self.sysfs
+            && devices.iter().all(|d| d.numa_node.is_none() && d.pcie_root.is_none())
+        {
+            tracing::warn!(sysfs = %root.display(), "no GPU's PCI address ({}) is under {}/bus/pci/devices with a NUMA node or a PCIe root: the node reports neither (is --sysfs the host's sysfs?)",
+                devices.iter().map(|d| d.pci_bus_id.as_deref().unwrap_or("unknown")).collect::<Vec<_>>().join(", "), root.display());
         }
         let driver_version = self.nvml.sys_driver_version().unwrap_or_else(|_| "unknown".into());
         Ok(Inventory { devices, driver_version })
@@ -372,6 +424,13 @@ mod tests {
         add("0000:18:00.0", "pci0000:17/0000:17:01.0/0000:18:00.0", Some("-1\n"));
         add("0000:99:00.0", "platform/0000:99:00.0", None);
         add("10000:01:00.0", "pci10000:00/10000:00:02.0/10000:01:00.0", Some("0"));
+        add("0000:20:00.0", "pci0000:1f/0000:20:00.0", Some("4294967295"));
+        assert_eq!(pci_locality(root.path(), "0000:20:00.0").0, None, "no kernel writes such a node");
+        // A numa_node that is a FIFO is not read (a read would block).
+        add("0000:21:00.0", "pci0000:1f/0000:21:00.0", None);
+        let fifo = root.path().join("devices/pci0000:1f/0000:21:00.0/numa_node");
+        assert!(std::process::Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+        assert_eq!(pci_locality(root.path(), "0000:21:00.0"), (None, Some("pci0000:1f".into())));
         assert_eq!(pci_locality(root.path(), "10000:01:00.0"), (Some(0), Some("pci10000:00".into())), "a five-digit domain");
         assert_eq!(pci_locality(root.path(), "0000:3b:00.0"), (Some(1), Some("pci0000:3a".into())));
         assert_eq!(pci_locality(root.path(), "0000:18:00.0"), (None, Some("pci0000:17".into())), "-1: no NUMA affinity");

@@ -59,6 +59,7 @@ impl node_server::Node for NodeService {
                         pci_bus_id: d.pci_bus_id.clone(),
                         numa_node: d.numa_node,
                         pcie_root: d.pcie_root.clone(),
+                        pcie_switch_group: d.pcie_switch_group,
                     }
                 })
                 .collect();

@@ -52,6 +52,10 @@ pub struct Config {
     /// Kernel cost in nanoseconds per launched thread.
     pub ns_per_thread: f64,
     pub nvlink: NvLinkMode,
+    /// `EGPU_SIM_PCIE=pairs`: devices 2k and 2k+1 sit under one PCIe switch
+    /// (`NVML_TOPOLOGY_SINGLE`); otherwise (`flat`, the default) every pair
+    /// meets at the host bridge.
+    pub pcie_pairs: bool,
     /// `CUDA_VISIBLE_DEVICES` (None when unset).
     pub visible: Option<String>,
     /// `EGPU_SIM_POOL_SIZES=hidden`: pools do not report their reserved and
@@ -100,12 +104,17 @@ impl Config {
             None => NvLinkMode::All,
             Some(s) => NvLinkMode::parse(&s).ok_or_else(|| format!("EGPU_SIM_NVLINK={s:?}: expected none, all or pairs"))?,
         };
+        let pcie_pairs = match get("EGPU_SIM_PCIE").as_deref().map(str::trim) {
+            None | Some("" | "flat") => false,
+            Some("pairs") => true,
+            Some(s) => return Err(format!("EGPU_SIM_PCIE={s:?}: expected flat or pairs")),
+        };
         let pool_sizes_hidden = match get("EGPU_SIM_POOL_SIZES").as_deref() {
             None | Some("shown") => false,
             Some("hidden") => true,
             Some(s) => return Err(format!("EGPU_SIM_POOL_SIZES={s:?}: expected shown or hidden")),
         };
-        Ok(Config { spec_text, spec, state_path, ctx_bytes, ns_per_thread, nvlink, visible: get("CUDA_VISIBLE_DEVICES"), pool_sizes_hidden })
+        Ok(Config { spec_text, spec, state_path, ctx_bytes, ns_per_thread, nvlink, pcie_pairs, visible: get("CUDA_VISIBLE_DEVICES"), pool_sizes_hidden })
     }
 
     /// Canonical form of the spec stored in the state file: two processes
@@ -154,6 +163,8 @@ mod tests {
         assert!(cfg(&[("EGPU_SIM_GPUS", "2xbanana")]).unwrap_err().contains("EGPU_SIM_GPUS"));
         assert!(cfg(&[("EGPU_SIM_NS_PER_THREAD", "-1")]).is_err());
         assert!(cfg(&[("EGPU_SIM_NVLINK", "mesh")]).is_err());
+        assert!(cfg(&[("EGPU_SIM_PCIE", "pairs")]).unwrap().pcie_pairs && !cfg(&[]).unwrap().pcie_pairs);
+        assert!(cfg(&[("EGPU_SIM_PCIE", "tree")]).unwrap_err().contains("flat or pairs"));
         assert_ne!(canonical(&"2x80GiB".parse().unwrap()), canonical(&"2x40GiB".parse().unwrap()));
     }
 

@@ -4,8 +4,10 @@
 //!
 //! NVLink model (`EGPU_SIM_NVLINK`): a linked device has 18 links (NVLink 4,
 //! 25 GB/s each); with `all`, link `i` of device `d` goes to the `i mod
-//! (n-1)`-th other device; with `pairs`, all go to the partner. Topology:
-//! every pair of different devices is `NVML_TOPOLOGY_HOSTBRIDGE`.
+//! (n-1)`-th other device; with `pairs`, all go to the partner. PCIe
+//! topology (`EGPU_SIM_PCIE`): every pair of different devices meets at the
+//! host bridge (`NVML_TOPOLOGY_HOSTBRIDGE`), or with `pairs`, devices 2k and
+//! 2k+1 share a PCIe switch (`NVML_TOPOLOGY_SINGLE`).
 
 use crate::config::NvLinkMode;
 use crate::ops::device::{DRIVER_VERSION, pci_bus, pci_bus_id};
@@ -358,9 +360,18 @@ pub fn p2p_status(a: nvmlDevice_t, b: nvmlDevice_t, cap: u32, out: *mut u32) -> 
 }
 
 pub fn topology_common_ancestor(a: nvmlDevice_t, b: nvmlDevice_t, out: *mut u32) -> NR<()> {
-    let (_, da) = dev(a)?;
+    let (p, da) = dev(a)?;
     let (_, db) = dev(b)?;
-    w(out, if da == db { NVML_TOPOLOGY_INTERNAL } else { NVML_TOPOLOGY_HOSTBRIDGE })
+    w(
+        out,
+        if da == db {
+            NVML_TOPOLOGY_INTERNAL
+        } else if p.cfg.pcie_pairs && da / 2 == db / 2 {
+            NVML_TOPOLOGY_SINGLE
+        } else {
+            NVML_TOPOLOGY_HOSTBRIDGE
+        },
+    )
 }
 
 pub fn field_values(h: nvmlDevice_t, n: i32, values: *mut nvmlFieldValue_t) -> NR<()> {

@@ -62,7 +62,7 @@ pub struct DaemonArgs {
     /// PCIe root complex (published to the kubelet's Topology Manager and
     /// as DRA attributes) [default: /sys; with --simulate, none: the
     /// simulated GPUs' PCI addresses are not the host's].
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", value_parser = sysfs_dir)]
     pub sysfs: Option<PathBuf>,
     /// Sweep period in milliseconds (dead-process reclaim, heartbeat).
     #[arg(long, default_value_t = 200, hide = true)]
@@ -113,6 +113,12 @@ impl DaemonArgs {
             },
         }
     }
+}
+
+/// `--sysfs`: a directory.
+fn sysfs_dir(s: &str) -> Result<PathBuf, String> {
+    let p = PathBuf::from(s);
+    if p.is_dir() { Ok(p) } else { Err(format!("{s} is not a directory; give where the host's sysfs is mounted (usually /sys)")) }
 }
 
 /// `--simulate`: checked when the flag is read, so a bad spec is a usage

@@ -48,6 +48,10 @@ pub struct DeviceOut {
     /// The PCIe root complex it hangs from; absent when unknown.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pcie_root: Option<String>,
+    /// The lowest index of the devices PCIe switches join it to without a
+    /// host bridge (its own when it shares none); absent when unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pcie_switch_group: Option<u32>,
 }
 
 #[derive(Debug, Serialize)]
@@ -146,6 +150,7 @@ pub fn node_out(n: proto::GetNodeResponse) -> NodeOut {
                 pci_bus_id: d.pci_bus_id,
                 numa_node: d.numa_node,
                 pcie_root: d.pcie_root,
+                pcie_switch_group: d.pcie_switch_group,
             })
             .collect(),
         hostname: n.hostname,

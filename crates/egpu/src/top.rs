@@ -354,6 +354,7 @@ mod tests {
                 pci_bus_id: None,
                 numa_node: None,
                 pcie_root: None,
+                pcie_switch_group: None,
             }],
         };
         Snapshot {

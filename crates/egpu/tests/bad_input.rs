@@ -233,6 +233,8 @@ fn zero_caps_short_intervals_and_a_missing_interposer_are_refused() {
     assert_fails(&o, 2, &["--memory-audit", "use off, report or charge"]);
     let o = std::process::Command::new(EGPUD).args(["--simulate", "1x1GiB", "--memory-audit-slack", "64XB"]).output().unwrap();
     assert_fails(&o, 2, &["--memory-audit-slack", "64XB"]);
+    let o = std::process::Command::new(EGPUD).args(["--simulate", "1x1GiB", "--sysfs", "/nonexistent-sysfs"]).output().unwrap();
+    assert_fails(&o, 2, &["--sysfs", "/nonexistent-sysfs", "not a directory"]);
 }
 
 #[test]

@@ -881,6 +881,20 @@ fn whole_gpus_come_from_one_nvlink_group() {
     two_whole_gpus_are_2_and_3(rig, |g| g.nvlink, [Some(0), Some(0), Some(2), Some(2)], [None; 4]);
 }
 
+/// On a node without NVLink whose GPUs sit in pairs under PCIe switches
+/// (0-1, 2-3: the simulated driver's `EGPU_SIM_PCIE=pairs`), egpud reports
+/// each GPU's PCIe switch group, and a container of two whole GPUs gets a
+/// pair under one switch: with GPU 1 in use, GPUs 2 and 3.
+#[test]
+fn whole_gpus_come_from_one_pcie_switch_group() {
+    let rig = Rig::start_on("4x16GiB", &[("EGPU_SIM_NVLINK", "none"), ("EGPU_SIM_PCIE", "pairs")], &[], "0s", &[]);
+    let out = rig.node.egpu(&["devices", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let field = |f: &str| v["devices"].as_array().unwrap().iter().map(|d| d[f].clone()).collect::<Vec<_>>();
+    assert_eq!((field("pcie_switch_group"), field("nvlink_group")), ([0, 0, 2, 2].map(serde_json::Value::from).to_vec(), [0, 1, 2, 3].map(serde_json::Value::from).to_vec()), "{v}");
+    two_whole_gpus_are_2_and_3(rig, |g| g.pcie, [Some(0), Some(0), Some(2), Some(2)], [None; 4]);
+}
+
 /// On a node whose GPUs sit on two NUMA nodes (0-1 on node 0, 2-3 on node
 /// 1, in a made-up sysfs given to `egpud --sysfs`; all four in one NVLink
 /// domain, the simulated driver's default), egpud reports each GPU's
@@ -981,7 +995,7 @@ fn gpus_annotation(free: &[u32], pods: &[(&str, u32)]) -> String {
     egpu_k8s::annotation::NodeGpus {
         v: egpu_k8s::annotation::VERSION,
         unit_bytes: 1 << 30,
-        gpus: free.iter().enumerate().map(|(i, &f)| egpu_k8s::annotation::GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units: 16, free: f, nvlink: None, numa: None }).collect(),
+        gpus: free.iter().enumerate().map(|(i, &f)| egpu_k8s::annotation::GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units: 16, free: f, nvlink: None, numa: None, pcie: None }).collect(),
         pods: Some(pods.iter().map(|(p, u)| (p.to_string(), *u)).collect()),
         holds: None,
     }

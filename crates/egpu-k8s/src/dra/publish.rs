@@ -74,6 +74,7 @@ pub fn resource_slice_spec(driver: &str, node: &str, gpus: &[Gpu], reserved: &BT
             // kept together with matchAttribute.
             let located = [
                 ("nvlinkGroup", g.nvlink.map(attr_i)),
+                ("pcieSwitchGroup", g.pcie.map(attr_i)),
                 (NUMA_NODE_ATTRIBUTE, g.numa.map(attr_i)),
                 (PCI_BUS_ID_ATTRIBUTE, g.pci_bus_id.as_deref().map(attr_s)),
                 (PCIE_ROOT_ATTRIBUTE, g.pcie_root.as_deref().map(attr_s)),

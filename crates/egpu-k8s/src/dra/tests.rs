@@ -52,10 +52,10 @@ fn the_resource_slice_publishes_each_gpu_with_consumable_memory_and_compute() {
     assert_eq!(attrs.len(), 3, "nothing is known of where the GPU is: no more attributes");
     // Where egpud knows where a GPU is, the slice says so.
     let mut placed = gpus();
-    placed[0] = Gpu { nvlink: Some(0), numa: Some(1), pci_bus_id: Some("0000:3b:00.0".into()), pcie_root: Some("pci0000:3a".into()), ..placed[0].clone() };
+    placed[0] = Gpu { nvlink: Some(0), pcie: Some(0), numa: Some(1), pci_bus_id: Some("0000:3b:00.0".into()), pcie_root: Some("pci0000:3a".into()), ..placed[0].clone() };
     let spec = resource_slice_spec(DEFAULT_DRIVER, "node-a", &placed, &BTreeMap::new(), 3);
     let attrs = spec.devices.as_ref().unwrap()[0].attributes.clone().unwrap();
-    assert_eq!((attrs["nvlinkGroup"].int, attrs["resource.kubernetes.io/numaNode"].int), (Some(0), Some(1)));
+    assert_eq!((attrs["nvlinkGroup"].int, attrs["pcieSwitchGroup"].int, attrs["resource.kubernetes.io/numaNode"].int), (Some(0), Some(0), Some(1)));
     assert_eq!(attrs["resource.kubernetes.io/pciBusID"].string.as_deref(), Some("0000:3b:00.0"));
     assert_eq!(attrs["resource.kubernetes.io/pcieRoot"].string.as_deref(), Some("pci0000:3a"));
     // The API's JSON names.

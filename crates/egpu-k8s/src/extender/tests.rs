@@ -15,7 +15,7 @@ fn node_of(name: &str, units: u32, free: &[u32]) -> Value {
     let g = NodeGpus {
         v: VERSION,
         unit_bytes: 1 << 30,
-        gpus: free.iter().enumerate().map(|(i, &f)| GpuFree { index: i as u32, uuid: format!("GPU-{name}-{i}"), model: "m".into(), units, free: f, nvlink: None, numa: None }).collect(),
+        gpus: free.iter().enumerate().map(|(i, &f)| GpuFree { index: i as u32, uuid: format!("GPU-{name}-{i}"), model: "m".into(), units, free: f, nvlink: None, numa: None, pcie: None }).collect(),
         pods: None,
         holds: None,
     };
@@ -165,7 +165,7 @@ fn never_fits_only_where_no_eviction_could_help() {
     let gpus = |sizes: &[u32], free: &[u32]| NodeGpus {
         v: VERSION,
         unit_bytes: 1 << 30,
-        gpus: sizes.iter().zip(free).enumerate().map(|(i, (&units, &free))| GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units, free, nvlink: None, numa: None }).collect(),
+        gpus: sizes.iter().zip(free).enumerate().map(|(i, (&units, &free))| GpuFree { index: i as u32, uuid: format!("GPU-{i}"), model: "m".into(), units, free, nvlink: None, numa: None, pcie: None }).collect(),
         pods: None,
         holds: None,
     };

@@ -105,7 +105,7 @@ pub(super) fn node_gpus(inv: &Inventory, devices: &[dp::Device], holders: &[Hold
                 .map(|k| tokens::token_id(&g.uuid, k))
                 .filter(|id| !held.contains(id.as_str()) && healthy.contains(id.as_str()))
                 .count();
-            GpuFree { index: g.index, uuid: g.uuid.clone(), model: g.model.clone(), units, free: u32::try_from(free).unwrap_or(u32::MAX), nvlink: g.nvlink, numa: g.numa }
+            GpuFree { index: g.index, uuid: g.uuid.clone(), model: g.model.clone(), units, free: u32::try_from(free).unwrap_or(u32::MAX), nvlink: g.nvlink, numa: g.numa, pcie: g.pcie }
         })
         .collect();
     NodeGpus { v: annotation::VERSION, unit_bytes: inv.unit_bytes, gpus, pods: Some(pods), holds: Some(holds) }
