@@ -183,50 +183,43 @@ fn nv<T>(call: &'static str, r: Result<T, nvml_wrapper::error::NvmlError>) -> Re
 impl NvmlGpus {
     /// Each device's NVLink group ([`DeviceInfo::nvlink_group`]), from the
     /// driver's NVLink P2P status of every pair (`nvmlDeviceGetP2PStatus`);
-    /// a pair the driver answers "not supported" for is not linked; all
-    /// `None` (with a warning) when a pair cannot be asked.
+    /// a pair the driver answers "not supported" for is not linked.
     fn nvlink_groups(&self, n: u32) -> Vec<Option<u32>> {
         use nvml_wrapper::enum_wrappers::device::{P2pCapabilitiesIndex, P2pStatus};
-        let handles: Option<Vec<_>> = (0..n).map(|i| self.nvml.device_by_index(i).ok()).collect();
-        let Some(handles) = handles else { return vec![None; n as usize] };
-        let mut pairs = Vec::new();
-        for a in 0..handles.len() {
-            for b in a + 1..handles.len() {
-                match handles[a].p2p_status(&handles[b], P2pCapabilitiesIndex::NvLink) {
-                    Ok(P2pStatus::Ok) => pairs.push((a, b)),
-                    Ok(_) | Err(nvml_wrapper::error::NvmlError::NotSupported) => {}
-                    Err(e) => {
-                        tracing::warn!("cannot read the NVLink status of GPUs {a} and {b} ({e}); the node reports no NVLink groups, and whole GPUs are picked without them");
-                        return vec![None; n as usize];
-                    }
-                }
-            }
-        }
-        nvlink_groups(handles.len(), &pairs).into_iter().map(Some).collect()
+        self.pair_groups(n, "NVLink status", |a, b| match a.p2p_status(&b, P2pCapabilitiesIndex::NvLink) {
+            Ok(s) => Ok(s == P2pStatus::Ok),
+            Err(nvml_wrapper::error::NvmlError::NotSupported) => Ok(false),
+            Err(e) => Err(e),
+        })
     }
 
-    /// Each device's PCIe switch group ([`DeviceInfo::pcie_switch_group`]);
-    /// all `None` (with a warning) when a pair cannot be asked.
+    /// Each device's PCIe switch group ([`DeviceInfo::pcie_switch_group`]),
+    /// from the driver's common ancestor of every pair
+    /// (`nvmlDeviceGetTopologyCommonAncestor`).
     fn pcie_switch_groups(&self, n: u32) -> Vec<Option<u32>> {
         use nvml_wrapper::enum_wrappers::device::TopologyLevel;
-        let handles: Option<Vec<_>> = (0..n).map(|i| self.nvml.device_by_index(i).ok()).collect();
-        let Some(handles) = handles else { return vec![None; n as usize] };
+        self.pair_groups(n, "PCIe topology", |a, b| a.topology_common_ancestor(b).map(|l| matches!(l, TopologyLevel::Internal | TopologyLevel::Single | TopologyLevel::Multiple)))
+    }
+
+    /// The groups ([`nvlink_groups`]) of the `n` devices that `joined`
+    /// joins pair by pair; all `None`, with a warning naming `what`, when
+    /// a pair cannot be asked.
+    fn pair_groups(&self, n: u32, what: &str, joined: impl Fn(&nvml_wrapper::Device, nvml_wrapper::Device) -> Result<bool, nvml_wrapper::error::NvmlError>) -> Vec<Option<u32>> {
         let mut pairs = Vec::new();
-        for a in 0..handles.len() {
-            for b in a + 1..handles.len() {
-                // It takes the other device by value: a handle of its own.
-                let level = self.nvml.device_by_index(b as u32).and_then(|other| handles[a].topology_common_ancestor(other));
-                match level {
-                    Ok(TopologyLevel::Internal | TopologyLevel::Single | TopologyLevel::Multiple) => pairs.push((a, b)),
-                    Ok(_) => {}
+        for a in 0..n {
+            for b in a + 1..n {
+                // A handle of each (the topology call takes the other by value).
+                match self.nvml.device_by_index(a).and_then(|da| self.nvml.device_by_index(b).and_then(|db| joined(&da, db))) {
+                    Ok(true) => pairs.push((a as usize, b as usize)),
+                    Ok(false) => {}
                     Err(e) => {
-                        tracing::warn!("cannot read the PCIe topology of GPUs {a} and {b} ({e}); the node reports no PCIe switch groups");
+                        tracing::warn!("cannot read the {what} of GPUs {a} and {b} ({e}); the node reports no groups by it, and whole GPUs are picked without them");
                         return vec![None; n as usize];
                     }
                 }
             }
         }
-        nvlink_groups(handles.len(), &pairs).into_iter().map(Some).collect()
+        nvlink_groups(n as usize, &pairs).into_iter().map(Some).collect()
     }
 }
 
