@@ -463,6 +463,11 @@ mod tests {
         let pcie = |free: &[u32]| free.iter().map(|&k| (k, 80, Link { nvlink: None, numa: Some(k % 2), pcie: Some(k / 2 * 2) })).collect::<Vec<_>>();
         assert_eq!(whole_gpus(&pcie(&[1, 2, 3]), 160, &[]), Some(vec![2, 3]), "the switch pair, not the NUMA pair 1, 3");
         assert_eq!(whole_gpus(&pcie(&[0, 1, 3]), 160, &[]), Some(vec![0, 1]));
+        // As on real hardware: four GPUs of one NUMA node, pairs 0-1 and 2-3
+        // under switches, GPU 1 in use: the switch pair, where the node
+        // alone would give the lowest keys 0 and 2.
+        let one_node = |free: &[u32]| free.iter().map(|&k| (k, 80, Link { nvlink: None, numa: Some(0), pcie: Some(k / 2 * 2) })).collect::<Vec<_>>();
+        assert_eq!(whole_gpus(&one_node(&[0, 2, 3]), 160, &[]), Some(vec![2, 3]));
         // A GPU whose node is unknown is in no node's group.
         assert_eq!(whole_gpus(&[(0, 80, at(None, None)), (1, 80, at(None, Some(1))), (2, 80, at(None, Some(1)))], 160, &[]), Some(vec![1, 2]));
     }

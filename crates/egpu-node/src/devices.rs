@@ -132,8 +132,8 @@ impl NvmlGpus {
     }
 }
 
-/// The first bytes of `path` if it is a regular file (not a FIFO, whose
-/// open would block, nor a device; at most 64 bytes), as text.
+/// `path`'s text if it is a regular file (not a FIFO, whose open would
+/// block, nor a device) of at most 64 bytes.
 fn read_small(path: &std::path::Path) -> Option<String> {
     use std::io::Read;
     if !std::fs::metadata(path).ok()?.is_file() {
@@ -141,7 +141,8 @@ fn read_small(path: &std::path::Path) -> Option<String> {
     }
     let f = std::fs::File::open(path).ok()?;
     let mut buf = Vec::new();
-    f.take(64).read_to_end(&mut buf).ok()?;
+    f.take(65).read_to_end(&mut buf).ok()?;
+    (buf.len() <= 64).then_some(())?;
     String::from_utf8(buf).ok()
 }
 
@@ -189,7 +190,7 @@ impl NvmlGpus {
         self.pair_groups(n, "NVLink status", |a, b| match a.p2p_status(&b, P2pCapabilitiesIndex::NvLink) {
             Ok(s) => Ok(s == P2pStatus::Ok),
             Err(nvml_wrapper::error::NvmlError::NotSupported) => Ok(false),
-            Err(e) => Err(e),
+            Err(e) => Err(Some(e)),
         })
     }
 
@@ -198,21 +199,27 @@ impl NvmlGpus {
     /// (`nvmlDeviceGetTopologyCommonAncestor`).
     fn pcie_switch_groups(&self, n: u32) -> Vec<Option<u32>> {
         use nvml_wrapper::enum_wrappers::device::TopologyLevel;
-        self.pair_groups(n, "PCIe topology", |a, b| a.topology_common_ancestor(b).map(|l| matches!(l, TopologyLevel::Internal | TopologyLevel::Single | TopologyLevel::Multiple)))
+        self.pair_groups(n, "PCIe topology", |a, b| a.topology_common_ancestor(b).map(|l| matches!(l, TopologyLevel::Internal | TopologyLevel::Single | TopologyLevel::Multiple)).map_err(Some))
     }
 
     /// The groups ([`nvlink_groups`]) of the `n` devices that `joined`
-    /// joins pair by pair; all `None`, with a warning naming `what`, when
-    /// a pair cannot be asked.
-    fn pair_groups(&self, n: u32, what: &str, joined: impl Fn(&nvml_wrapper::Device, nvml_wrapper::Device) -> Result<bool, nvml_wrapper::error::NvmlError>) -> Vec<Option<u32>> {
+    /// joins pair by pair; all `None` when a pair cannot be asked, with a
+    /// warning naming `what` (a driver that does not support the query at
+    /// all is only logged at debug level).
+    fn pair_groups(&self, n: u32, what: &str, joined: impl Fn(&nvml_wrapper::Device, nvml_wrapper::Device) -> Result<bool, Option<nvml_wrapper::error::NvmlError>>) -> Vec<Option<u32>> {
         let mut pairs = Vec::new();
         for a in 0..n {
             for b in a + 1..n {
                 // A handle of each (the topology call takes the other by value).
-                match self.nvml.device_by_index(a).and_then(|da| self.nvml.device_by_index(b).and_then(|db| joined(&da, db))) {
+                let handles = self.nvml.device_by_index(a).and_then(|da| self.nvml.device_by_index(b).map(|db| (da, db)));
+                match handles.map_err(Some).and_then(|(da, db)| joined(&da, db)) {
                     Ok(true) => pairs.push((a as usize, b as usize)),
                     Ok(false) => {}
-                    Err(e) => {
+                    Err(Some(nvml_wrapper::error::NvmlError::NotSupported)) | Err(None) => {
+                        tracing::debug!("the driver does not report the {what} of GPUs {a} and {b}; the node reports no groups by it");
+                        return vec![None; n as usize];
+                    }
+                    Err(Some(e)) => {
                         tracing::warn!("cannot read the {what} of GPUs {a} and {b} ({e}); the node reports no groups by it, and whole GPUs are picked without them");
                         return vec![None; n as usize];
                     }
@@ -419,6 +426,8 @@ mod tests {
         add("10000:01:00.0", "pci10000:00/10000:00:02.0/10000:01:00.0", Some("0"));
         add("0000:20:00.0", "pci0000:1f/0000:20:00.0", Some("4294967295"));
         assert_eq!(pci_locality(root.path(), "0000:20:00.0").0, None, "no kernel writes such a node");
+        add("0000:22:00.0", "pci0000:1f/0000:22:00.0", Some(&format!("{}1\n", "0".repeat(70))));
+        assert_eq!(pci_locality(root.path(), "0000:22:00.0").0, None, "longer than any numa_node: not cut to its first bytes");
         // A numa_node that is a FIFO is not read (a read would block).
         add("0000:21:00.0", "pci0000:1f/0000:21:00.0", None);
         let fifo = root.path().join("devices/pci0000:1f/0000:21:00.0/numa_node");
