@@ -119,6 +119,11 @@ impl Inventory {
         self.gpus.iter().find(|g| g.uuid == uuid).map(|g| (self.tokens_of(g), g.link()))
     }
 
+    /// Whether egpud knows every GPU's NUMA node.
+    pub fn numa_known(&self) -> bool {
+        self.gpus.iter().all(|g| g.numa.is_some())
+    }
+
     /// The most tokens one GPU has.
     pub fn max_tokens(&self) -> u32 {
         self.gpus.iter().map(|g| self.tokens_of(g)).max().unwrap_or(0)

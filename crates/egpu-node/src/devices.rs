@@ -190,7 +190,7 @@ impl NvmlGpus {
         self.pair_groups(n, "NVLink status", |a, b| match a.p2p_status(&b, P2pCapabilitiesIndex::NvLink) {
             Ok(s) => Ok(s == P2pStatus::Ok),
             Err(nvml_wrapper::error::NvmlError::NotSupported) => Ok(false),
-            Err(e) => Err(Some(e)),
+            Err(e) => Err(e),
         })
     }
 
@@ -199,40 +199,40 @@ impl NvmlGpus {
     /// (`nvmlDeviceGetTopologyCommonAncestor`).
     fn pcie_switch_groups(&self, n: u32) -> Vec<Option<u32>> {
         use nvml_wrapper::enum_wrappers::device::TopologyLevel;
-        self.pair_groups(n, "PCIe topology", |a, b| a.topology_common_ancestor(b).map(|l| matches!(l, TopologyLevel::Internal | TopologyLevel::Single | TopologyLevel::Multiple)).map_err(Some))
+        self.pair_groups(n, "PCIe topology", |a, b| a.topology_common_ancestor(b).map(|l| matches!(l, TopologyLevel::Internal | TopologyLevel::Single | TopologyLevel::Multiple)))
     }
 
-    /// The groups ([`nvlink_groups`]) of the `n` devices that `joined`
+    /// The groups ([`connected_groups`]) of the `n` devices that `joined`
     /// joins pair by pair; all `None` when a pair cannot be asked, with a
     /// warning naming `what` (a driver that does not support the query at
     /// all is only logged at debug level).
-    fn pair_groups(&self, n: u32, what: &str, joined: impl Fn(&nvml_wrapper::Device, nvml_wrapper::Device) -> Result<bool, Option<nvml_wrapper::error::NvmlError>>) -> Vec<Option<u32>> {
+    fn pair_groups(&self, n: u32, what: &str, joined: impl Fn(&nvml_wrapper::Device, nvml_wrapper::Device) -> Result<bool, nvml_wrapper::error::NvmlError>) -> Vec<Option<u32>> {
         let mut pairs = Vec::new();
         for a in 0..n {
             for b in a + 1..n {
                 // A handle of each (the topology call takes the other by value).
                 let handles = self.nvml.device_by_index(a).and_then(|da| self.nvml.device_by_index(b).map(|db| (da, db)));
-                match handles.map_err(Some).and_then(|(da, db)| joined(&da, db)) {
+                match handles.and_then(|(da, db)| joined(&da, db)) {
                     Ok(true) => pairs.push((a as usize, b as usize)),
                     Ok(false) => {}
-                    Err(Some(nvml_wrapper::error::NvmlError::NotSupported)) | Err(None) => {
+                    Err(nvml_wrapper::error::NvmlError::NotSupported) => {
                         tracing::debug!("the driver does not report the {what} of GPUs {a} and {b}; the node reports no groups by it");
                         return vec![None; n as usize];
                     }
-                    Err(Some(e)) => {
+                    Err(e) => {
                         tracing::warn!("cannot read the {what} of GPUs {a} and {b} ({e}); the node reports no groups by it, and whole GPUs are picked without them");
                         return vec![None; n as usize];
                     }
                 }
             }
         }
-        nvlink_groups(n as usize, &pairs).into_iter().map(Some).collect()
+        connected_groups(n as usize, &pairs).into_iter().map(Some).collect()
     }
 }
 
 /// The group of each of `n` devices joined by the `linked` pairs (by
 /// NVLink, or by PCIe switches): the lowest index of its connected set.
-pub fn nvlink_groups(n: usize, linked: &[(usize, usize)]) -> Vec<u32> {
+pub fn connected_groups(n: usize, linked: &[(usize, usize)]) -> Vec<u32> {
     let mut group: Vec<u32> = (0..n as u32).collect();
     // Merge until no pair joins two groups (n is at most a few dozen).
     let mut changed = true;
@@ -384,16 +384,16 @@ impl Gpus for FakeGpus {
 
 #[cfg(test)]
 mod tests {
-    use super::{nvlink_groups, pci_locality, sysfs_bus_id};
+    use super::{connected_groups, pci_locality, sysfs_bus_id};
 
     #[test]
     fn nvlink_groups_are_the_lowest_index_of_each_connected_set() {
-        assert_eq!(nvlink_groups(4, &[(0, 1), (2, 3)]), [0, 0, 2, 2], "pairs");
-        assert_eq!(nvlink_groups(4, &[]), [0, 1, 2, 3], "no NVLink: each GPU alone");
+        assert_eq!(connected_groups(4, &[(0, 1), (2, 3)]), [0, 0, 2, 2], "pairs");
+        assert_eq!(connected_groups(4, &[]), [0, 1, 2, 3], "no NVLink: each GPU alone");
         // Joined through another GPU (a ring, or links found out of order).
-        assert_eq!(nvlink_groups(5, &[(3, 4), (1, 3), (0, 2)]), [0, 1, 0, 1, 1]);
-        assert_eq!(nvlink_groups(3, &[(2, 1), (1, 0)]), [0, 0, 0]);
-        assert_eq!(nvlink_groups(2, &[(0, 7)]), [0, 1], "a pair past the devices is ignored");
+        assert_eq!(connected_groups(5, &[(3, 4), (1, 3), (0, 2)]), [0, 1, 0, 1, 1]);
+        assert_eq!(connected_groups(3, &[(2, 1), (1, 0)]), [0, 0, 0]);
+        assert_eq!(connected_groups(2, &[(0, 7)]), [0, 1], "a pair past the devices is ignored");
     }
 
     #[test]

@@ -31,6 +31,7 @@ pub(super) fn advertise(inv: &Inventory, slices: &[node::Slice], held: Option<&V
         }
     }
     let held: HashSet<&str> = held.map(|h| h.iter().flatten().map(String::as_str).collect()).unwrap_or_default();
+    let numa = numa && inv.numa_known();
     let mut out = Vec::new();
     for g in &inv.gpus {
         let n = inv.tokens_of(g);
@@ -47,7 +48,7 @@ pub(super) fn advertise(inv: &Inventory, slices: &[node::Slice], held: Option<&V
         }
         // The GPU's NUMA node, for the kubelet's Topology Manager to align
         // the container's CPUs and memory with (none: no preference).
-        let topology = g.numa.filter(|_| numa && inv.gpus.iter().all(|g| g.numa.is_some())).map(|n| dp::TopologyInfo { nodes: vec![dp::NumaNode { id: i64::from(n) }] });
+        let topology = g.numa.filter(|_| numa).map(|n| dp::TopologyInfo { nodes: vec![dp::NumaNode { id: i64::from(n) }] });
         out.extend((0..n).map(|k| dp::Device { id: tokens::token_id(&g.uuid, k), health: health[k as usize].into(), topology: topology.clone() }));
     }
     out

@@ -364,8 +364,7 @@ impl Shared {
                     unit_bytes: self.cfg.unit_bytes,
                     gpus: n.devices.iter().map(tokens::Gpu::from).collect(),
                 };
-                let numa_known = inv.gpus.iter().all(|g| g.numa.is_some());
-                if self.cfg.numa_topology && !numa_known && !self.numa_warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                if self.cfg.numa_topology && !inv.numa_known() && !self.numa_warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
                     tracing::warn!(
                         "--numa-topology: egpud knows the NUMA node of only some GPUs ({}); no unit is given one (the kubelet would never count the units of the others), so the Topology Manager sees no preference",
                         inv.gpus.iter().map(|g| format!("GPU {}: {}", g.index, g.numa.map_or_else(|| "unknown".into(), |n| n.to_string()))).collect::<Vec<_>>().join(", ")
