@@ -77,6 +77,23 @@ pub const CU_MEM_HANDLE_TYPE_WIN32: c_uint = 0x2;
 pub const CU_MEM_HANDLE_TYPE_WIN32_KMT: c_uint = 0x4;
 pub const CU_MEM_HANDLE_TYPE_FABRIC: c_uint = 0x8;
 
+// --- Sparse arrays (cuMemMapArrayAsync) -----------------------------------
+/// `CUresourcetype`: the resource of a `CUarrayMapInfo`.
+pub const CU_RESOURCE_TYPE_ARRAY: c_uint = 0x0;
+pub const CU_RESOURCE_TYPE_MIPMAPPED_ARRAY: c_uint = 0x1;
+/// `CUarraySparseSubresourceType`.
+pub const CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL: c_uint = 0x0;
+pub const CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_MIPTAIL: c_uint = 0x1;
+/// `CUmemOperationType`.
+pub const CU_MEM_OPERATION_TYPE_MAP: c_uint = 0x1;
+pub const CU_MEM_OPERATION_TYPE_UNMAP: c_uint = 0x2;
+/// `CUmemHandleType` (the kind of `CUarrayMapInfo::memHandle`; not the
+/// `CUmemAllocationHandleType` bits above).
+pub const CU_MEM_HANDLE_TYPE_GENERIC: c_uint = 0x0;
+/// `CUmemAllocationProp::allocFlags::usage` bit: the handle may back
+/// sparse array tiles (`cuMemMapArrayAsync` requires it).
+pub const CU_MEM_CREATE_USAGE_TILE_POOL: u16 = 0x1;
+
 // --- CUmemAllocationType --------------------------------------------------
 pub const CU_MEM_ALLOCATION_TYPE_INVALID: c_uint = 0x0;
 pub const CU_MEM_ALLOCATION_TYPE_PINNED: c_uint = 0x1;

@@ -85,4 +85,24 @@ mod tests {
         assert_eq!(nvmlValue_t::from_uint(42).uint(), 42);
         assert_eq!(nvmlValue_t::from_ulonglong(1 << 40).ulonglong(), 1 << 40);
     }
+
+    #[test]
+    fn sparse_subresources_read_back_and_nest() {
+        let lvl = CUarraySubresource::sparse_level(2, 1, [64, 0, 0], [64, 32, 0]);
+        let t = lvl.tiles(CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL).unwrap();
+        assert_eq!(t, SparseTiles::Level { level: 2, layer: 1, offset: [64, 0, 0], extent: [64, 32, 0] });
+        let tail = CUarraySubresource::miptail(3, 1 << 33, (1 << 32) + 5);
+        assert_eq!(tail.tiles(CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_MIPTAIL), Some(SparseTiles::MipTail { layer: 3, offset: 1 << 33, size: (1 << 32) + 5 }));
+        assert_eq!(tail.tiles(7), None);
+        let whole = SparseTiles::Level { level: 2, layer: 1, offset: [0, 0, 0], extent: [256, 32, 1] };
+        assert!(t.within(&whole) && t.within(&t));
+        assert!(!whole.within(&t));
+        // Another level or layer, or a box sticking out, is not inside.
+        assert!(!t.within(&SparseTiles::Level { level: 1, layer: 1, offset: [0, 0, 0], extent: [256, 32, 1] }));
+        assert!(!t.within(&SparseTiles::Level { level: 2, layer: 0, offset: [0, 0, 0], extent: [256, 32, 1] }));
+        assert!(!t.within(&SparseTiles::Level { level: 2, layer: 1, offset: [0, 0, 0], extent: [100, 32, 1] }));
+        let tail_t = SparseTiles::MipTail { layer: 3, offset: 0, size: 1 << 40 };
+        assert!(tail.tiles(CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_MIPTAIL).unwrap().within(&tail_t));
+        assert!(!t.within(&tail_t) && !tail_t.within(&whole));
+    }
 }

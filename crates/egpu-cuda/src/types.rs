@@ -411,3 +411,109 @@ pub struct CUDA_POINTER_ATTRIBUTE_P2P_TOKENS {
     pub vaSpaceToken: c_uint,
 }
 const _: () = assert!(size_of::<CUDA_POINTER_ATTRIBUTE_P2P_TOKENS>() == 16);
+
+/// The `subresource` union of `CUarrayMapInfo`: 32 bytes, 8-aligned, kept
+/// as raw words so that reading it needs no `unsafe`. `sparseLevel` is eight
+/// `unsigned int` (level, layer, offsetX/Y/Z, extentWidth/Height/Depth);
+/// `miptail` is an `unsigned int` layer, then (at byte 8) two
+/// `unsigned long long`, offset and size.
+#[repr(C, align(8))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CUarraySubresource {
+    pub words: [c_uint; 8],
+}
+const _: () = assert!(size_of::<CUarraySubresource>() == 32);
+
+impl CUarraySubresource {
+    /// A `sparseLevel` member.
+    pub const fn sparse_level(level: c_uint, layer: c_uint, offset: [c_uint; 3], extent: [c_uint; 3]) -> CUarraySubresource {
+        CUarraySubresource { words: [level, layer, offset[0], offset[1], offset[2], extent[0], extent[1], extent[2]] }
+    }
+
+    /// A `miptail` member.
+    pub fn miptail(layer: c_uint, offset: u64, size: u64) -> CUarraySubresource {
+        let (o, s) = (offset.to_ne_bytes(), size.to_ne_bytes());
+        let w = |b: [u8; 8], i: usize| c_uint::from_ne_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
+        CUarraySubresource { words: [layer, 0, w(o, 0), w(o, 4), w(s, 0), w(s, 4), 0, 0] }
+    }
+
+    /// The `unsigned long long` at word `i` (native byte order).
+    const fn u64_at(&self, i: usize) -> u64 {
+        let (a, b) = (self.words[i].to_ne_bytes(), self.words[i + 1].to_ne_bytes());
+        u64::from_ne_bytes([a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3]])
+    }
+
+    /// The member `CUarrayMapInfo::subresourceType` names: `None` for an
+    /// unknown type. Only that member's bytes are read (the other's padding
+    /// may be anything).
+    pub const fn tiles(&self, subresource_type: c_uint) -> Option<SparseTiles> {
+        let w = &self.words;
+        match subresource_type {
+            crate::consts::CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL => {
+                Some(SparseTiles::Level { level: w[0], layer: w[1], offset: [w[2], w[3], w[4]], extent: [w[5], w[6], w[7]] })
+            }
+            crate::consts::CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_MIPTAIL => Some(SparseTiles::MipTail { layer: w[0], offset: self.u64_at(2), size: self.u64_at(4) }),
+            _ => None,
+        }
+    }
+}
+
+/// The part of a sparse array one `CUarrayMapInfo` entry names: a box of
+/// one mip level of one layer, or a byte range of one layer's mip tail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum SparseTiles {
+    Level { level: c_uint, layer: c_uint, offset: [c_uint; 3], extent: [c_uint; 3] },
+    MipTail { layer: c_uint, offset: u64, size: u64 },
+}
+
+impl SparseTiles {
+    /// The least value in the derived order (the start of a range scan).
+    pub const MIN: SparseTiles = SparseTiles::Level { level: 0, layer: 0, offset: [0; 3], extent: [0; 3] };
+
+    /// Whether every tile of `self` lies inside `outer` (same level and
+    /// layer, or the same layer's mip tail). A zero extent counts as 1, as
+    /// the height and depth of 1D and 2D arrays do.
+    pub fn within(&self, outer: &SparseTiles) -> bool {
+        let inside = |o: u64, n: u64, oo: u64, on: u64| o >= oo && o.saturating_add(n.max(1)) <= oo.saturating_add(on.max(1));
+        match (self, outer) {
+            (SparseTiles::Level { level, layer, offset, extent }, SparseTiles::Level { level: ol, layer: oy, offset: oo, extent: oe }) => {
+                level == ol && layer == oy && (0..3).all(|i| inside(offset[i] as u64, extent[i] as u64, oo[i] as u64, oe[i] as u64))
+            }
+            (SparseTiles::MipTail { layer, offset, size }, SparseTiles::MipTail { layer: oy, offset: oo, size: os }) => {
+                layer == oy && inside(*offset, *size, *oo, *os)
+            }
+            _ => false,
+        }
+    }
+}
+
+/// `CUarrayMapInfo`, one entry of `cuMemMapArrayAsync`: maps (or unmaps)
+/// part of a sparse array or mipmapped array to (from) a `cuMemCreate`
+/// handle at `offset`.
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUarrayMapInfo {
+    /// `CU_RESOURCE_TYPE_ARRAY` or `CU_RESOURCE_TYPE_MIPMAPPED_ARRAY`.
+    pub resourceType: c_uint,
+    /// The `resource` union: a `CUarray` or a `CUmipmappedArray`.
+    pub resource: *mut c_void,
+    /// `CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_*`.
+    pub subresourceType: c_uint,
+    pub subresource: CUarraySubresource,
+    /// `CU_MEM_OPERATION_TYPE_MAP` or `_UNMAP`.
+    pub memOperationType: c_uint,
+    /// `CU_MEM_HANDLE_TYPE_GENERIC`.
+    pub memHandleType: c_uint,
+    /// The `memHandle` union's one member.
+    pub memHandle: CUmemGenericAllocationHandle,
+    /// Offset into the handle's memory.
+    pub offset: u64,
+    pub deviceBitMask: c_uint,
+    pub flags: c_uint,
+    pub reserved: [c_uint; 2],
+}
+const _: () = assert!(size_of::<CUarrayMapInfo>() == 96);
+const _: () = assert!(core::mem::offset_of!(CUarrayMapInfo, subresource) == 24);
+const _: () = assert!(core::mem::offset_of!(CUarrayMapInfo, memOperationType) == 56);
+const _: () = assert!(core::mem::offset_of!(CUarrayMapInfo, memHandle) == 64);
+const _: () = assert!(core::mem::offset_of!(CUarrayMapInfo, deviceBitMask) == 80);

@@ -109,6 +109,8 @@ pub struct Ledger {
     pub physical: BTreeMap<u64, Physical>,
     /// Mapped VA start → (size, handle).
     pub mappings: BTreeMap<u64, (u64, u64)>,
+    /// (sparse array, tiles) → the handle mapped there (`cuda::sparse`).
+    pub sparse: BTreeMap<(usize, egpu_cuda::SparseTiles), u64>,
     pub pools: BTreeMap<usize, PoolAcct>,
     pub ctxs: BTreeMap<usize, Charge>,
     pub primary: BTreeMap<i32, Primary>,
@@ -182,6 +184,7 @@ impl Ledger {
             arrays: BTreeMap::new(),
             physical: BTreeMap::new(),
             mappings: BTreeMap::new(),
+            sparse: BTreeMap::new(),
             pools: BTreeMap::new(),
             ctxs: BTreeMap::new(),
             primary: BTreeMap::new(),

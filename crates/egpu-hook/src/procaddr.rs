@@ -52,6 +52,7 @@ const GUARDED: &[&str] = &[
     "cuArrayCreate", "cuArray3DCreate", "cuArrayDestroy", "cuMipmappedArrayCreate", "cuMipmappedArrayDestroy",
     "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemFreeAsync", "cuMemPoolCreate", "cuMemPoolDestroy", "cuMemPoolTrimTo",
     "cuMemCreate", "cuMemRelease", "cuMemMap", "cuMemUnmap", "cuMemRetainAllocationHandle", "cuMulticastCreate",
+    "cuMemMapArrayAsync",
     "cuGraphAddMemAllocNode", "cuGraphInstantiate", "cuGraphInstantiateWithFlags", "cuGraphInstantiateWithParams", "cuGraphExecDestroy",
     "cuCtxCreate", "cuCtxDestroy", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset",
     "cuGetProcAddress",

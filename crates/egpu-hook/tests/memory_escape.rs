@@ -399,3 +399,46 @@ fn pools_that_hide_their_sizes_are_charged_by_allocation() {
         }
     }
 }
+
+/// Handles mapped into a sparse array (`cuMemMapArrayAsync`) and released at
+/// once: the array alone holds their memory, so it stays charged (else each
+/// release would hand its 64 MiB back while the array still used it, and
+/// the 16 handles would all fit a 512 MiB slice), until the tiles are
+/// unmapped or the array destroyed. Handles kept stay charged through both.
+#[test]
+fn handles_mapped_into_a_sparse_array_stay_charged_until_unmapped() {
+    let w = World::new("1x4GiB");
+    let limit = 512 * MIB;
+    let s = w.slice("sparse", &[(0, limit)]);
+    let fits = (limit - CTX) / (64 * MIB);
+    let ended = |end: &str| if end == "unmap" { "unmapped" } else { "destroyed" };
+    for (way, end) in [("direct", "unmap"), ("dlopen", "destroy"), ("procaddr", "unmap"), ("procaddr", "destroy")] {
+        let mut p = Running::start(w.probe(&s, &["--via", way, "sparse", "--size", "64MiB", "--count", "16"]));
+        let ev = p.wait_for("mapped");
+        assert_eq!(ev["count"], fits, "{way}: mapped {ev}");
+        assert_eq!(ev["oom"], 2, "{way}: the next cuMemCreate is refused: {ev}");
+        assert_eq!(s.used(0), CTX + fits * 64 * MIB, "{way}: released but mapped handles are charged");
+        assert_eq!(w.sim_used(0), s.used(0), "{way}: the simulated driver still holds them");
+        p.write(&format!("{end}\n"));
+        let done = p.wait_for(ended(end));
+        assert!(done.get("code").is_none(), "{way}: {end}: {done}");
+        assert_eq!(s.used(0), CTX, "{way}: {end} gives the memory back");
+        assert_eq!(w.sim_used(0), CTX, "{way}: {end}: the simulated driver freed it");
+        let (code, rest) = p.finish();
+        assert_eq!(code, 3, "{way}: stopped at out-of-memory: {rest:?}");
+        assert_eq!(s.used(0), 0, "{way}: {rest:?}");
+    }
+    let mut p = Running::start(w.probe(&s, &["sparse", "--size", "64MiB", "--count", "4", "--keep-handles"]));
+    assert_eq!(p.wait_for("mapped")["count"], 4);
+    let held = CTX + 4 * 64 * MIB;
+    assert_eq!(s.used(0), held);
+    for end in ["unmap", "destroy"] {
+        p.write(&format!("{end}\n"));
+        p.wait_for(ended(end));
+        assert_eq!(s.used(0), held, "the kept handles hold their memory after {end}");
+        assert_eq!(w.sim_used(0), held);
+    }
+    let (code, rest) = p.finish();
+    assert_eq!(code, 0, "{rest:?}");
+    assert_eq!(s.used(0), 0, "{rest:?}");
+}

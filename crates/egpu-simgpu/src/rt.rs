@@ -345,6 +345,9 @@ pub struct Inner {
     pub kernels: HashMap<u64, u64>,
     pub arrays: HashMap<u64, ArrayDesc>,
     pub mipmaps: HashMap<u64, (ArrayDesc, u32, Vec<u64>)>,
+    /// Tiles of sparse arrays mapped to VMM handles: (array or mipmapped
+    /// array, tiles) -> handle (`cuMemMapArrayAsync`).
+    pub sparse: BTreeMap<(u64, egpu_cuda::SparseTiles), u64>,
     /// IPC imports: (exporter pid, buffer id) -> (base, refcount).
     pub ipc_imports: HashMap<(u32, u64), (u64, u32)>,
     pub next_buffer_id: u64,
@@ -373,6 +376,7 @@ impl Inner {
             kernels: HashMap::new(),
             arrays: HashMap::new(),
             mipmaps: HashMap::new(),
+            sparse: BTreeMap::new(),
             ipc_imports: HashMap::new(),
             next_buffer_id: 1,
         }

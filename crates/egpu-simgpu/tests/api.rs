@@ -155,6 +155,64 @@ fn child() {
             assert_eq!(s.cuMemRelease(other), CUDA_SUCCESS);
             say("all_released", s.nvml0().0);
         }
+        "sparse" => {
+            s.ctx0();
+            let prop = exportable_prop();
+            let size = 4 * MIB as usize;
+            let desc = CUDA_ARRAY3D_DESCRIPTOR { Width: 256, Height: 64, Depth: 0, Format: CU_AD_FORMAT_FLOAT, NumChannels: 4, Flags: CUDA_ARRAY3D_SPARSE };
+            let (mut a, mut plain, mut mip, mut level) = (std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut(), std::ptr::null_mut());
+            assert_eq!(s.cuArray3DCreate_v2(&mut a, &desc), CUDA_SUCCESS);
+            say("sparse_array", s.nvml0().0);
+            assert_eq!(s.cuArray3DCreate_v2(&mut plain, &CUDA_ARRAY3D_DESCRIPTOR { Flags: 0, ..desc }), CUDA_SUCCESS);
+            assert_eq!(s.cuMipmappedArrayCreate(&mut mip, &desc, 2), CUDA_SUCCESS);
+            assert_eq!(s.cuMipmappedArrayGetLevel(&mut level, mip, 0), CUDA_SUCCESS);
+            let (mut h1, mut h2) = (0, 0);
+            assert_eq!(s.cuMemCreate(&mut h1, size, &prop, 0), CUDA_SUCCESS);
+            assert_eq!(s.cuMemCreate(&mut h2, size, &prop, 0), CUDA_SUCCESS);
+            let box_at = |x: u32, w: u32| CUarraySubresource::sparse_level(0, 0, [x, 0, 0], [w, 64, 1]);
+            let e = |res: *mut c_void, ty: u32, sub: CUarraySubresource, op: u32, h: u64| CUarrayMapInfo {
+                resourceType: ty,
+                resource: res,
+                subresourceType: CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_SPARSE_LEVEL,
+                subresource: sub,
+                memOperationType: op,
+                memHandleType: CU_MEM_HANDLE_TYPE_GENERIC,
+                memHandle: h,
+                offset: 0,
+                deviceBitMask: 1,
+                flags: 0,
+                reserved: [0; 2],
+            };
+            let call = |mut v: Vec<CUarrayMapInfo>| s.cuMemMapArrayAsync(v.as_mut_ptr(), v.len() as u32, std::ptr::null_mut());
+            let map = CU_MEM_OPERATION_TYPE_MAP;
+            let unmap = CU_MEM_OPERATION_TYPE_UNMAP;
+            // Refused: a plain array, a level of a mipmapped array, an unmap
+            // naming a handle, no device bit.
+            let good = e(a, CU_RESOURCE_TYPE_ARRAY, box_at(0, 64), map, h1);
+            let refused = [
+                call(vec![good, e(plain, CU_RESOURCE_TYPE_ARRAY, box_at(0, 64), map, h1)]),
+                call(vec![good, e(level, CU_RESOURCE_TYPE_ARRAY, box_at(0, 64), map, h1)]),
+                call(vec![good, e(a, CU_RESOURCE_TYPE_ARRAY, box_at(0, 64), unmap, h1)]),
+                call(vec![CUarrayMapInfo { deviceBitMask: 0, ..good }]),
+            ];
+            say("refused", format!("{refused:?}"));
+            // Both handles mapped (h2 into the mipmapped array too), then released.
+            assert_eq!(call(vec![good, e(a, CU_RESOURCE_TYPE_ARRAY, box_at(64, 64), map, h2), e(mip, CU_RESOURCE_TYPE_MIPMAPPED_ARRAY, box_at(0, 64), map, h2)]), CUDA_SUCCESS);
+            assert_eq!(s.cuMemRelease(h1), CUDA_SUCCESS);
+            assert_eq!(s.cuMemRelease(h2), CUDA_SUCCESS);
+            say("released_mapped", s.nvml0().0);
+            // Unmapping half of h1's range frees nothing; a box around it frees h1.
+            assert_eq!(call(vec![e(a, CU_RESOURCE_TYPE_ARRAY, box_at(0, 32), unmap, 0)]), CUDA_SUCCESS);
+            say("half_unmapped", s.nvml0().0);
+            assert_eq!(call(vec![e(a, CU_RESOURCE_TYPE_ARRAY, box_at(0, 64), unmap, 0)]), CUDA_SUCCESS);
+            say("h1_unmapped", s.nvml0().0);
+            // h2 lives while the mipmapped array maps it, after the array is gone.
+            assert_eq!(s.cuArrayDestroy(a), CUDA_SUCCESS);
+            say("array_destroyed", s.nvml0().0);
+            assert_eq!(s.cuMipmappedArrayDestroy(mip), CUDA_SUCCESS);
+            say("mipmap_destroyed", s.nvml0().0);
+            assert_eq!(s.cuArrayDestroy(plain), CUDA_SUCCESS);
+        }
         "vmm_import" => {
             s.ctx0();
             let src = std::env::var("SRC").unwrap();
@@ -432,6 +490,28 @@ fn vmm_memory_exported_as_fd_is_shared_and_charged_once() {
     a.tell("go");
     assert_eq!(a.expect("released"), (32 * MIB).to_string());
     a.finish();
+}
+
+/// Sparse arrays are charged nothing; a handle mapped into one lives (and
+/// stays charged) after its release until every range mapping it is
+/// unmapped or its array destroyed; bad lists are refused whole.
+#[test]
+fn sparse_array_tiles_keep_their_handles_alive() {
+    let dir = tempfile::tempdir().unwrap();
+    let st = state_path(&dir);
+    let mut k = run("sparse", &[("EGPU_SIM_STATE", &st)]);
+    let ctx = 32 * MIB;
+    assert_eq!(k.expect("sparse_array"), ctx.to_string(), "a sparse array has no memory of its own");
+    let inv = CUDA_ERROR_INVALID_VALUE;
+    assert_eq!(k.expect("refused"), format!("[{inv}, {inv}, {inv}, {inv}]"));
+    // The plain array is charged 256 x 64 x 16 bytes.
+    let plain = 256 * 64 * 16;
+    assert_eq!(k.expect("released_mapped"), (ctx + plain + 8 * MIB).to_string());
+    assert_eq!(k.expect("half_unmapped"), (ctx + plain + 8 * MIB).to_string());
+    assert_eq!(k.expect("h1_unmapped"), (ctx + plain + 4 * MIB).to_string());
+    assert_eq!(k.expect("array_destroyed"), (ctx + plain + 4 * MIB).to_string());
+    assert_eq!(k.expect("mipmap_destroyed"), (ctx + plain).to_string());
+    k.finish();
 }
 
 #[test]

@@ -88,6 +88,7 @@ api! {
     cuMemSetAccess = "cuMemSetAccess" @ 10020: fn(CUdeviceptr, usize, *const CUmemAccessDesc, usize);
     cuMemGetAllocationGranularity = "cuMemGetAllocationGranularity" @ 10020: fn(*mut usize, *const CUmemAllocationProp, c_uint);
     cuMemRetainAllocationHandle = "cuMemRetainAllocationHandle" @ 11000: fn(*mut CUmemGenericAllocationHandle, *mut c_void);
+    cuMemMapArrayAsync = "cuMemMapArrayAsync" @ 11010: fn(*mut CUarrayMapInfo, c_uint, CUstream);
     cuMemExportToShareableHandle = "cuMemExportToShareableHandle" @ 10020: fn(*mut c_void, CUmemGenericAllocationHandle, c_uint, u64);
     cuMemImportFromShareableHandle = "cuMemImportFromShareableHandle" @ 10020: fn(*mut CUmemGenericAllocationHandle, *mut c_void, c_uint);
     cuMulticastCreate = "cuMulticastCreate" @ 12010: fn(*mut CUmemGenericAllocationHandle, *const CUmulticastObjectProp);

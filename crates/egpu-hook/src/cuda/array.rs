@@ -6,7 +6,8 @@
 //!   (the largest plain element), so they are never under-charged.
 //! - `CUDA_ARRAY3D_SPARSE` arrays have no backing memory at creation (it is
 //!   mapped later from `cuMemCreate` handles, which are charged there), so
-//!   they are charged nothing.
+//!   they are charged nothing; their mappings keep those handles charged
+//!   (`sparse`).
 
 use super::sig;
 use crate::detour::Outcome;
@@ -122,6 +123,10 @@ fn destroyed(h: usize, destroy: impl FnOnce() -> u32) -> Outcome {
             LEDGER.lock().arrays.insert(h, c);
         }
         None => {}
+    }
+    if r == 0 {
+        // A sparse array's mapped tiles go with it.
+        super::sparse::destroyed([h]);
     }
     Outcome::from_code(r)
 }

@@ -76,6 +76,7 @@ fn freed_with(ctx: usize, t: &CtxAllocs) {
     if !t.is_empty() {
         crate::util::debug!("context {ctx:#x} destroyed: {} allocations and {} arrays freed with it", t.ptrs.len(), t.arrays.len());
     }
+    super::sparse::destroyed(t.arrays.iter().map(|(k, _)| *k));
     uncharge_all(t);
 }
 

@@ -12,6 +12,7 @@ pub mod launch;
 pub mod legacy;
 pub mod mem;
 pub mod pool;
+pub mod sparse;
 pub mod vmm;
 
 use egpu_cuda::*;
@@ -57,6 +58,9 @@ crate::detour::hooks! {
     fn cuMemUnmap(ptr: CUdeviceptr, size: usize) => vmm::unmap;
     fn cuMemRetainAllocationHandle(handle: *mut CUmemGenericAllocationHandle, addr: *mut c_void) => vmm::retain;
     fn cuMulticastCreate(handle: *mut CUmemGenericAllocationHandle, prop: *const CUmulticastObjectProp) => vmm::multicast_create;
+    // Sparse arrays: their tiles mapped to VMM handles.
+    fn cuMemMapArrayAsync(list: *mut CUarrayMapInfo, count: c_uint, stream: CUstream) => sparse::map_array_async;
+    fn cuMemMapArrayAsync_ptsz(list: *mut CUarrayMapInfo, count: c_uint, stream: CUstream) => sparse::map_array_async;
     // Graph memory nodes.
     fn cuGraphAddMemAllocNode(node: *mut CUgraphNode, graph: CUgraph, deps: *const CUgraphNode, ndeps: usize, params: *mut CUDA_MEM_ALLOC_NODE_PARAMS) => graph::add_mem_alloc_node;
     fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: u64) => graph::instantiate_with_flags;

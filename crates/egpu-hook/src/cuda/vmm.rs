@@ -42,6 +42,9 @@ fn created(handle: *mut CUmemGenericAllocationHandle, c: Charge, create: impl Fn
         for m in l.mappings.values_mut().filter(|m| m.1 == h) {
             m.1 = key;
         }
+        for m in l.sparse.values_mut().filter(|m| **m == h) {
+            *m = key;
+        }
     }
     l.physical.insert(h, Physical { charge: c, refs: 1 });
     Outcome::Success
@@ -90,7 +93,7 @@ pub(crate) fn multicast_create(real: sig::cuMulticastCreate, handle: *mut CUmemG
 
 /// Takes one reference to `h` out of the ledger: the entry itself when it is
 /// the last one (the caller uncharges it once the real call succeeded).
-fn take_ref(l: &mut crate::ledger::Ledger, h: u64) -> Option<Taken> {
+pub(super) fn take_ref(l: &mut crate::ledger::Ledger, h: u64) -> Option<Taken> {
     match l.physical.get_mut(&h) {
         Some(p) if p.refs > 1 => {
             p.refs -= 1;
@@ -102,14 +105,23 @@ fn take_ref(l: &mut crate::ledger::Ledger, h: u64) -> Option<Taken> {
 }
 
 /// A reference taken before a real release/unmap, to be given back if it fails.
-enum Taken {
+pub(super) enum Taken {
     Ref(u64),
     Last(u64, Physical),
 }
 
 impl Taken {
+    /// The handle whose last reference this is (its charge goes at commit).
+    #[cfg(test)]
+    pub(super) fn last_handle(&self) -> Option<u64> {
+        match self {
+            Taken::Last(h, _) => Some(*h),
+            Taken::Ref(_) => None,
+        }
+    }
+
     /// The real call succeeded: the last reference uncharges.
-    fn commit(self) {
+    pub(super) fn commit(self) {
         if let Taken::Last(_, p) = self {
             crate::state::uncharge_freed(p.charge.dev, p.charge.bytes);
         }

@@ -118,6 +118,8 @@ cu_exports! {
     cuMipmappedArrayCreate(m: P<CUmipmappedArray>, d: Pc<CUDA_ARRAY3D_DESCRIPTOR>, n: u32) => array::mipmapped_create(m, d, n);
     cuMipmappedArrayDestroy(m: CUmipmappedArray) => array::mipmapped_destroy(m);
     cuMipmappedArrayGetLevel(a: P<CUarray>, m: CUmipmappedArray, l: u32) => array::mipmapped_get_level(a, m, l);
+    cuMemMapArrayAsync(m: P<CUarrayMapInfo>, n: u32, s: CUstream) => array::map_array_async(m, n, s);
+    cuMemMapArrayAsync_ptsz(m: P<CUarrayMapInfo>, n: u32, s: CUstream) => array::map_array_async(m, n, s);
 
     // --- copies and sets --------------------------------------------------------
     cuMemcpy(d: Dp, s: Dp, n: usize) => copy::unified(d, s, n, true);

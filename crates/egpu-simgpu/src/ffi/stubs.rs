@@ -157,8 +157,6 @@ super::cu_stubs!(
     cuLinkCreate_v2,
     cuLinkDestroy,
     cuMemGetHandleForAddressRange,
-    cuMemMapArrayAsync,
-    cuMemMapArrayAsync_ptsz,
     cuMemPoolExportPointer,
     cuMemPoolExportToShareableHandle,
     cuMemPoolImportFromShareableHandle,

@@ -1,10 +1,88 @@
 //! CUDA arrays and mipmapped arrays: charged their byte size (see
 //! [`memory::array_bytes`]) on the current context's device; no contents.
+//!
+//! Sparse arrays (`CUDA_ARRAY3D_SPARSE`) are charged nothing: their tiles are
+//! backed by VMM handles that `cuMemMapArrayAsync` maps. Each mapped tile
+//! range holds a mapping reference on its handle's physical allocation, so
+//! releasing the handle frees nothing until the range is unmapped (an unmap
+//! drops the ranges inside the one it names; a map over ranges replaces
+//! them) or its array destroyed. Checked as the driver documents: a sparse
+//! array or mipmapped array (not one of its levels), one device bit, a
+//! generic handle to map and none to unmap. Not checked: tiles against the
+//! array's tile size and the handle's size, and the handle's
+//! `CU_MEM_CREATE_USAGE_TILE_POOL` flag. The operations take effect at the
+//! call; deferred-mapping arrays are not simulated.
 
-use crate::cptr::{R, read, write};
+use crate::cptr::{R, read, read_at, write};
 use crate::ops::memory::{self, array_bytes, mipmap_bytes};
-use crate::rt::{ArrayDesc, Proc, cu, new_handle};
+use crate::ops::vmm::drop_if_unused;
+use crate::rt::{ArrayDesc, Inner, Proc, cu, new_handle};
 use egpu_cuda::*;
+
+fn sparse_bytes(flags: u32, bytes: u64) -> u64 {
+    if flags & CUDA_ARRAY3D_SPARSE != 0 { 0 } else { bytes }
+}
+
+/// Drops the mapped ranges of `resource` that `keep` rejects, releasing
+/// their handles' mapping references.
+fn unmap_ranges(p: &Proc, g: &mut Inner, resource: u64, keep: impl Fn(&SparseTiles) -> bool) {
+    let gone: Vec<(u64, SparseTiles)> = g.sparse.range((resource, SparseTiles::MIN)..).take_while(|(k, _)| k.0 == resource).filter(|(k, _)| !keep(&k.1)).map(|(k, _)| *k).collect();
+    for k in gone {
+        if let Some(h) = g.sparse.remove(&k) {
+            if let Some(ph) = g.phys.get_mut(&h) {
+                ph.map_refs = ph.map_refs.saturating_sub(1);
+            }
+            drop_if_unused(p, g, h);
+        }
+    }
+}
+
+/// `cuMemMapArrayAsync`: every entry is checked before any takes effect.
+pub fn map_array_async(list: *mut CUarrayMapInfo, count: u32, _stream: CUstream) -> R<()> {
+    let p = cu()?;
+    if list.is_null() || count == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut g = p.lock();
+    let mut ops = Vec::with_capacity(count as usize);
+    for i in 0..count as usize {
+        let e = read_at(list as *const CUarrayMapInfo, i)?;
+        let r = e.resource as u64;
+        // A level of a mipmapped array is not a resource of its own.
+        let (flags, view) = match e.resourceType {
+            CU_RESOURCE_TYPE_ARRAY => g.arrays.get(&r).map(|d| (d.flags, d.view)),
+            CU_RESOURCE_TYPE_MIPMAPPED_ARRAY => g.mipmaps.get(&r).map(|m| (m.0.flags, false)),
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        }
+        .ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+        let tiles = e.subresource.tiles(e.subresourceType).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if flags & CUDA_ARRAY3D_SPARSE == 0 || view || e.deviceBitMask.count_ones() != 1 || e.flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let handle = match e.memOperationType {
+            CU_MEM_OPERATION_TYPE_MAP => {
+                let ph = g.phys.get(&e.memHandle).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+                if e.memHandleType != CU_MEM_HANDLE_TYPE_GENERIC || ph.multicast || e.offset >= ph.size {
+                    return Err(CUDA_ERROR_INVALID_VALUE);
+                }
+                Some(e.memHandle)
+            }
+            CU_MEM_OPERATION_TYPE_UNMAP if e.memHandle == 0 => None,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        ops.push((r, tiles, handle));
+    }
+    for (r, tiles, handle) in ops {
+        unmap_ranges(p, &mut g, r, |t| !t.within(&tiles));
+        if let Some(h) = handle {
+            if let Some(ph) = g.phys.get_mut(&h) {
+                ph.map_refs += 1;
+            }
+            g.sparse.insert((r, tiles), h);
+        }
+    }
+    Ok(())
+}
 
 fn create(p: &Proc, out: *mut CUarray, mut d: ArrayDesc, bytes: u64) -> R<u64> {
     if out.is_null() {
@@ -34,7 +112,7 @@ pub fn array_create(out: *mut CUarray, desc: *const CUDA_ARRAY_DESCRIPTOR) -> R<
 pub fn array3d_create(out: *mut CUarray, desc: *const CUDA_ARRAY3D_DESCRIPTOR) -> R<()> {
     let p = cu()?;
     let a = read(desc)?;
-    let bytes = array_bytes(a.Width, a.Height, a.Depth, a.Format, a.NumChannels)?;
+    let bytes = sparse_bytes(a.Flags, array_bytes(a.Width, a.Height, a.Depth, a.Format, a.NumChannels)?);
     let d = ArrayDesc { width: a.Width, height: a.Height, depth: a.Depth, format: a.Format, channels: a.NumChannels, flags: a.Flags, phys: 0, charged: 0, view: false };
     let h = create(p, out, d, bytes)?;
     write(out, h as CUarray)
@@ -46,6 +124,7 @@ pub fn array_destroy(a: CUarray) -> R<()> {
     match g.arrays.get(&(a as u64)) {
         Some(d) if !d.view => {
             let d = g.arrays.remove(&(a as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+            unmap_ranges(p, &mut g, a as u64, |_| false);
             p.shm.uncharge(p.slot, d.phys, d.charged);
             Ok(())
         }
@@ -77,7 +156,7 @@ pub fn mipmapped_create(out: *mut CUmipmappedArray, desc: *const CUDA_ARRAY3D_DE
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     let layered = a.Flags & CUDA_ARRAY3D_LAYERED != 0;
-    let bytes = mipmap_bytes(a.Width, a.Height, a.Depth, a.Format, a.NumChannels, layered, levels)?;
+    let bytes = sparse_bytes(a.Flags, mipmap_bytes(a.Width, a.Height, a.Depth, a.Format, a.NumChannels, layered, levels)?);
     let mut g = p.lock();
     let (_, _, phys) = memory::cur(&g)?;
     if !p.shm.charge(&p.locks, p.slot, phys, bytes) {
@@ -105,8 +184,10 @@ pub fn mipmapped_destroy(m: CUmipmappedArray) -> R<()> {
     let p = cu()?;
     let mut g = p.lock();
     let (top, _, lv) = g.mipmaps.remove(&(m as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
+    unmap_ranges(p, &mut g, m as u64, |_| false);
     for l in lv {
         g.arrays.remove(&l);
+        unmap_ranges(p, &mut g, l, |_| false);
     }
     p.shm.uncharge(p.slot, top.phys, top.charged);
     Ok(())

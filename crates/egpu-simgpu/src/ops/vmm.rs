@@ -23,7 +23,7 @@ use std::ffi::c_void;
 pub const GRANULARITY: u64 = 2 << 20;
 pub const MC_RECOMMENDED: u64 = 512 << 20;
 
-fn drop_if_unused(p: &Proc, g: &mut Inner, h: u64) {
+pub(crate) fn drop_if_unused(p: &Proc, g: &mut Inner, h: u64) {
     if let Some(ph) = g.phys.get(&h)
         && ph.handle_refs == 0
         && ph.map_refs == 0

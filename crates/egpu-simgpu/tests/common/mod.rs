@@ -98,6 +98,12 @@ api! {
     cuMemMap(p: u64, n: usize, o: usize, h: u64, f: u64) -> CUresult;
     cuMemUnmap(p: u64, n: usize) -> CUresult;
     cuMemSetAccess(p: u64, n: usize, d: *const CUmemAccessDesc, c: usize) -> CUresult;
+    cuArray3DCreate_v2(a: *mut CUarray, d: *const CUDA_ARRAY3D_DESCRIPTOR) -> CUresult;
+    cuArrayDestroy(a: CUarray) -> CUresult;
+    cuMipmappedArrayCreate(m: *mut CUmipmappedArray, d: *const CUDA_ARRAY3D_DESCRIPTOR, n: u32) -> CUresult;
+    cuMipmappedArrayDestroy(m: CUmipmappedArray) -> CUresult;
+    cuMipmappedArrayGetLevel(a: *mut CUarray, m: CUmipmappedArray, l: u32) -> CUresult;
+    cuMemMapArrayAsync(m: *mut CUarrayMapInfo, n: u32, s: CUstream) -> CUresult;
     cuMemExportToShareableHandle(o: *mut c_void, h: u64, t: u32, f: u64) -> CUresult;
     cuMemImportFromShareableHandle(h: *mut u64, os: *mut c_void, t: u32) -> CUresult;
     nvmlInit_v2() -> nvmlReturn_t;

@@ -37,6 +37,22 @@ pub fn setup(api: Api, ordinal: i32, own_ctx: bool) -> Cuda {
 }
 
 impl Cuda {
+    /// Pinned device memory on this device for `cuMemCreate`, with the
+    /// given handle types and usage flags, and `size` rounded up to its
+    /// minimum granularity (exits on a driver error).
+    pub fn vmm_prop(&self, size: u64, handle_types: u32, usage: u16) -> (CUmemAllocationProp, usize) {
+        let prop = CUmemAllocationProp {
+            type_: CU_MEM_ALLOCATION_TYPE_PINNED,
+            requestedHandleTypes: handle_types,
+            location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: self.dev },
+            win32HandleMetaData: std::ptr::null_mut(),
+            allocFlags: CUmemAllocationPropAllocFlags { usage, ..Default::default() },
+        };
+        let mut gran: usize = 0;
+        call!(self.api, cuMemGetAllocationGranularity(&mut gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)).unwrap_or_else(|e| die(e, exit::FAILED));
+        (prop, (size as usize).div_ceil(gran.max(1)) * gran.max(1))
+    }
+
     /// `cuMemGetInfo_v2` as JSON (or the error).
     pub fn mem_info(&self) -> serde_json::Value {
         let (mut f, mut t) = (0usize, 0usize);

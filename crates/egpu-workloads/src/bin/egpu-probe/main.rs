@@ -16,6 +16,7 @@ mod loops;
 mod race;
 mod reimport;
 mod reserve;
+mod sparse;
 
 use clap::{Args, Parser, Subcommand};
 use egpu_workloads::via::{self, Via};
@@ -78,6 +79,9 @@ enum Cmd {
     /// Export a VMM allocation, import it back, map the import and release
     /// the original: memory the hook cannot follow (for egpud's memory audit).
     VmmReimport(reimport::ReimportArgs),
+    /// Map VMM handles into a sparse array (cuMemMapArrayAsync) and release
+    /// them while mapped; unmap or destroy the array on stdin.
+    Sparse(sparse::SparseArgs),
 }
 
 fn main() {
@@ -106,6 +110,7 @@ fn main() {
         Cmd::RetainRace(a) => race::run(api, &cli.g, a),
         Cmd::SettleRace(a) => race::settle(api, &cli.g, a),
         Cmd::VmmReimport(a) => reimport::run(api, &cli.g, a),
+        Cmd::Sparse(a) => sparse::run(api, &cli.g, a),
     };
     std::process::exit(code);
 }

@@ -31,16 +31,7 @@ pub struct ReimportArgs {
 /// input exits.
 pub fn run(api: Api, g: &Global, a: ReimportArgs) -> i32 {
     let cu = setup(api, g.device, g.own_ctx);
-    let prop = CUmemAllocationProp {
-        type_: CU_MEM_ALLOCATION_TYPE_PINNED,
-        requestedHandleTypes: CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-        location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: cu.dev },
-        win32HandleMetaData: std::ptr::null_mut(),
-        allocFlags: Default::default(),
-    };
-    let mut gran: usize = 0;
-    call!(cu.api, cuMemGetAllocationGranularity(&mut gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM)).unwrap_or_else(|e| die(e, exit::FAILED));
-    let size = (a.size as usize).div_ceil(gran.max(1)) * gran.max(1);
+    let (prop, size) = cu.vmm_prop(a.size, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
     let mut original: CUmemGenericAllocationHandle = 0;
     call!(cu.api, cuMemCreate(&mut original, size, &prop, 0)).unwrap_or_else(|e| die(e, exit::OOM));
     let mut fd: i32 = -1;
