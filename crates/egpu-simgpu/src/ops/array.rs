@@ -187,7 +187,6 @@ pub fn mipmapped_destroy(m: CUmipmappedArray) -> R<()> {
     unmap_ranges(p, &mut g, m as u64, |_| false);
     for l in lv {
         g.arrays.remove(&l);
-        unmap_ranges(p, &mut g, l, |_| false);
     }
     p.shm.uncharge(p.slot, top.phys, top.charged);
     Ok(())
