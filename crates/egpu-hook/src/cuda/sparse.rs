@@ -60,18 +60,20 @@ fn ops(list: &[CUarrayMapInfo]) -> Vec<MapOp> {
         .collect()
 }
 
+/// Takes out the ranges of `resource` that `gone` picks: returns the
+/// references they held, for the caller to commit.
+fn drop_ranges(l: &mut Ledger, resource: usize, gone: impl Fn(&SparseTiles) -> bool) -> Vec<Taken> {
+    let keys: Vec<(usize, SparseTiles)> = l.sparse.range((resource, SparseTiles::MIN)..).take_while(|(k, _)| k.0 == resource).filter(|(k, _)| gone(&k.1)).map(|(k, _)| *k).collect();
+    keys.into_iter().filter_map(|k| l.sparse.remove(&k).and_then(|h| take_ref(l, h))).collect()
+}
+
 /// Applies `ops`, in order, to the ledger's sparse mappings: returns the
 /// references they dropped, for the caller to commit (uncharging the last
 /// reference of a released handle).
 fn apply(l: &mut Ledger, ops: &[MapOp]) -> Vec<Taken> {
     let mut dropped = Vec::new();
     for op in ops {
-        let covered: Vec<(usize, SparseTiles)> = l.sparse.range((op.resource, SparseTiles::MIN)..).take_while(|(k, _)| k.0 == op.resource).filter(|(k, _)| k.1.within(&op.tiles)).map(|(k, _)| *k).collect();
-        for k in covered {
-            if let Some(h) = l.sparse.remove(&k) {
-                dropped.extend(take_ref(l, h));
-            }
-        }
+        dropped.extend(drop_ranges(l, op.resource, |t| t.within(&op.tiles)));
         if let Some(h) = op.handle
             && let Some(p) = l.physical.get_mut(&h)
         {
@@ -85,16 +87,7 @@ fn apply(l: &mut Ledger, ops: &[MapOp]) -> Vec<Taken> {
 /// Drops every range mapped in the destroyed arrays `resources`: returns
 /// the references, for the caller to commit.
 fn forget(l: &mut Ledger, resources: impl IntoIterator<Item = usize>) -> Vec<Taken> {
-    let mut dropped = Vec::new();
-    for r in resources {
-        let keys: Vec<(usize, SparseTiles)> = l.sparse.range((r, SparseTiles::MIN)..).take_while(|(k, _)| k.0 == r).map(|(k, _)| *k).collect();
-        for k in keys {
-            if let Some(h) = l.sparse.remove(&k) {
-                dropped.extend(take_ref(l, h));
-            }
-        }
-    }
-    dropped
+    resources.into_iter().flat_map(|r| drop_ranges(l, r, |_| true)).collect()
 }
 
 /// The arrays `resources` were destroyed: their mappings are gone.
