@@ -28,7 +28,7 @@ pub mod map;
 pub mod paths;
 pub mod usage;
 
-pub use limits::{DeviceLimitsSnapshot, LimitsReader, LimitsRegion, LimitsSnapshot, LimitsWriter, SliceState};
+pub use limits::{DeviceLimitsSnapshot, LimitsReader, LimitsRegion, LimitsSnapshot, LimitsWriter, PublishedDevice, PublishedSpec, SliceState};
 pub use usage::{ChargeError, ProcRecord, ProcSlot, ProcView, Reclaimed, Restored, UsageFile, UsageRegion};
 
 /// Version of the layout in this crate. Bump on any change to a `#[repr(C)]` region.

@@ -71,8 +71,13 @@ pub struct DeviceLimits {
     /// Written by `egpud` alone, not seqlocked. Carved out of reserved space:
     /// zero in older tables.
     pub mem_untracked: AtomicU64,
-    /// Reserved; zero in ABI v1.
-    pub reserved: [AtomicU64; 1],
+    /// The slice's memory guarantee on this device in bytes (seqlocked;
+    /// written by [`LimitsWriter::publish_spec`]). The hook does not read it:
+    /// `mem_limit` is the guarantee plus any burst grant, and this word is
+    /// what lets a restarted `egpud` tell the two apart when it takes the
+    /// slice's spec back from the file ([`LimitsRegion::published_spec`]).
+    /// Carved out of reserved space: zero in older tables.
+    pub mem_guarantee: AtomicU64,
 }
 
 /// The whole limits file.
@@ -94,7 +99,14 @@ pub struct LimitsRegion {
     pub agent_heartbeat_ns: AtomicU64,
     /// Arbiter period in ns; 0 while no arbiter runs.
     pub arbiter_period_ns: AtomicU64,
-    pub reserved: [AtomicU64; 8],
+    /// Revision of the slice's spec that the seqlocked values publish
+    /// (seqlocked; written by [`LimitsWriter::publish_spec`]): `egpud`
+    /// stores the same number with the spec, one higher at every change, and
+    /// commits it before it publishes. A file ahead of the store means the
+    /// store lost its last commit. The hook does not read it. Carved out of
+    /// reserved space: zero in older tables.
+    pub spec_rev: AtomicU64,
+    pub reserved: [AtomicU64; 7],
     pub devices: [DeviceLimits; MAX_DEVICES],
 }
 
@@ -141,6 +153,26 @@ impl LimitsSnapshot {
     pub fn devices(&self) -> &[DeviceLimitsSnapshot] {
         &self.devices[..self.n_devices]
     }
+}
+
+/// A slice's spec as `egpud` last published it ([`LimitsRegion::published_spec`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedSpec {
+    /// [`LimitsRegion::spec_rev`]; 0 in a table no `publish_spec` wrote.
+    pub rev: u64,
+    pub priority: u32,
+    pub devices: Vec<PublishedDevice>,
+}
+
+/// One device of a [`PublishedSpec`], in slice order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PublishedDevice {
+    pub uuid: String,
+    pub host_index: u32,
+    pub mem_guarantee: u64,
+    pub mem_burst: u64,
+    pub compute_share_bps: u32,
+    pub compute_limit_bps: u32,
 }
 
 /// What `egpud` publishes for one device when it creates a slice.
@@ -221,6 +253,37 @@ impl LimitsRegion {
                 return LimitsSnapshot { seq: s1, state, priority, n_devices: n, devices };
             }
         }
+    }
+
+    /// The spec `egpud` last published, read for a restarted `egpud` to
+    /// check its store against: the revision, priority, guarantees, burst
+    /// caps and compute shares and caps, all from one seqlock generation.
+    /// `None` when `seq` is odd or moves during the read: a writer died in
+    /// the middle of a publish (or one is running), so the values may be
+    /// half old and half new and say nothing reliable. The burst caps are
+    /// written before the seqlocked values they go with
+    /// ([`LimitsWriter::set_mem_burst`]), so a generation's caps are in
+    /// place once its `seq` is even.
+    pub fn published_spec(&self) -> Option<PublishedSpec> {
+        let s1 = self.seq.load(Ordering::Acquire);
+        if s1 & 1 == 1 {
+            return None;
+        }
+        let n = (self.n_devices.load(Ordering::Relaxed) as usize).min(MAX_DEVICES);
+        let devices = self.devices[..n]
+            .iter()
+            .map(|d| PublishedDevice {
+                uuid: load_str(&d.uuid),
+                host_index: d.host_index.load(Ordering::Relaxed),
+                mem_guarantee: d.mem_guarantee.load(Ordering::Relaxed),
+                mem_burst: d.mem_burst.load(Ordering::Relaxed),
+                compute_share_bps: d.compute_share_bps.load(Ordering::Relaxed),
+                compute_limit_bps: d.compute_limit_bps.load(Ordering::Relaxed),
+            })
+            .collect();
+        let spec = PublishedSpec { rev: self.spec_rev.load(Ordering::Relaxed), priority: self.priority.load(Ordering::Relaxed), devices };
+        fence(Ordering::Acquire);
+        (self.seq.load(Ordering::Relaxed) == s1).then_some(spec)
     }
 
     /// The slice name (immutable).
@@ -369,12 +432,32 @@ impl LimitsWriter {
     /// deleted, or a crash between the two, leaves it active again).
     /// Only one thread of one process may write; `egpud` serialises its writes.
     pub fn publish(&self, priority: u32, devices: &[DeviceLimitsSnapshot]) -> Result<u64, AbiError> {
+        self.publish_with(priority, devices, None)
+    }
+
+    /// [`LimitsWriter::publish`], and in the same seqlock generation the
+    /// spec's revision and each device's memory guarantee (`guarantees`, in
+    /// slice order): what [`LimitsRegion::published_spec`] reads back.
+    pub fn publish_spec(&self, priority: u32, devices: &[DeviceLimitsSnapshot], rev: u64, guarantees: &[u64]) -> Result<u64, AbiError> {
+        if guarantees.len() != devices.len() {
+            return Err(AbiError::BadDevice(guarantees.len()));
+        }
+        self.publish_with(priority, devices, Some((rev, guarantees)))
+    }
+
+    fn publish_with(&self, priority: u32, devices: &[DeviceLimitsSnapshot], spec: Option<(u64, &[u64])>) -> Result<u64, AbiError> {
         let r = self.region();
         let n = r.n_devices.load(Ordering::Relaxed) as usize;
         if devices.len() != n {
             return Err(AbiError::BadDevice(devices.len()));
         }
         Ok(self.write(|r| {
+            if let Some((rev, guarantees)) = spec {
+                r.spec_rev.store(rev, Ordering::Relaxed);
+                for (d, g) in r.devices.iter().zip(guarantees) {
+                    d.mem_guarantee.store(*g, Ordering::Relaxed);
+                }
+            }
             r.state.store(SliceState::Active.code(), Ordering::Relaxed);
             r.priority.store(priority, Ordering::Relaxed);
             for (d, l) in r.devices.iter().zip(devices) {
@@ -468,6 +551,36 @@ mod tests {
         // (a delete that found a late attacher, adoption after a crash).
         w.publish(0, &v).unwrap();
         assert_eq!(r.snapshot().state, SliceState::Active);
+    }
+
+    #[test]
+    fn the_published_spec_reads_back_from_one_generation() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("limits");
+        let w = LimitsWriter::create(&p, "spec", 1, &[dev(0, 1 << 30), dev(2, 2 << 30)]).unwrap();
+        let r = LimitsReader::open(&p).unwrap();
+        // A table no publish_spec wrote (or an older egpud's) reads revision 0.
+        let old = r.region().published_spec().unwrap();
+        assert_eq!((old.rev, old.devices[1].mem_guarantee), (0, 0));
+        // The limit is the guarantee plus a grant; the guarantee is kept apart.
+        w.set_mem_burst(1, 6 << 30);
+        let mut v = r.snapshot().devices().to_vec();
+        v[1].mem_limit = 5 << 30;
+        v[1].compute_share_bps = 3000;
+        w.publish_spec(0, &v, 7, &[1 << 30, 3 << 30]).unwrap();
+        let s = r.region().published_spec().unwrap();
+        assert_eq!((s.rev, s.priority), (7, 0));
+        let d = &s.devices[1];
+        assert_eq!((d.uuid.as_str(), d.host_index, d.mem_guarantee, d.mem_burst, d.compute_share_bps, d.compute_limit_bps), ("GPU-test-2", 2, 3 << 30, 6 << 30, 3000, 10_000));
+        // A plain publish (the grants) keeps the revision and the guarantees.
+        v[1].mem_limit = 4 << 30;
+        w.publish(0, &v).unwrap();
+        assert_eq!(r.region().published_spec().unwrap(), PublishedSpec { devices: s.devices.clone(), ..s.clone() });
+        assert!(matches!(w.publish_spec(0, &v, 8, &[1]), Err(AbiError::BadDevice(1))));
+        // A writer killed inside a publish: nothing reliable to read back.
+        let odd = w.region().seq.load(Ordering::Relaxed) | 1;
+        w.region().seq.store(odd, Ordering::Release);
+        assert_eq!(r.region().published_spec(), None);
     }
 
     #[test]

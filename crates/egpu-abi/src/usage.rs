@@ -828,9 +828,14 @@ mod tests {
         assert_eq!(offset_of!(UsageRegion, procs), (offset_of!(UsageRegion, throttle_waits) + 8 * 32).next_multiple_of(64));
         use crate::limits::DeviceLimits;
         assert_eq!(offset_of!(DeviceLimits, allowance_ns), offset_of!(DeviceLimits, budget_ns) + 8);
-        assert_eq!(offset_of!(DeviceLimits, reserved) + 8, offset_of!(DeviceLimits, budget_ns) + 8 + 8 * 8);
+        assert_eq!(offset_of!(DeviceLimits, mem_guarantee) + 8, offset_of!(DeviceLimits, budget_ns) + 8 + 8 * 8);
         assert_eq!(offset_of!(DeviceLimits, mem_burst) + 8, offset_of!(DeviceLimits, mem_untracked));
-        assert_eq!(offset_of!(DeviceLimits, mem_untracked) + 8, offset_of!(DeviceLimits, reserved));
+        assert_eq!(offset_of!(DeviceLimits, mem_untracked) + 8, offset_of!(DeviceLimits, mem_guarantee));
+        assert_eq!(size_of::<DeviceLimits>(), 192);
+        use crate::limits::LimitsRegion;
+        assert_eq!(offset_of!(LimitsRegion, spec_rev), 120);
+        assert_eq!(offset_of!(LimitsRegion, spec_rev) + 8, offset_of!(LimitsRegion, reserved));
+        assert_eq!(offset_of!(LimitsRegion, devices), 192);
         assert_eq!(offset_of!(UsageRegion, mem_want), offset_of!(UsageRegion, throttle_waits) + 8 * MAX_DEVICES);
         assert_eq!(offset_of!(ProcRecord, caps) + 8, offset_of!(ProcRecord, reserved));
         assert_eq!(offset_of!(ProcRecord, reserved) + 7 * 8, offset_of!(ProcRecord, throttled_ns) + 8 * MAX_DEVICES + 8 * 8);

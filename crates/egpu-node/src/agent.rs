@@ -178,7 +178,7 @@ impl Agent {
             tracing::info!(dir = %dir.display(), kind = crate::cdi::KIND, "keeping a CDI spec per slice");
         }
         tracing::info!(slices = report.adopted.len(), recreated_files = report.recreated.len(), not_adopted = report.failed.len(),
-            reclaimed_processes = report.reclaimed_processes, "adopted stored slices");
+            restored_from_limits = report.restored.len(), reclaimed_processes = report.reclaimed_processes, "adopted stored slices");
         let audit = config.memory_audit;
         mgr.set_audit(audit == crate::audit::AuditMode::Charge);
         let mut tasks: Vec<Box<dyn NodeTask>> = vec![Box::new(Sweeper { period: config.sweep_period() })];

@@ -141,17 +141,46 @@ impl Slice {
     /// Publishes the spec, with any burst grants, to the limits file. The
     /// burst caps go first, so a hook that sees the new limits sees them too.
     pub(crate) fn publish(&self) -> Result<u64, SliceOpError> {
-        let spec = &self.record.spec;
-        publish_bursts(&self.limits, spec);
-        self.limits.publish(spec.priority.code(), &limits_of(spec, &self.granted)).map_err(SliceOpError::Abi)
+        publish_record(&self.limits, &self.record, &self.granted)
     }
 }
 
-/// Writes the burst cap of every slice device of `spec` to the limits file.
-fn publish_bursts(w: &LimitsWriter, spec: &SliceSpec) {
+/// Publishes `record`'s spec with the burst grants `granted` to the limits
+/// file: the burst caps first, then in one seqlock generation the limits, the
+/// spec's revision and the guarantees (what adoption reads back to find a
+/// change the store lost, [`SliceManager::open_files`]).
+fn publish_record(w: &LimitsWriter, record: &SliceRecord, granted: &[u64]) -> Result<u64, SliceOpError> {
+    let spec = &record.spec;
     for (i, d) in spec.devices.iter().enumerate() {
         w.set_mem_burst(i, d.memory_burst.0);
     }
+    let guarantees: Vec<u64> = spec.devices.iter().map(|d| d.memory.0).collect();
+    w.publish_spec(spec.priority.code(), &limits_of(spec, granted), record.rev, &guarantees).map_err(SliceOpError::Abi)
+}
+
+/// The spec a limits file published, when it is a later revision of
+/// `record`'s: the change the store lost. `None` when the file is not ahead,
+/// cannot be read consistently, or does not describe `record`'s slice (another
+/// name, GPU or device count, or values no spec could have): the store's
+/// record then stands.
+fn lost_change(record: &SliceRecord, file: &egpu_abi::LimitsRegion) -> Option<(SliceSpec, u64)> {
+    let published = file.published_spec()?;
+    if published.rev <= record.rev || file.name() != record.spec.name || published.devices.len() != record.spec.devices.len() {
+        return None;
+    }
+    let mut spec = record.spec.clone();
+    spec.priority = Priority::from_code(published.priority)?;
+    for (i, (d, p)) in spec.devices.iter_mut().zip(&published.devices).enumerate() {
+        if record.device_uuids.get(i) != Some(&p.uuid) {
+            return None;
+        }
+        d.memory = Bytes(p.mem_guarantee);
+        d.memory_burst = Bytes(p.mem_burst);
+        d.compute_share = Percent(p.compute_share_bps);
+        d.compute_limit = Percent(p.compute_limit_bps);
+    }
+    spec.validate().ok()?;
+    Some((spec, published.rev))
 }
 
 fn limits_of(spec: &SliceSpec, granted: &[u64]) -> Vec<DeviceLimitsSnapshot> {
@@ -211,6 +240,10 @@ pub struct AdoptReport {
     /// I/O error such as EACCES or ENOSPC). They stay stored and reserved,
     /// and every sweep tries them again ([`SliceManager::unadopted`]).
     pub failed: Vec<(String, String)>,
+    /// (slice, stored revision, published revision): a change the store
+    /// lost (rolled back) but the slice's limits file had published, taken
+    /// back into the store.
+    pub restored: Vec<(String, u64, u64)>,
 }
 
 /// A stored slice whose slice-table files could not be opened at adoption.
@@ -522,6 +555,23 @@ impl SliceManager {
                 None => return Err(SliceOpError::Abi(e)),
             },
         };
+        // The store commits a change before egpud publishes it, so a limits
+        // file ahead of the store's record means the store lost its last
+        // commit (redb rolled a damaged store back to the one before): the
+        // file holds what the client was told, and the processes run by it.
+        let mut record = record;
+        if let Some((spec, rev)) = lost_change(&record, limits.region()) {
+            tracing::warn!(slice = %record.spec.name, store_rev = record.rev, published_rev = rev, stored = ?record.spec, published = ?spec,
+                "the limits file publishes a later change of the slice than the store holds (the store lost its last commit); taking the published spec back into the store");
+            report.restored.push((record.spec.name.clone(), record.rev, rev));
+            record.spec = spec;
+            record.rev = rev;
+            // The file keeps it meanwhile, so a store that cannot take it
+            // now loses nothing: the next start finds the same.
+            if let Err(e) = self.store.put(&record) {
+                tracing::warn!(slice = %record.spec.name, error = %e, "cannot store the published spec; it is taken from the limits file again at the next start");
+            }
+        }
         let upath = paths::usage_path(&dir);
         // A file a process of the slice truncated is extended back, not
         // recreated, so the processes still attached keep their records.
@@ -572,8 +622,8 @@ impl SliceManager {
             .map(|(i, (d, limits))| DeviceInit { uuid: record.device_uuids.get(i).cloned().unwrap_or_default(), host_index: d.device, limits })
             .collect();
         let w = LimitsWriter::create(path, &record.spec.name, record.spec.priority.code(), &inits).map_err(SliceOpError::Abi)?;
-        // Before any workload can know the slice: its burst caps.
-        publish_bursts(&w, &record.spec);
+        // Before any workload can know the slice: its burst caps and its revision.
+        publish_record(&w, record, &[])?;
         Ok(w)
     }
 
@@ -648,6 +698,7 @@ impl SliceManager {
             owner,
             created_unix: now_unix(),
             workload: None,
+            rev: 1,
         };
         let dir = paths::slice_dir(&self.run_dir, &name);
         // Leftovers of an older slice of that name (removed while egpud was down) are replaced.
@@ -755,6 +806,7 @@ impl SliceManager {
         let old_limits = slice.mem_limits();
         let mut record = slice.record.clone();
         record.spec = spec;
+        record.rev += 1;
         self.store.put(&record)?;
         slice.record = record;
         slice.resizes += 1;

@@ -14,10 +14,11 @@ const SLICES: TableDefinition<&str, &[u8]> = TableDefinition::new("slices");
 const META: TableDefinition<&str, u64> = TableDefinition::new("meta");
 /// Version of the record format below: 2 since records may carry
 /// `workload`, owners `boot_id` and device shares `memory_burst`, which a
-/// build of version 1 would refuse or silently drop. Opening a store of an older version
+/// build of version 1 would refuse or silently drop; 3 since they carry
+/// `rev`, which a build of version 2 would refuse. Opening a store of an older version
 /// raises it (the records then still decode: new fields are optional);
 /// a build finding a newer one refuses it with [`StoreError::Schema`].
-pub const SCHEMA_VERSION: u64 = 2;
+pub const SCHEMA_VERSION: u64 = 3;
 /// File name of the store under the state directory.
 pub const STORE_FILE: &str = "egpud.redb";
 
@@ -52,6 +53,14 @@ pub struct SliceRecord {
     /// reported it. Absent in records written before this field existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workload: Option<Owner>,
+    /// Revision of `spec`: 1 at creation, one more at every resize. The
+    /// slice's limits file publishes the same number with the spec, after
+    /// the store has committed it, so a file ahead of its record is a change
+    /// the store lost (a damaged store that redb rolled back to its previous
+    /// commit): adoption takes the spec back from the file. 0 in records
+    /// written before this field existed (schema 2).
+    #[serde(default)]
+    pub rev: u64,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -298,6 +307,7 @@ mod tests {
             owner: Some(Owner { pid: 42, start_ticks: 7, boot_id: None }),
             created_unix: 1,
             workload: None,
+            rev: 1,
         }
     }
 

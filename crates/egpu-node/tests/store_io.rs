@@ -21,6 +21,7 @@ fn rec(name: &str, uuid_len: usize) -> SliceRecord {
         owner: None,
         created_unix: 1,
         workload: None,
+        rev: 1,
     }
 }
 

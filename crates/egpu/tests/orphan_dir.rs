@@ -3,7 +3,8 @@
 //! removes the directory at once when nothing is attached, and otherwise once
 //! the attached process has exited. A directory whose limits are still live
 //! is a slice the store lost (another `--state-dir`, a store rolled back):
-//! egpud refuses to start and changes nothing.
+//! egpud refuses to start and changes nothing. A resize the store lost comes
+//! back from the slice's limits file, and its workload keeps the new limits.
 
 mod common;
 use common::*;
@@ -112,4 +113,42 @@ fn live_slices_the_store_lost_keep_egpud_from_starting_and_are_left_as_they_are(
     let names: Vec<String> = node.slices().iter().map(|s| s["name"].as_str().unwrap().to_string()).collect();
     assert_eq!(names, ["busy", "kept"]);
     assert!(!idle.exists(), "a dropped slice with nothing attached goes at start-up");
+}
+
+#[test]
+fn a_resize_the_store_lost_comes_back_from_the_limits_file_and_the_workload_keeps_it() {
+    let (mut node, mut p) = busy_node(&["busy"]);
+    // The store as it is before the resize: what redb falls back to when a
+    // damaged store's last commit does not check.
+    node.kill9();
+    let store = node.state_dir().join(egpu_node::store::STORE_FILE);
+    let before = node.state_dir().join("before-resize");
+    std::fs::copy(&store, &before).unwrap();
+    node.restart();
+    node.ok(&["resize", "busy", "--gpu-memory", "3GiB", "--gpu-memory-burst", "5GiB", "--gpu-compute", "20%", "--priority", "high"]);
+    let resized = node.slice("busy");
+    node.kill9();
+    std::fs::copy(&before, &store).unwrap();
+    node.restart();
+
+    let s = node.slice("busy");
+    for key in ["memory_limit_bytes", "memory_burst_bytes", "compute_share_percent", "compute_limit_percent"] {
+        assert_eq!(s["devices"][0][key], resized["devices"][0][key], "{key}: {s}\nwas {resized}");
+    }
+    assert_eq!(s["priority"], "high", "{s}");
+    assert_eq!(s["devices"][0]["memory_limit_bytes"].as_u64(), Some(3 << 30), "{s}");
+    assert!(node.log().contains("the store lost its last commit"), "{}", node.log());
+    // The workload's table says the resized limit, and the probe is still there with its memory.
+    let lim = LimitsReader::open(&node.run_dir().join("slices/busy/limits")).unwrap();
+    assert_eq!(lim.snapshot().devices()[0].mem_limit, 3 << 30);
+    assert_eq!(live_pids(std::slice::from_ref(&s)).len(), 1, "{s}");
+    // Taken back into the store: a restart from it alone gives the same.
+    node.kill9();
+    let stored = egpu_node::store::Store::open(&node.state_dir()).unwrap().load_all().unwrap();
+    assert_eq!(stored[0].spec.devices[0].memory.0, 3 << 30);
+    assert_eq!(stored[0].rev, 2);
+    node.restart();
+    assert_eq!(node.slice("busy")["devices"][0]["memory_limit_bytes"].as_u64(), Some(3 << 30));
+    let st = p.finish(T).expect("probe exits when stdin closes");
+    assert!(st.success(), "{st}");
 }

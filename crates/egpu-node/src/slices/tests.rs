@@ -421,3 +421,79 @@ fn a_usage_file_given_up_by_the_guard_counts_at_its_cap_until_the_sweep_maps_it_
     assert_eq!(crate::burst::lent(&m)[0], 0);
     m.delete("cut", false).unwrap();
 }
+
+#[test]
+fn a_change_the_store_lost_comes_back_from_the_limits_file() {
+    let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let store_file = state.path().join(crate::store::STORE_FILE);
+    let before_resize = state.path().join("before-resize");
+    {
+        let (mut m, _) = manager(run.path(), state.path());
+        m.create(req("a", vec![share(0, 4), share(1, 2)])).unwrap();
+        m.create(req("b", vec![share(0, 1)])).unwrap();
+        assert_eq!(m.get("a").unwrap().record.rev, 1);
+    }
+    // The store as it was before the resize: what redb falls back to when
+    // the commit after it does not check.
+    std::fs::copy(&store_file, &before_resize).unwrap();
+    let resized = {
+        let (mut m, _) = manager(run.path(), state.path());
+        let r = ResizeRequest {
+            devices: vec![1],
+            memory: Some(Bytes::gib(6)),
+            memory_burst: Some(Bytes::gib(9)),
+            compute_share: Some(Percent::from_pct(30)),
+            compute_limit: Some(Percent::from_pct(80)),
+            priority: Some(Priority::High),
+        };
+        let s = m.resize("a", r).unwrap();
+        assert_eq!(s.record.rev, 2);
+        // A burst grant on top of the new guarantee, published with it.
+        let s = m.slice_mut("a").unwrap();
+        s.granted[1] = Bytes::GIB;
+        s.publish().unwrap();
+        m.get("a").unwrap().record.clone()
+    };
+    std::fs::copy(&before_resize, &store_file).unwrap();
+
+    let (m, report) = manager(run.path(), state.path());
+    assert_eq!(report.restored, vec![("a".to_string(), 1, 2)], "{report:?}");
+    let a = m.get("a").unwrap();
+    assert_eq!(a.record.spec, resized.spec, "the resize the store lost is back");
+    assert_eq!((a.record.rev, a.record.id.as_str()), (2, resized.id.as_str()));
+    assert_eq!(a.granted, vec![0, Bytes::GIB], "the grant stays a grant, apart from the guarantee");
+    let lim = LimitsReader::open(&paths::limits_path(&a.dir)).unwrap();
+    assert_eq!(lim.snapshot().devices()[1].mem_limit, 7 * Bytes::GIB);
+    assert_eq!(m.get("b").unwrap().record.spec.devices[0].memory, Bytes::gib(1), "a slice the loss did not touch stays as stored");
+    drop(m);
+    // The store has it again: the next start restores nothing.
+    let (m, report) = manager(run.path(), state.path());
+    assert!(report.restored.is_empty(), "{report:?}");
+    assert_eq!(m.get("a").unwrap().record.spec, resized.spec);
+}
+
+#[test]
+fn a_limits_file_that_is_not_ahead_or_not_the_slices_leaves_the_store_as_it_is() {
+    let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let dir = {
+        let (mut m, _) = manager(run.path(), state.path());
+        m.create(req("a", vec![share(0, 4)])).unwrap();
+        m.resize("a", ResizeRequest { memory: Some(Bytes::gib(5)), ..Default::default() }).unwrap();
+        m.get("a").unwrap().dir.clone()
+    };
+    let w = LimitsWriter::open(&paths::limits_path(&dir)).unwrap();
+    let devices = w.snapshot().devices().to_vec();
+    let check = |rev: u64, guarantee: u64, tamper: &dyn Fn(&LimitsWriter)| {
+        w.publish_spec(1, &devices, rev, &[guarantee]).unwrap();
+        tamper(&w);
+        let (m, report) = manager(run.path(), state.path());
+        assert!(report.restored.is_empty(), "rev {rev}: {report:?}");
+        assert_eq!(m.get("a").unwrap().record.spec.devices[0].memory, Bytes::gib(5), "rev {rev}");
+    };
+    // The store ahead of the file (a resize stored, then egpud killed before it published).
+    check(1, 3 * Bytes::GIB, &|_| {});
+    // Ahead, but a guarantee no slice can have.
+    check(9, 0, &|_| {});
+    // Ahead, but a writer died inside a publish: nothing reliable to read.
+    check(9, 3 * Bytes::GIB, &|w| w.region().seq.store(w.region().seq.load(Ordering::Relaxed) | 1, Ordering::Release));
+}
