@@ -162,8 +162,9 @@ fn publish_record(w: &LimitsWriter, record: &SliceRecord, granted: &[u64]) -> Re
 /// `record`'s: the change the store lost. `None` when the file is not ahead,
 /// cannot be read consistently, or does not describe `record`'s slice (another
 /// name, GPU or device count, or values no spec could have): the store's
-/// record then stands.
-fn lost_change(record: &SliceRecord, file: &egpu_abi::LimitsRegion) -> Option<(SliceSpec, u64)> {
+/// record then stands. `devices` are the node's GPUs: a guarantee or cap
+/// above its GPU's memory is not a spec egpud admitted.
+fn lost_change(record: &SliceRecord, file: &egpu_abi::LimitsRegion, devices: &[DeviceInfo]) -> Option<(SliceSpec, u64)> {
     let published = file.published_spec()?;
     if published.rev <= record.rev || file.name() != record.spec.name || published.devices.len() != record.spec.devices.len() {
         return None;
@@ -178,6 +179,10 @@ fn lost_change(record: &SliceRecord, file: &egpu_abi::LimitsRegion) -> Option<(S
         d.memory_burst = Bytes(p.mem_burst);
         d.compute_share = Percent(p.compute_share_bps);
         d.compute_limit = Percent(p.compute_limit_bps);
+        let too_big = devices.get(d.device as usize).is_some_and(|g| d.memory_cap().0 > g.memory_bytes);
+        if too_big || d.compute_limit > Percent::FULL {
+            return None;
+        }
     }
     spec.validate().ok()?;
     Some((spec, published.rev))
@@ -560,7 +565,7 @@ impl SliceManager {
         // commit (redb rolled a damaged store back to the one before): the
         // file holds what the client was told, and the processes run by it.
         let mut record = record;
-        if let Some((spec, rev)) = lost_change(&record, limits.region()) {
+        if let Some((spec, rev)) = lost_change(&record, limits.region(), &self.devices) {
             tracing::warn!(slice = %record.spec.name, store_rev = record.rev, published_rev = rev, stored = ?record.spec, published = ?spec,
                 "the limits file publishes a later change of the slice than the store holds (the store lost its last commit); taking the published spec back into the store");
             report.restored.push((record.spec.name.clone(), record.rev, rev));

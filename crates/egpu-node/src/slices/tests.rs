@@ -497,3 +497,55 @@ fn a_limits_file_that_is_not_ahead_or_not_the_slices_leaves_the_store_as_it_is()
     // Ahead, but a writer died inside a publish: nothing reliable to read.
     check(9, 3 * Bytes::GIB, &|w| w.region().seq.store(w.region().seq.load(Ordering::Relaxed) | 1, Ordering::Release));
 }
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config { cases: 64, ..Default::default() })]
+    /// Whatever a limits file says at adoption, egpud neither panics nor
+    /// takes back a spec it could not have admitted: it restores exactly
+    /// the file's values when the file is ahead and they make a spec that
+    /// fits the GPU, and otherwise keeps the stored spec.
+    #[test]
+    fn adoption_takes_back_only_an_admissible_spec_that_is_ahead(
+        rev in 0u64..4,
+        prio in 0u32..4,
+        // Mostly values egpud could have written, so both branches are
+        // reached often; sometimes anything at all.
+        guarantee in proptest::prop_oneof![4 => 1u64..=16 << 30, 1 => 0u64..=20 << 30, 1 => proptest::prelude::any::<u64>()],
+        burst in proptest::prop_oneof![2 => proptest::prelude::Just(0u64), 2 => 12u64 << 30..=16 << 30, 1 => 0u64..=20 << 30, 1 => proptest::prelude::any::<u64>()],
+        cshare in 0u32..6_000,
+        limit in proptest::prop_oneof![3 => 6_000u32..=10_000, 1 => 0u32..12_000],
+    ) {
+        let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let stored = {
+            let (mut m, _) = manager(run.path(), state.path());
+            m.create(req("p", vec![share(1, 4)])).unwrap().record.spec.clone()
+        };
+        let w = LimitsWriter::open(&paths::limits_path(&paths::slice_dir(run.path(), "p"))).unwrap();
+        w.set_mem_burst(0, burst);
+        let lim = DeviceLimitsSnapshot { host_index: 1, mem_limit: guarantee, compute_share_bps: cshare, compute_limit_bps: limit };
+        w.publish_spec(prio, &[lim], rev, &[guarantee]).unwrap();
+        drop(w);
+        let (m, report) = manager(run.path(), state.path());
+        let got = &m.get("p").unwrap().record;
+        let gpu = 16 * Bytes::GIB;
+        let admissible = rev > 1
+            && prio <= 2
+            && guarantee > 0
+            && guarantee <= gpu
+            && (burst == 0 || (burst >= guarantee && burst <= gpu))
+            && limit > 0
+            && limit >= cshare
+            && limit <= 10_000;
+        if admissible {
+            proptest::prop_assert_eq!(&report.restored, &vec![("p".to_string(), 1, rev)]);
+            let d = got.spec.devices[0];
+            proptest::prop_assert_eq!((d.device, d.memory.0, d.memory_burst.0, d.compute_share.0, d.compute_limit.0), (1, guarantee, burst, cshare, limit));
+            proptest::prop_assert_eq!(got.spec.priority.code(), prio);
+            proptest::prop_assert_eq!(got.rev, rev);
+        } else {
+            proptest::prop_assert!(report.restored.is_empty(), "{:?}", report);
+            proptest::prop_assert_eq!(&got.spec, &stored);
+            proptest::prop_assert_eq!(got.rev, 1);
+        }
+    }
+}
