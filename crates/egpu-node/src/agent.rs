@@ -168,7 +168,7 @@ impl Agent {
                 "the hook of every workload on this host uses this slice table whatever EGPU_SLICE_DIR says (it is where a container's CDI spec mounts its slice); remove it unless egpud itself runs in such a container");
         }
         let store = Store::open(&config.state_dir).map_err(|e| AgentError::Store(Box::new(e)))?;
-        let (mut mgr, report) = SliceManager::adopt_with(&config.run_dir, inventory.devices.clone(), store, config.drop_unstored_slices).map_err(|e| AgentError::Adopt(Box::new(e)))?;
+        let (mut mgr, report) = SliceManager::adopt_with(&config.run_dir, inventory.devices.clone(), store, config.unstored()).map_err(|e| AgentError::Adopt(Box::new(e)))?;
         if let Some(dir) = &config.cdi_dir {
             if !config.cdi_hook.is_file() {
                 return Err(AgentError::CdiHook { path: config.cdi_hook.clone() });
@@ -178,7 +178,7 @@ impl Agent {
             tracing::info!(dir = %dir.display(), kind = crate::cdi::KIND, "keeping a CDI spec per slice");
         }
         tracing::info!(slices = report.adopted.len(), recreated_files = report.recreated.len(), not_adopted = report.failed.len(),
-            restored_from_limits = report.restored.len(), reclaimed_processes = report.reclaimed_processes, "adopted stored slices");
+            restored_from_limits = report.restored.len(), taken_back = report.taken_back.len(), reclaimed_processes = report.reclaimed_processes, "adopted stored slices");
         let audit = config.memory_audit;
         mgr.set_audit(audit == crate::audit::AuditMode::Charge);
         let mut tasks: Vec<Box<dyn NodeTask>> = vec![Box::new(Sweeper { period: config.sweep_period() })];

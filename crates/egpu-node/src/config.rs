@@ -50,6 +50,10 @@ pub struct NodeConfig {
     /// deleted instead of stopping the start ([`crate::slices::SliceOpError::NotStored`]).
     #[serde(default)]
     pub drop_unstored_slices: bool,
+    /// Take such slices back instead, from the spec their limits files
+    /// publish (`egpud --adopt-unstored-slices`; [`crate::slices::Unstored::Adopt`]).
+    #[serde(default)]
+    pub adopt_unstored_slices: bool,
     /// Where the host's sysfs is mounted (`egpud --sysfs`; `/sys` unless
     /// the GPUs are simulated), read for each GPU's NUMA node and PCIe
     /// root; `None`: not read.
@@ -72,5 +76,16 @@ impl NodeConfig {
 
     pub fn sim_state_path(&self) -> PathBuf {
         self.run_dir.join(crate::simlib::SIM_STATE_FILE)
+    }
+
+    /// What adoption does with live slices the store has no record of
+    /// (taking them back wins if a config sets both).
+    pub fn unstored(&self) -> crate::slices::Unstored {
+        use crate::slices::Unstored;
+        match (self.adopt_unstored_slices, self.drop_unstored_slices) {
+            (true, _) => Unstored::Adopt,
+            (false, true) => Unstored::Drop,
+            (false, false) => Unstored::Refuse,
+        }
     }
 }

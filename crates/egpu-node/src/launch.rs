@@ -74,6 +74,7 @@ mod tests {
             memory_audit: Default::default(),
             memory_audit_slack: crate::audit::DEFAULT_SLACK,
             drop_unstored_slices: false,
+            adopt_unstored_slices: false,
             sysfs: None,
         };
         let env = launch_env(&cfg, Path::new("/r/slices/a"), &["GPU-1".into(), "GPU-0".into()]);

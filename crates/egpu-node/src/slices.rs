@@ -45,10 +45,30 @@ pub enum SliceOpError {
         source: std::io::Error,
     },
     #[error(
-        "the run directory holds live slices that the store has no record of: {}. Either --state-dir is not the one these slices were made with, or the store lost its last changes (a damaged file: the database then falls back to its previous commit). egpud did not start and changed nothing, so their processes keep their last limits. Start egpud with the state directory that holds them; or, to drop them (their processes can then allocate no more; the slice directories under {} go once none is attached), start it with --drop-unstored-slices",
+        "the run directory holds live slices that the store has no record of: {}. Either --state-dir is not the one these slices were made with, or the store lost its last changes (a damaged file: the database then falls back to its previous commit). egpud did not start and changed nothing, so their processes keep their last limits. Start egpud with the state directory that holds them; or, if the store lost them, start it with --adopt-unstored-slices to take them back from their limits files (their processes run on in them); or, to drop them (their processes can then allocate no more; the slice directories under {} go once none is attached), start it with --drop-unstored-slices",
         names.join(", "), slices_dir.display()
     )]
     NotStored { names: Vec<String>, slices_dir: PathBuf },
+    #[error(
+        "--adopt-unstored-slices: cannot take back {}. egpud did not start and changed nothing, so their processes keep their last limits. Start egpud with the state directory that holds them, or drop these with --drop-unstored-slices instead",
+        why.join("; ")
+    )]
+    CannotTakeBack { why: Vec<String> },
+}
+
+/// What adoption does with live slice directories the store has no record
+/// of (see [`SliceOpError::NotStored`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Unstored {
+    /// Refuse to start, changing nothing (the default).
+    #[default]
+    Refuse,
+    /// Mark them deleted and remove them once nothing is attached
+    /// (`--drop-unstored-slices`).
+    Drop,
+    /// Take each back from the spec its limits file publishes, as a new
+    /// persistent slice of the same name (`--adopt-unstored-slices`).
+    Adopt,
 }
 
 /// A live slice: its record and its open slice-table files.
@@ -249,6 +269,9 @@ pub struct AdoptReport {
     /// lost (rolled back) but the slice's limits file had published, taken
     /// back into the store.
     pub restored: Vec<(String, u64, u64)>,
+    /// Live slices the store had no record of, taken back from their
+    /// limits files ([`Unstored::Adopt`]).
+    pub taken_back: Vec<String>,
 }
 
 /// A stored slice whose slice-table files could not be opened at adoption.
@@ -324,13 +347,13 @@ impl SliceManager {
     /// another ABI version, recreates) its slice-table files, republishes the
     /// stored limits and sweeps dead processes.
     pub fn adopt(run_dir: &Path, devices: Vec<DeviceInfo>, store: Store) -> Result<(SliceManager, AdoptReport), SliceOpError> {
-        Self::adopt_with(run_dir, devices, store, false)
+        Self::adopt_with(run_dir, devices, store, Unstored::Refuse)
     }
 
-    /// [`SliceManager::adopt`]; with `drop_unstored`, live slice directories
-    /// the store has no record of are marked deleted instead of failing the
-    /// adoption ([`SliceOpError::NotStored`]).
-    pub fn adopt_with(run_dir: &Path, devices: Vec<DeviceInfo>, store: Store, drop_unstored: bool) -> Result<(SliceManager, AdoptReport), SliceOpError> {
+    /// [`SliceManager::adopt`], doing `unstored` with live slice directories
+    /// the store has no record of: by default they fail the adoption
+    /// ([`SliceOpError::NotStored`]).
+    pub fn adopt_with(run_dir: &Path, devices: Vec<DeviceInfo>, store: Store, unstored: Unstored) -> Result<(SliceManager, AdoptReport), SliceOpError> {
         let slices_dir = paths::slices_dir(run_dir);
         std::fs::create_dir_all(&slices_dir).map_err(|source| SliceOpError::Io { path: slices_dir.clone(), source })?;
         let mut mgr = SliceManager {
@@ -346,15 +369,29 @@ impl SliceManager {
             cdi: None,
         };
         let mut report = AdoptReport::default();
-        let records = mgr.store.load_all()?;
+        let mut records = mgr.store.load_all()?;
         // Before anything is adopted, so a refusal changes nothing.
-        if !drop_unstored {
+        let mut lost: Vec<(String, PathBuf)> = {
             let stored: std::collections::BTreeSet<&str> = records.iter().map(|r| r.spec.name.as_str()).collect();
-            let mut names: Vec<String> = slice_dirs(&slices_dir).into_iter().filter(|(name, dir)| !stored.contains(name.as_str()) && live_dir(dir)).map(|(name, _)| name).collect();
-            names.sort();
-            if !names.is_empty() {
-                return Err(SliceOpError::NotStored { names, slices_dir });
+            slice_dirs(&slices_dir).into_iter().filter(|(name, dir)| !stored.contains(name.as_str()) && live_dir(dir)).collect()
+        };
+        lost.sort();
+        match unstored {
+            Unstored::Refuse if !lost.is_empty() => {
+                return Err(SliceOpError::NotStored { names: lost.into_iter().map(|(name, _)| name).collect(), slices_dir });
             }
+            Unstored::Adopt if !lost.is_empty() => {
+                let taken = mgr.take_back(&records, &lost)?;
+                for record in taken {
+                    mgr.store.put(&record)?;
+                    tracing::warn!(slice = %record.spec.name, id = %record.id, spec = ?record.spec,
+                        "live slice the store had no record of, taken back from its limits file (--adopt-unstored-slices) as a persistent slice");
+                    report.taken_back.push(record.spec.name.clone());
+                    records.push(record);
+                }
+                records.sort_by(|a, b| a.spec.name.cmp(&b.spec.name));
+            }
+            _ => {}
         }
         for mut record in records {
             // Admission, bursts and shares count a slice at its device index;
@@ -411,6 +448,59 @@ impl SliceManager {
             tracing::warn!(device, over_bytes = over, "adopted guarantees and burst grants exceed the device's memory; no new grant there until enough is freed");
         }
         Ok((mgr, report))
+    }
+
+    /// The records of the live slice directories `lost` (no stored slice
+    /// owns them), from the specs their limits files publish: each must be
+    /// one a current egpud published (a spec revision), on GPUs of this
+    /// node, and fit beside `stored` and the others taken back. All or
+    /// nothing: otherwise [`SliceOpError::CannotTakeBack`] names each
+    /// that cannot be taken back, and why.
+    fn take_back(&self, stored: &[SliceRecord], lost: &[(String, PathBuf)]) -> Result<Vec<SliceRecord>, SliceOpError> {
+        let mut held: Vec<SliceSpec> = stored.iter().map(|r| r.spec.clone()).collect();
+        let mut taken = Vec::new();
+        let mut why = Vec::new();
+        for (name, dir) in lost {
+            match self.published_record(name, dir, &held) {
+                Ok(record) => {
+                    held.push(record.spec.clone());
+                    taken.push(record);
+                }
+                Err(e) => why.push(format!("{name}: {e}")),
+            }
+        }
+        if why.is_empty() { Ok(taken) } else { Err(SliceOpError::CannotTakeBack { why }) }
+    }
+
+    /// The record of the live slice directory `dir`, from its limits file
+    /// ([`SliceManager::take_back`]).
+    fn published_record(&self, name: &str, dir: &Path, held: &[SliceSpec]) -> Result<SliceRecord, String> {
+        let limits = egpu_abi::LimitsReader::open(&paths::limits_path(dir)).map_err(|e| e.to_string())?;
+        let region = limits.region();
+        let published = region.published_spec().ok_or("its limits file was left in the middle of a write")?;
+        if published.rev == 0 {
+            return Err("its limits file does not publish a spec (written by an older egpud)".into());
+        }
+        if region.name() != name {
+            return Err(format!("its limits file names slice '{}'", region.name()));
+        }
+        let mut devices = Vec::new();
+        let mut uuids = Vec::new();
+        for p in &published.devices {
+            let index = self.devices.iter().position(|d| d.uuid == p.uuid).ok_or_else(|| format!("its GPU {} is not on this node", p.uuid))?;
+            devices.push(DeviceShare {
+                device: index as u32,
+                memory: Bytes(p.mem_guarantee),
+                memory_burst: Bytes(p.mem_burst),
+                compute_share: Percent(p.compute_share_bps),
+                compute_limit: Percent(p.compute_limit_bps),
+            });
+            uuids.push(p.uuid.clone());
+        }
+        let priority = Priority::from_code(published.priority).ok_or_else(|| format!("its limits file has priority code {}", published.priority))?;
+        let spec = SliceSpec { name: name.to_string(), priority, devices };
+        capacity::check(&self.devices, held, &spec).map_err(|e| e.to_string())?;
+        Ok(SliceRecord { id: new_id(), spec, device_uuids: uuids, ephemeral: false, owner: None, created_unix: now_unix(), workload: None, rev: published.rev })
     }
 
     /// Opens one stored slice's files, republishes its limits and sweeps it.

@@ -74,7 +74,9 @@ pub enum StoreError {
     #[error(
         "state store {path} cannot be opened ({detail}). egpud refuses to start rather than lose slices. \
          If the file is damaged, move it aside (`mv {path} {path}.broken`) and start egpud again with \
-         --drop-unstored-slices: it then starts with no slices; a workload still running keeps the memory it holds \
+         --adopt-unstored-slices: it takes the live slices back from their limits files, and their workloads run on \
+         (slices with no live process, and every slice after a reboot, are lost with the store). \
+         With --drop-unstored-slices instead it starts with no slices; a workload still running keeps the memory it holds \
          but can allocate no more, so restart it in a new slice"
     )]
     Corrupt { path: PathBuf, detail: String },

@@ -179,7 +179,7 @@ impl From<SliceOpError> for Status {
             SliceOpError::NotFound(_) => Code::NotFound,
             SliceOpError::Exists(_) => Code::AlreadyExists,
             SliceOpError::Busy { .. } | SliceOpError::Unknown { .. } | SliceOpError::Unadopted { .. } => Code::FailedPrecondition,
-            SliceOpError::Store(_) | SliceOpError::Abi(_) | SliceOpError::Io { .. } | SliceOpError::Cdi(_) | SliceOpError::NotStored { .. } => Code::Internal,
+            SliceOpError::Store(_) | SliceOpError::Abi(_) | SliceOpError::Io { .. } | SliceOpError::Cdi(_) | SliceOpError::NotStored { .. } | SliceOpError::CannotTakeBack { .. } => Code::Internal,
         };
         Status::new(code, chain(&e))
     }

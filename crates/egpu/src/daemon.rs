@@ -58,6 +58,17 @@ pub struct DaemonArgs {
     /// Without it egpud refuses to start and names them.
     #[arg(long)]
     pub drop_unstored_slices: bool,
+    /// Start even where the run directory holds live slices the store has
+    /// no record of, taking each back from the spec its limits file
+    /// publishes (when the store lost them: a damaged store rolled back
+    /// past their creation). They come back under their names, with new
+    /// ids, as persistent slices (a slice of `egpu run` included: remove it
+    /// when its program is done), and their processes keep running in them.
+    /// All or nothing: where one cannot be taken back (a table of an older
+    /// egpud, a GPU not on this node, no room beside the stored slices)
+    /// egpud refuses to start, names it and says why.
+    #[arg(long, conflicts_with = "drop_unstored_slices")]
+    pub adopt_unstored_slices: bool,
     /// Where the host's sysfs is mounted, read for each GPU's NUMA node and
     /// PCIe root complex (published to the kubelet's Topology Manager and
     /// as DRA attributes) [default: /sys; with --simulate, none: the
@@ -106,6 +117,7 @@ impl DaemonArgs {
             memory_audit: self.memory_audit,
             memory_audit_slack: self.memory_audit_slack.0,
             drop_unstored_slices: self.drop_unstored_slices,
+            adopt_unstored_slices: self.adopt_unstored_slices,
             sysfs: match (&self.sysfs, &self.simulate) {
                 (Some(dir), _) => Some(absolute(dir)),
                 (None, None) => Some(PathBuf::from("/sys")),

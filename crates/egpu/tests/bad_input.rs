@@ -102,6 +102,16 @@ fn corrupted_store_stops_egpud_and_names_the_file() {
     assert!(err.contains(&store.display().to_string()) && err.contains("move it aside") && err.contains("refuses to start"), "{err}");
     // Nothing was discarded: the slice's files are where they were.
     assert!(node.run_dir().join("slices/keep/limits").exists());
+    assert!(err.contains("--adopt-unstored-slices"), "{err}");
+
+    // As the message says: the store moved aside, egpud takes the live
+    // slice back from its limits file.
+    std::fs::rename(&store, store.with_extension("redb.broken")).unwrap();
+    node.extra.push("--adopt-unstored-slices".into());
+    node.restart();
+    assert_eq!(node.slice("keep")["devices"][0]["memory_limit_bytes"], 2u64 << 30);
+    node.kill9();
+    node.extra.clear();
 
     // A store cut to 0 bytes is refused too, even with no slice directory
     // left (the run directory is a tmpfs that a reboot empties): egpud never

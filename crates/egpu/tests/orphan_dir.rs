@@ -81,7 +81,7 @@ fn live_slices_the_store_lost_keep_egpud_from_starting_and_are_left_as_they_are(
     assert!(exited && !st.unwrap().success(), "egpud started on top of a store that lost live slices");
     let mut err = String::new();
     std::io::Read::read_to_string(&mut d.stderr.take().unwrap(), &mut err).unwrap();
-    assert!(err.contains("live slices that the store has no record of: busy, idle") && err.contains("--state-dir") && err.contains("changed nothing") && err.contains("--drop-unstored-slices"), "{err}");
+    assert!(err.contains("live slices that the store has no record of: busy, idle") && err.contains("--state-dir") && err.contains("changed nothing") && err.contains("--drop-unstored-slices") && err.contains("--adopt-unstored-slices"), "{err}");
     // Nothing changed: the slices are live, their processes keep their limits.
     for name in ["busy", "idle", "kept"] {
         let lim = LimitsReader::open(&node.run_dir().join("slices").join(name).join("limits")).unwrap();
@@ -149,6 +149,33 @@ fn a_resize_the_store_lost_comes_back_from_the_limits_file_and_the_workload_keep
     assert_eq!(stored[0].rev, 2);
     node.restart();
     assert_eq!(node.slice("busy")["devices"][0]["memory_limit_bytes"].as_u64(), Some(3 << 30));
+    let st = p.finish(T).expect("probe exits when stdin closes");
+    assert!(st.success(), "{st}");
+}
+
+#[test]
+fn live_slices_the_store_lost_are_taken_back_with_adopt_unstored_slices_and_their_workload_runs_on() {
+    let (mut node, mut p) = busy_node(&["busy", "kept"]);
+    node.ok(&["resize", "busy", "--gpu-compute", "30%", "--gpu-memory-burst", "4GiB"]);
+    let before = node.slice("busy");
+    node.kill9();
+    egpu_node::store::Store::open(&node.state_dir()).unwrap().remove("busy").unwrap();
+    node.extra.push("--adopt-unstored-slices".into());
+    node.restart();
+
+    let s = node.slice("busy");
+    for key in ["memory_limit_bytes", "memory_burst_bytes", "compute_share_percent", "compute_limit_percent", "uuid"] {
+        assert_eq!(s["devices"][0][key], before["devices"][0][key], "{key}: {s}\nwas {before}");
+    }
+    assert_ne!(s["id"], before["id"], "a new slice record");
+    assert_eq!(live_pids(std::slice::from_ref(&s)).len(), 1, "the workload is still in its slice: {s}");
+    assert!(s["devices"][0]["used_bytes"].as_u64().unwrap() >= 256 << 20, "its memory is still charged: {s}");
+    assert!(node.log().contains("taken back from its limits file"), "{}", node.log());
+    let names: Vec<String> = node.slices().iter().map(|s| s["name"].as_str().unwrap().to_string()).collect();
+    assert_eq!(names, ["busy", "kept"]);
+    // The flag cannot be given with --drop-unstored-slices.
+    let o = node.daemon_cmd().arg("--drop-unstored-slices").output().unwrap();
+    assert!(!o.status.success() && String::from_utf8_lossy(&o.stderr).contains("cannot be used with"), "{}", String::from_utf8_lossy(&o.stderr));
     let st = p.finish(T).expect("probe exits when stdin closes");
     assert!(st.success(), "{st}");
 }

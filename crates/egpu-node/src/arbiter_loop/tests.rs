@@ -20,6 +20,7 @@ fn agent(dir: &std::path::Path) -> Agent {
         memory_audit: Default::default(),
         memory_audit_slack: crate::audit::DEFAULT_SLACK,
         drop_unstored_slices: false,
+        adopt_unstored_slices: false,
         sysfs: None,
     };
     Agent::start_with(cfg, Box::new(FakeGpus::new(1, 16 * Bytes::GIB))).unwrap()

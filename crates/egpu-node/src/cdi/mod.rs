@@ -294,6 +294,7 @@ mod tests {
             memory_audit: Default::default(),
             memory_audit_slack: crate::audit::DEFAULT_SLACK,
             drop_unstored_slices: false,
+            adopt_unstored_slices: false,
             sysfs: None,
         }
     }

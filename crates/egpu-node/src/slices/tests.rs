@@ -207,7 +207,7 @@ fn a_live_slice_directory_the_store_does_not_know_fails_adoption_and_is_left_alo
     assert_eq!(lim.snapshot().state, egpu_abi::SliceState::Active, "nothing changed");
     assert!(dir.exists());
     // Asked to drop it, adoption treats it as an interrupted delete's.
-    let (_m, report) = SliceManager::adopt_with(run.path(), FakeGpus::new(1, 16 << 30).devices, Store::open(state.path()).unwrap(), true).unwrap();
+    let (_m, report) = SliceManager::adopt_with(run.path(), FakeGpus::new(1, 16 << 30).devices, Store::open(state.path()).unwrap(), Unstored::Drop).unwrap();
     assert_eq!(report.orphan_dirs, vec![dir.clone()]);
     assert_eq!(lim.snapshot().state, egpu_abi::SliceState::Deleted);
     assert!(!dir.exists());
@@ -307,6 +307,7 @@ fn a_slice_whose_cdi_spec_cannot_be_written_is_not_created() {
         memory_audit: Default::default(),
         memory_audit_slack: crate::audit::DEFAULT_SLACK,
         drop_unstored_slices: false,
+        adopt_unstored_slices: false,
         sysfs: None,
     };
     m.set_cdi(crate::cdi::CdiPublisher::new(&cfg, cdi.path()).unwrap());
@@ -548,4 +549,65 @@ proptest::proptest! {
             proptest::prop_assert_eq!(got.rev, 1);
         }
     }
+}
+
+#[test]
+fn live_slices_the_store_lost_are_taken_back_from_their_limits_files_all_or_nothing() {
+    let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let gpus = || FakeGpus::new(2, 16 * Bytes::GIB).devices;
+    let (kept, lost) = {
+        let (mut m, _) = manager(run.path(), state.path());
+        m.create(req("kept", vec![share(0, 8)])).unwrap();
+        let mut r = req("lost", vec![share(0, 4), share(1, 2)]);
+        r.spec.priority = Priority::BestEffort;
+        r.spec.devices[1].memory_burst = Bytes::gib(6);
+        r.spec.devices[1].compute_share = Percent::from_pct(25);
+        m.create(r).unwrap();
+        m.resize("lost", ResizeRequest { devices: vec![0], memory: Some(Bytes::gib(5)), ..Default::default() }).unwrap();
+        m.create(req("old", vec![share(1, 1)])).unwrap();
+        (m.get("kept").unwrap().record.clone(), m.get("lost").unwrap().record.clone())
+    };
+    let store = Store::open(state.path()).unwrap();
+    store.remove("lost").unwrap();
+    store.remove("old").unwrap();
+    drop(store);
+    // `old`'s table is one an egpud before spec revisions wrote.
+    let old = LimitsWriter::open(&paths::limits_path(&paths::slice_dir(run.path(), "old"))).unwrap();
+    old.publish_spec(1, old.snapshot().devices(), 0, &[0]).unwrap();
+    let adopt = || SliceManager::adopt_with(run.path(), gpus(), Store::open(state.path()).unwrap(), Unstored::Adopt);
+    let e = adopt().err().expect("one cannot be taken back: nothing is");
+    let msg = e.to_string();
+    assert!(matches!(&e, SliceOpError::CannotTakeBack { why } if why.len() == 1), "{msg}");
+    assert!(msg.contains("old: its limits file does not publish a spec") && msg.contains("--drop-unstored-slices"), "{msg}");
+    assert!(Store::open(state.path()).unwrap().load_all().unwrap().iter().all(|r| r.spec.name == "kept"), "nothing stored");
+    // Without `old`, `lost` comes back as it was, with a new id, persistent.
+    std::fs::remove_dir_all(paths::slice_dir(run.path(), "old")).unwrap();
+    let (m, report) = adopt().unwrap();
+    assert_eq!(report.taken_back, vec!["lost"]);
+    assert_eq!(report.adopted, vec!["kept", "lost"]);
+    let got = &m.get("lost").unwrap().record;
+    assert_eq!((&got.spec, &got.device_uuids, got.rev, got.ephemeral), (&lost.spec, &lost.device_uuids, 2, false));
+    assert_ne!(got.id, lost.id);
+    assert_eq!(m.get("kept").unwrap().record, kept);
+    drop(m);
+    // Stored now: a plain start adopts it.
+    let (m, report) = manager(run.path(), state.path());
+    assert!(report.taken_back.is_empty());
+    assert_eq!(m.get("lost").unwrap().record.spec, lost.spec);
+    drop(m);
+
+    // No room beside the stored slices (another state directory's slices
+    // would be counted twice): refused, and nothing changes.
+    Store::open(state.path()).unwrap().remove("lost").unwrap();
+    {
+        let store = Store::open(state.path()).unwrap();
+        let mut big = kept.clone();
+        big.spec.name = "big".into();
+        big.id = "s-000000000001".into();
+        big.spec.devices[0].memory = Bytes::gib(8);
+        store.put(&big).unwrap();
+    }
+    let msg = adopt().err().expect("no room").to_string();
+    assert!(msg.contains("lost: ") && msg.contains("free"), "{msg}");
+    assert!(!Store::open(state.path()).unwrap().load_all().unwrap().iter().any(|r| r.spec.name == "lost"));
 }
