@@ -178,6 +178,17 @@ fn publish_record(w: &LimitsWriter, record: &SliceRecord, granted: &[u64]) -> Re
     w.publish_spec(spec.priority.code(), &limits_of(spec, granted), record.rev, &guarantees).map_err(SliceOpError::Abi)
 }
 
+/// The share a limits file publishes for one device, at node index `device`.
+fn published_share(p: &egpu_abi::PublishedDevice, device: u32) -> DeviceShare {
+    DeviceShare {
+        device,
+        memory: Bytes(p.mem_guarantee),
+        memory_burst: Bytes(p.mem_burst),
+        compute_share: Percent(p.compute_share_bps),
+        compute_limit: Percent(p.compute_limit_bps),
+    }
+}
+
 /// The spec a limits file published, when it is a later revision of
 /// `record`'s: the change the store lost. `None` when the file is not ahead,
 /// cannot be read consistently, or does not describe `record`'s slice (another
@@ -195,10 +206,8 @@ fn lost_change(record: &SliceRecord, file: &egpu_abi::LimitsRegion, devices: &[D
         if record.device_uuids.get(i) != Some(&p.uuid) {
             return None;
         }
-        d.memory = Bytes(p.mem_guarantee);
-        d.memory_burst = Bytes(p.mem_burst);
-        d.compute_share = Percent(p.compute_share_bps);
-        d.compute_limit = Percent(p.compute_limit_bps);
+        // The index stays the store's: adoption has moved it to where the GPU is now.
+        *d = published_share(p, d.device);
         let too_big = devices.get(d.device as usize).is_some_and(|g| d.memory_cap().0 > g.memory_bytes);
         if too_big || d.compute_limit > Percent::FULL {
             return None;
@@ -488,13 +497,7 @@ impl SliceManager {
         let mut uuids = Vec::new();
         for p in &published.devices {
             let index = self.devices.iter().position(|d| d.uuid == p.uuid).ok_or_else(|| format!("its GPU {} is not on this node", p.uuid))?;
-            devices.push(DeviceShare {
-                device: index as u32,
-                memory: Bytes(p.mem_guarantee),
-                memory_burst: Bytes(p.mem_burst),
-                compute_share: Percent(p.compute_share_bps),
-                compute_limit: Percent(p.compute_limit_bps),
-            });
+            devices.push(published_share(p, index as u32));
             uuids.push(p.uuid.clone());
         }
         let priority = Priority::from_code(published.priority).ok_or_else(|| format!("its limits file has priority code {}", published.priority))?;
