@@ -318,19 +318,26 @@ print(json.dumps({'bare_driver': j(sys.argv[1]), 'in_slice': j(sys.argv[2]), 'st
   # The re-imported memory is gone with the probe; the next audit says so.
   for _ in $(seq 40); do [ "$(audit_of | pyj "(L[-1].get('untracked_bytes') or 0) == 0")" = True ] && break; sleep 0.25; done
   # Sparse arrays: 256 MiB handles mapped into a sparse array's tiles
-  # (cuMemMapArrayAsync) and released at once. The array holds their memory:
-  # the slice must stay charged for it (the next cuMemCreate refused at the
-  # limit, and the audit finding nothing untracked) until the unmap.
+  # (cuMemMapArrayAsync, two tiles each) and released at once. The array
+  # holds their memory: the slice must stay charged for it (the next
+  # cuMemCreate refused at the limit, and the audit finding nothing
+  # untracked) until the last tile of each handle's range is unmapped. The
+  # unmap goes a tile at a time: after the first tile of every range the
+  # handles are still held; after the second they are free.
   bg sp X dc "$DIST/egpu-probe" sparse --size 256MiB --count 16
   if ml=$(wait_line sp '"mapped"' 60); then
     a='{}'
     for _ in $(seq 8); do a=$(audit_of); sleep 0.25; done
-    send sp unmap
-    ul=$(wait_line sp '"unmapped"' 30)
+    send sp 'unmap-piece 0'
+    hl=$(wait_line sp '"piece":0' 30)
+    h='{}'
+    for _ in $(seq 8); do h=$(audit_of); sleep 0.25; done
+    send sp 'unmap-piece 1'
+    ul=$(wait_line sp '"piece":1' 30)
     u='{}'
     for _ in $(seq 40); do u=$(audit_of); [ "$(printf '%s' "$u" | pyj "(L[-1].get('used_bytes') or 0) < 256*2**20")" = True ] && break; sleep 0.25; done
-    v=$(python3 -c "import json,sys; m,a,ul,u=(json.loads(x or '{}') for x in sys.argv[1:5]); print(json.dumps({'mapped': m.get('count'), 'oom': m.get('oom'), 'held': a, 'unmapped': ul.get('code', 0) if ul else 'no event', 'after_unmap': u, 'rule': 'stopped at the limit (count x 256 MiB <= 2 GiB, next cuMemCreate out of memory); while held untracked_bytes < 256 MiB; after the unmap used_bytes < 256 MiB'}))" "$ml" "$a" "${ul:-}" "$u")
-    ok=$(printf '%s' "$v" | python3 -c "import json,sys; d=json.load(sys.stdin); print(0 < (d['mapped'] or 0)*256*2**20 <= $LIMIT and d['oom']==2 and (d['held'].get('untracked_bytes') or 0) < 256*2**20 and d['unmapped']==0 and (d['after_unmap'].get('used_bytes') or 0) < 256*2**20)")
+    v=$(python3 -c "import json,sys; m,a,hl,h,ul,u=(json.loads(x or '{}') for x in sys.argv[1:7]); print(json.dumps({'mapped': m.get('count'), 'oom': m.get('oom'), 'held': a, 'half_unmapped': hl.get('code', 0) if hl else 'no event', 'after_half': h, 'unmapped': ul.get('code', 0) if ul else 'no event', 'after_unmap': u, 'rule': 'stopped at the limit (count x 256 MiB <= 2 GiB, next cuMemCreate out of memory); while held untracked_bytes < 256 MiB; after one tile of each range is unmapped used_bytes >= count x 256 MiB and untracked_bytes < 256 MiB; after the second used_bytes < 256 MiB'}))" "$ml" "$a" "${hl:-}" "$h" "${ul:-}" "$u")
+    ok=$(printf '%s' "$v" | python3 -c "import json,sys; d=json.load(sys.stdin); n=(d['mapped'] or 0)*256*2**20; print(0 < n <= $LIMIT and d['oom']==2 and (d['held'].get('untracked_bytes') or 0) < 256*2**20 and d['half_unmapped']==0 and (d['after_half'].get('used_bytes') or 0) >= n and (d['after_half'].get('untracked_bytes') or 0) < 256*2**20 and d['unmapped']==0 and (d['after_unmap'].get('used_bytes') or 0) < 256*2**20)")
     [ "$ok" = True ] && record sparse-array pass "$v" || record sparse-array fail "$v"
   else
     v=$(python3 -c 'import json,sys; print(json.dumps({"error": "no mapped event", "stdout": open(sys.argv[1]).read()[-800:], "stderr": open(sys.argv[2]).read()[-800:]}))' "$W/sp.out" "$W/sp.err")

@@ -105,4 +105,53 @@ mod tests {
         assert!(tail.tiles(CU_ARRAY_SPARSE_SUBRESOURCE_TYPE_MIPTAIL).unwrap().within(&tail_t));
         assert!(!t.within(&tail_t) && !tail_t.within(&whole));
     }
+
+    /// Every pair of boxes of a small grid: the pieces of `a.minus(b)` are
+    /// disjoint, inside `a`, clear of `b`, and cover every tile of `a` that
+    /// `b` does not; `None` exactly when the two share no tile.
+    #[test]
+    fn a_box_minus_a_box_leaves_exactly_the_other_tiles() {
+        const DIMS: [u32; 3] = [4, 3, 2];
+        let spans = |d: u32| (0..d).flat_map(move |o| (1..=d - o).map(move |n| (o, n)));
+        let mut boxes = [SparseTiles::MIN; 180];
+        let mut count = 0;
+        for (x, w) in spans(DIMS[0]) {
+            for (y, h) in spans(DIMS[1]) {
+                for (z, d) in spans(DIMS[2]) {
+                    boxes[count] = SparseTiles::Level { level: 1, layer: 0, offset: [x, y, z], extent: [w, h, d] };
+                    count += 1;
+                }
+            }
+        }
+        assert_eq!(count, boxes.len());
+        let has = |t: &SparseTiles, p: [u32; 3]| t.within(&SparseTiles::Level { level: 1, layer: 0, offset: [0; 3], extent: DIMS }) && {
+            let one = SparseTiles::Level { level: 1, layer: 0, offset: p, extent: [1, 1, 1] };
+            one.within(t)
+        };
+        let tiles = || (0..DIMS[0]).flat_map(|x| (0..DIMS[1]).flat_map(move |y| (0..DIMS[2]).map(move |z| [x, y, z])));
+        for a in &boxes {
+            for b in &boxes {
+                let shared = tiles().any(|p| has(a, p) && has(b, p));
+                let Some(rest) = a.minus(b) else {
+                    assert!(!shared, "{a:?} - {b:?}: overlapping, but None");
+                    continue;
+                };
+                assert!(shared, "{a:?} - {b:?}: disjoint, but cut");
+                for p in tiles() {
+                    let n = rest.as_slice().iter().filter(|r| has(r, p)).count();
+                    let want = usize::from(has(a, p) && !has(b, p));
+                    assert_eq!(n, want, "{a:?} - {b:?} at {p:?}: {rest:?}");
+                }
+            }
+        }
+        // Another level or layer is untouched; a mip tail loses its middle.
+        let a = boxes[0];
+        assert_eq!(a.minus(&SparseTiles::Level { level: 2, layer: 0, offset: [0; 3], extent: DIMS }), None);
+        let tail = SparseTiles::MipTail { layer: 1, offset: 0, size: 1 << 20 };
+        let rest = tail.minus(&SparseTiles::MipTail { layer: 1, offset: 1 << 16, size: 1 << 16 }).unwrap();
+        assert_eq!(rest.as_slice(), [SparseTiles::MipTail { layer: 1, offset: 0, size: 1 << 16 }, SparseTiles::MipTail { layer: 1, offset: 2 << 16, size: (1 << 20) - (2 << 16) }]);
+        assert_eq!(tail.minus(&SparseTiles::MipTail { layer: 2, offset: 0, size: 1 << 20 }), None);
+        assert_eq!(tail.minus(&tail).map(|r| r.as_slice().len()), Some(0));
+        assert_eq!(tail.minus(&a), None);
+    }
 }

@@ -485,6 +485,93 @@ impl SparseTiles {
             _ => false,
         }
     }
+
+    /// What is left of `self` once the tiles of `cut` are taken out of it:
+    /// `None` when the two do not overlap (`self` is untouched), else the
+    /// disjoint boxes (or byte ranges) that cover the rest, none when `cut`
+    /// covers all of `self`. A box loses at most two slabs along each axis,
+    /// so there are at most six pieces (two for a mip tail). A zero extent
+    /// counts as 1, as in [`SparseTiles::within`]. Bounds past `u32` (which
+    /// the driver refuses) give `None`: the range is kept whole.
+    pub fn minus(&self, cut: &SparseTiles) -> Option<TilePieces> {
+        let span = |o: u64, n: u64| (o, o.saturating_add(n.max(1)));
+        match (self, cut) {
+            (SparseTiles::Level { level, layer, offset, extent }, SparseTiles::Level { level: cl, layer: cy, offset: co, extent: ce }) if level == cl && layer == cy => {
+                let a: [(u64, u64); 3] = core::array::from_fn(|i| span(offset[i] as u64, extent[i] as u64));
+                let b: [(u64, u64); 3] = core::array::from_fn(|i| span(co[i] as u64, ce[i] as u64));
+                let both: [(u64, u64); 3] = core::array::from_fn(|i| (a[i].0.max(b[i].0), a[i].1.min(b[i].1)));
+                if both.iter().any(|(lo, hi)| lo >= hi) {
+                    return None;
+                }
+                let boxed = |r: [(u64, u64); 3]| -> Option<SparseTiles> {
+                    let mut offset = [0; 3];
+                    let mut extent = [0; 3];
+                    for i in 0..3 {
+                        offset[i] = c_uint::try_from(r[i].0).ok()?;
+                        extent[i] = c_uint::try_from(r[i].1 - r[i].0).ok()?;
+                    }
+                    Some(SparseTiles::Level { level: *level, layer: *layer, offset, extent })
+                };
+                let mut rest = TilePieces::default();
+                let mut left = a;
+                for i in 0..3 {
+                    if left[i].0 < both[i].0 {
+                        let mut r = left;
+                        r[i] = (left[i].0, both[i].0);
+                        rest.push(boxed(r)?);
+                    }
+                    if both[i].1 < left[i].1 {
+                        let mut r = left;
+                        r[i] = (both[i].1, left[i].1);
+                        rest.push(boxed(r)?);
+                    }
+                    left[i] = both[i];
+                }
+                Some(rest)
+            }
+            (SparseTiles::MipTail { layer, offset, size }, SparseTiles::MipTail { layer: cy, offset: co, size: cs }) if layer == cy => {
+                let (a, b) = (span(*offset, *size), span(*co, *cs));
+                let (lo, hi) = (a.0.max(b.0), a.1.min(b.1));
+                if lo >= hi {
+                    return None;
+                }
+                let mut rest = TilePieces::default();
+                if a.0 < lo {
+                    rest.push(SparseTiles::MipTail { layer: *layer, offset: a.0, size: lo - a.0 });
+                }
+                if hi < a.1 {
+                    rest.push(SparseTiles::MipTail { layer: *layer, offset: hi, size: a.1 - hi });
+                }
+                Some(rest)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The pieces [`SparseTiles::minus`] leaves: at most six, in a fixed array
+/// (this crate does not allocate).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TilePieces {
+    items: [SparseTiles; 6],
+    len: usize,
+}
+
+impl Default for TilePieces {
+    fn default() -> Self {
+        TilePieces { items: [SparseTiles::MIN; 6], len: 0 }
+    }
+}
+
+impl TilePieces {
+    fn push(&mut self, t: SparseTiles) {
+        self.items[self.len] = t;
+        self.len += 1;
+    }
+
+    pub fn as_slice(&self) -> &[SparseTiles] {
+        &self.items[..self.len]
+    }
 }
 
 /// `CUarrayMapInfo`, one entry of `cuMemMapArrayAsync`: maps (or unmaps)

@@ -428,6 +428,22 @@ fn handles_mapped_into_a_sparse_array_stay_charged_until_unmapped() {
         assert_eq!(code, 3, "{way}: stopped at out-of-memory: {rest:?}");
         assert_eq!(s.used(0), 0, "{way}: {rest:?}");
     }
+    // A range unmapped a tile at a time: its handle goes with its last tile.
+    let mut p = Running::start(w.probe(&s, &["sparse", "--size", "64MiB", "--count", "16"]));
+    assert_eq!(p.wait_for("mapped")["count"], fits);
+    p.write("unmap-piece 0\n");
+    let first = p.wait_for("unmapped-piece");
+    assert!(first.get("code").is_none(), "{first}");
+    assert_eq!(s.used(0), CTX + fits * 64 * MIB, "each range's second tile still holds its handle");
+    assert_eq!(w.sim_used(0), s.used(0));
+    p.write("unmap-piece 1\n");
+    let second = p.wait_for("unmapped-piece");
+    assert!(second.get("code").is_none() && second["piece"] == 1, "{second}");
+    assert_eq!(s.used(0), CTX, "the last tile of each range gives its handle back");
+    assert_eq!(w.sim_used(0), CTX, "the simulated driver freed them");
+    let (code, rest) = p.finish();
+    assert_eq!(code, 3, "stopped at out-of-memory: {rest:?}");
+
     let mut p = Running::start(w.probe(&s, &["sparse", "--size", "64MiB", "--count", "4", "--keep-handles"]));
     assert_eq!(p.wait_for("mapped")["count"], 4);
     let held = CTX + 4 * 64 * MIB;

@@ -8,11 +8,13 @@
 //! array still maps it stays charged until the last range is unmapped or
 //! its array destroyed.
 //!
-//! - The ledger keys each mapped range by (array, [`SparseTiles`]). An unmap
-//!   drops every recorded range inside the one it names; a map over recorded
-//!   ranges replaces them. A range only partly covered by an unmap keeps its
-//!   reference (the rest of it is still mapped): the slice may stay charged
-//!   for memory the driver has freed, never the reverse.
+//! - The ledger keys each mapped range by (array, [`SparseTiles`]); the
+//!   recorded ranges of an array never overlap. An unmap (or a map, which
+//!   replaces what it covers) takes its tiles out of every recorded range:
+//!   a range inside it is dropped with its reference, and a range it cuts
+//!   through is split into the pieces left ([`SparseTiles::minus`]), each
+//!   holding a reference on the same handle. So a range unmapped piece by
+//!   piece lets its handle go once the last piece goes.
 //! - Destroying an array (`cuArrayDestroy`, `cuMipmappedArrayDestroy`, or the
 //!   context it was made in) drops its ranges. (The levels of a mipmapped
 //!   array are not resources of their own: the driver refuses them.)
@@ -60,11 +62,29 @@ fn ops(list: &[CUarrayMapInfo]) -> Vec<MapOp> {
         .collect()
 }
 
-/// Takes out the ranges of `resource` that `gone` picks: returns the
-/// references they held, for the caller to commit.
-fn drop_ranges(l: &mut Ledger, resource: usize, gone: impl Fn(&SparseTiles) -> bool) -> Vec<Taken> {
-    let keys: Vec<(usize, SparseTiles)> = l.sparse.range((resource, SparseTiles::MIN)..).take_while(|(k, _)| k.0 == resource).filter(|(k, _)| gone(&k.1)).map(|(k, _)| *k).collect();
-    keys.into_iter().filter_map(|k| l.sparse.remove(&k).and_then(|h| take_ref(l, h))).collect()
+/// Takes the tiles of `cut` out of the ranges of `resource`: a range inside
+/// it goes, a range it cuts through is split into what is left, each piece
+/// with a reference of its own on the range's handle. Returns the
+/// references of the ranges that went, for the caller to commit.
+fn cut_ranges(l: &mut Ledger, resource: usize, cut: &SparseTiles) -> Vec<Taken> {
+    let hit: Vec<((usize, SparseTiles), egpu_cuda::TilePieces)> =
+        l.sparse.range((resource, SparseTiles::MIN)..).take_while(|(k, _)| k.0 == resource).filter_map(|(k, _)| Some((*k, k.1.minus(cut)?))).collect();
+    let mut gone = Vec::new();
+    for (key, rest) in hit {
+        let Some(h) = l.sparse.remove(&key) else { continue };
+        let rest = rest.as_slice();
+        if rest.is_empty() {
+            gone.extend(take_ref(l, h));
+            continue;
+        }
+        if let Some(p) = l.physical.get_mut(&h) {
+            p.refs += rest.len() as u32 - 1;
+        }
+        for piece in rest {
+            l.sparse.insert((resource, *piece), h);
+        }
+    }
+    gone
 }
 
 /// Applies `ops`, in order, to the ledger's sparse mappings: returns the
@@ -73,7 +93,7 @@ fn drop_ranges(l: &mut Ledger, resource: usize, gone: impl Fn(&SparseTiles) -> b
 fn apply(l: &mut Ledger, ops: &[MapOp]) -> Vec<Taken> {
     let mut dropped = Vec::new();
     for op in ops {
-        dropped.extend(drop_ranges(l, op.resource, |t| t.within(&op.tiles)));
+        dropped.extend(cut_ranges(l, op.resource, &op.tiles));
         if let Some(h) = op.handle
             && let Some(p) = l.physical.get_mut(&h)
         {
@@ -87,7 +107,12 @@ fn apply(l: &mut Ledger, ops: &[MapOp]) -> Vec<Taken> {
 /// Drops every range mapped in the destroyed arrays `resources`: returns
 /// the references, for the caller to commit.
 fn forget(l: &mut Ledger, resources: impl IntoIterator<Item = usize>) -> Vec<Taken> {
-    resources.into_iter().flat_map(|r| drop_ranges(l, r, |_| true)).collect()
+    let mut gone = Vec::new();
+    for r in resources {
+        let keys: Vec<(usize, SparseTiles)> = l.sparse.range((r, SparseTiles::MIN)..).take_while(|(k, _)| k.0 == r).map(|(k, _)| *k).collect();
+        gone.extend(keys.into_iter().filter_map(|k| l.sparse.remove(&k).and_then(|h| take_ref(l, h))));
+    }
+    gone
 }
 
 /// The arrays `resources` were destroyed: their mappings are gone.
@@ -152,14 +177,33 @@ mod tests {
     }
 
     #[test]
-    fn a_partial_unmap_keeps_the_reference_and_another_array_is_untouched() {
+    fn a_range_unmapped_piece_by_piece_lets_its_handle_go_and_another_array_is_untouched() {
         let mut l = ledger_with(&[7]);
-        apply(&mut l, &[MapOp { resource: 1, tiles: level(0, 128), handle: Some(7) }, MapOp { resource: 2, tiles: level(0, 128), handle: Some(7) }]);
+        apply(&mut l, &[MapOp { resource: 1, tiles: level(0, 192), handle: Some(7) }, MapOp { resource: 2, tiles: level(0, 128), handle: Some(7) }]);
         assert_eq!(l.physical[&7].refs, 3);
-        assert!(apply(&mut l, &[MapOp { resource: 1, tiles: level(0, 64), handle: None }]).is_empty());
-        assert_eq!(l.physical[&7].refs, 3, "half of the range is still mapped");
+        // Cut out of the middle: two pieces are left, a reference each.
+        assert!(apply(&mut l, &[MapOp { resource: 1, tiles: level(64, 64), handle: None }]).is_empty());
+        assert_eq!(l.physical[&7].refs, 4, "the first and the last third are still mapped");
+        assert!(l.sparse.contains_key(&(1, level(0, 64))) && l.sparse.contains_key(&(1, level(128, 64))));
         assert!(apply(&mut l, &[MapOp { resource: 3, tiles: level(0, 1 << 20), handle: None }]).is_empty());
-        assert_eq!(l.sparse.len(), 2);
+        assert_eq!(l.sparse.len(), 3);
+        // The handle's own reference and the other array's go; then the two pieces.
+        assert!(take_ref(&mut l, 7).is_some_and(|t| t.last_handle().is_none()));
+        assert!(forget(&mut l, [2]).iter().all(|t| t.last_handle().is_none()));
+        assert!(apply(&mut l, &[MapOp { resource: 1, tiles: level(0, 64), handle: None }]).iter().all(|t| t.last_handle().is_none()));
+        assert_eq!(last(&apply(&mut l, &[MapOp { resource: 1, tiles: level(100, 200), handle: None }])), vec![7]);
+        assert!(l.physical.is_empty() && l.sparse.is_empty());
+    }
+
+    #[test]
+    fn a_map_over_part_of_a_range_keeps_the_rest_on_the_old_handle() {
+        let mut l = ledger_with(&[7, 8]);
+        apply(&mut l, &[MapOp { resource: 1, tiles: level(0, 128), handle: Some(7) }]);
+        assert!(take_ref(&mut l, 7).is_some_and(|t| t.last_handle().is_none()));
+        assert!(apply(&mut l, &[MapOp { resource: 1, tiles: level(64, 128), handle: Some(8) }]).is_empty());
+        assert_eq!((l.physical[&7].refs, l.physical[&8].refs), (1, 2));
+        assert_eq!(l.sparse.get(&(1, level(0, 64))), Some(&7));
+        assert_eq!(last(&apply(&mut l, &[MapOp { resource: 1, tiles: level(0, 64), handle: Some(8) }])), vec![7]);
     }
 
     #[test]

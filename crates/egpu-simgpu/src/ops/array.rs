@@ -5,8 +5,9 @@
 //! backed by VMM handles that `cuMemMapArrayAsync` maps. Each mapped tile
 //! range holds a mapping reference on its handle's physical allocation, so
 //! releasing the handle frees nothing until the range is unmapped (an unmap
-//! drops the ranges inside the one it names; a map over ranges replaces
-//! them) or its array destroyed. Checked as the driver documents: a sparse
+//! takes its tiles out of every mapped range: a range inside it goes, one it
+//! cuts through leaves its other pieces mapped, each holding a reference;
+//! a map over ranges replaces what it covers) or its array destroyed. Checked as the driver documents: a sparse
 //! array or mipmapped array (not one of its levels), one device bit, a
 //! generic handle to map and none to unmap. Not checked: tiles against the
 //! array's tile size and the handle's size, and the handle's
@@ -23,17 +24,29 @@ fn sparse_bytes(flags: u32, bytes: u64) -> u64 {
     if flags & CUDA_ARRAY3D_SPARSE != 0 { 0 } else { bytes }
 }
 
-/// Drops the mapped ranges of `resource` that `keep` rejects, releasing
-/// their handles' mapping references.
-fn unmap_ranges(p: &Proc, g: &mut Inner, resource: u64, keep: impl Fn(&SparseTiles) -> bool) {
-    let gone: Vec<(u64, SparseTiles)> = g.sparse.range((resource, SparseTiles::MIN)..).take_while(|(k, _)| k.0 == resource).filter(|(k, _)| !keep(&k.1)).map(|(k, _)| *k).collect();
-    for k in gone {
-        if let Some(h) = g.sparse.remove(&k) {
-            if let Some(ph) = g.phys.get_mut(&h) {
-                ph.map_refs = ph.map_refs.saturating_sub(1);
-            }
-            drop_if_unused(p, g, h);
+/// Unmaps the tiles of `cut` (all of them: `None`) from `resource`: a
+/// range inside goes, releasing its handle's mapping reference; a range it
+/// cuts through leaves its other pieces mapped, a reference each.
+fn unmap_ranges(p: &Proc, g: &mut Inner, resource: u64, cut: Option<&SparseTiles>) {
+    let hit: Vec<((u64, SparseTiles), Option<TilePieces>)> = g
+        .sparse
+        .range((resource, SparseTiles::MIN)..)
+        .take_while(|(k, _)| k.0 == resource)
+        .filter_map(|(k, _)| match cut {
+            None => Some((*k, None)),
+            Some(c) => k.1.minus(c).map(|rest| (*k, Some(rest))),
+        })
+        .collect();
+    for (k, rest) in hit {
+        let Some(h) = g.sparse.remove(&k) else { continue };
+        let rest = rest.as_ref().map_or(&[][..], TilePieces::as_slice);
+        if let Some(ph) = g.phys.get_mut(&h) {
+            ph.map_refs = (ph.map_refs + rest.len() as u32).saturating_sub(1);
         }
+        for piece in rest {
+            g.sparse.insert((resource, *piece), h);
+        }
+        drop_if_unused(p, g, h);
     }
 }
 
@@ -73,7 +86,7 @@ pub fn map_array_async(list: *mut CUarrayMapInfo, count: u32, _stream: CUstream)
         ops.push((r, tiles, handle));
     }
     for (r, tiles, handle) in ops {
-        unmap_ranges(p, &mut g, r, |t| !t.within(&tiles));
+        unmap_ranges(p, &mut g, r, Some(&tiles));
         if let Some(h) = handle {
             if let Some(ph) = g.phys.get_mut(&h) {
                 ph.map_refs += 1;
@@ -124,7 +137,7 @@ pub fn array_destroy(a: CUarray) -> R<()> {
     match g.arrays.get(&(a as u64)) {
         Some(d) if !d.view => {
             let d = g.arrays.remove(&(a as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-            unmap_ranges(p, &mut g, a as u64, |_| false);
+            unmap_ranges(p, &mut g, a as u64, None);
             p.shm.uncharge(p.slot, d.phys, d.charged);
             Ok(())
         }
@@ -184,7 +197,7 @@ pub fn mipmapped_destroy(m: CUmipmappedArray) -> R<()> {
     let p = cu()?;
     let mut g = p.lock();
     let (top, _, lv) = g.mipmaps.remove(&(m as u64)).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    unmap_ranges(p, &mut g, m as u64, |_| false);
+    unmap_ranges(p, &mut g, m as u64, None);
     for l in lv {
         g.arrays.remove(&l);
     }

@@ -26,9 +26,16 @@ pub struct SparseArgs {
     keep_handles: bool,
 }
 
-/// The tile range of handle `i`: a 64-texel-wide box of level 0.
-fn tiles(i: u32, n: u32) -> CUarraySubresource {
-    CUarraySubresource::sparse_level(0, 0, [i * 64, 0, 0], [n * 64, 64, 1])
+/// Texels of a 64 KiB tile of a 2D float4 array, along x and y.
+const TILE: u32 = 64;
+
+/// Tiles of level 0 that each handle backs: two, side by side, so that a
+/// range can be unmapped in pieces.
+const PER_HANDLE: u32 = 2;
+
+/// The `n` tiles along x from tile `first`, one tile high.
+fn tiles(first: u32, n: u32) -> CUarraySubresource {
+    CUarraySubresource::sparse_level(0, 0, [first * TILE, 0, 0], [n * TILE, TILE, 1])
 }
 
 /// One map or unmap entry (an unmap names no handle) on device `dev`.
@@ -49,13 +56,16 @@ fn entry(array: CUarray, sub: CUarraySubresource, op: u32, handle: CUmemGenericA
 }
 
 /// After `{"event":"mapped","count":n}`, lines on stdin: `unmap` unmaps the
-/// whole level in one entry (`{"event":"unmapped"}`); `destroy` destroys the
+/// whole level in one entry (`{"event":"unmapped"}`); `unmap-piece K`
+/// unmaps tile K (0 or 1) of every handle's range in one call
+/// (`{"event":"unmapped-piece","piece":K}`), so a range goes in pieces;
+/// `destroy` destroys the
 /// array (`{"event":"destroyed"}`); `info` prints `{"event":"mem"}`. End of
 /// input exits: 0 if all --count were mapped, 3 if out-of-memory stopped it.
 pub fn run(api: Api, g: &Global, a: SparseArgs) -> i32 {
     let cu = setup(api, g.device, g.own_ctx);
     let (prop, size) = cu.vmm_prop(a.size, CU_MEM_HANDLE_TYPE_NONE, CU_MEM_CREATE_USAGE_TILE_POOL);
-    let desc = CUDA_ARRAY3D_DESCRIPTOR { Width: 64 * a.count.max(1) as usize, Height: 64, Depth: 0, Format: CU_AD_FORMAT_FLOAT, NumChannels: 4, Flags: CUDA_ARRAY3D_SPARSE };
+    let desc = CUDA_ARRAY3D_DESCRIPTOR { Width: (TILE * PER_HANDLE * a.count.max(1)) as usize, Height: TILE as usize, Depth: 0, Format: CU_AD_FORMAT_FLOAT, NumChannels: 4, Flags: CUDA_ARRAY3D_SPARSE };
     let mut array: CUarray = std::ptr::null_mut();
     call!(cu.api, cuArray3DCreate_v2(&mut array, &desc)).unwrap_or_else(|e| die(e, exit::FAILED));
     emit(json!({"event": "array", "mem": cu.mem_info()}));
@@ -68,7 +78,7 @@ pub fn run(api: Api, g: &Global, a: SparseArgs) -> i32 {
             stopped = Some(e.code);
             break;
         }
-        let mut m = [entry(array, tiles(i, 1), CU_MEM_OPERATION_TYPE_MAP, h, cu.dev)];
+        let mut m = [entry(array, tiles(i * PER_HANDLE, PER_HANDLE), CU_MEM_OPERATION_TYPE_MAP, h, cu.dev)];
         call!(cu.api, cuMemMapArrayAsync(m.as_mut_ptr(), 1, std::ptr::null_mut())).unwrap_or_else(|e| die(e, exit::FAILED));
         mapped += 1;
         if a.keep_handles {
@@ -82,8 +92,20 @@ pub fn run(api: Api, g: &Global, a: SparseArgs) -> i32 {
     let mut line = String::new();
     while matches!(std::io::stdin().read_line(&mut line), Ok(n) if n > 0) {
         match line.trim() {
+            cmd if alive && cmd.starts_with("unmap-piece ") => {
+                let Some(k) = cmd["unmap-piece ".len()..].trim().parse::<u32>().ok().filter(|k| *k < PER_HANDLE) else {
+                    emit(json!({"event": "unknown-command", "line": cmd}));
+                    line.clear();
+                    continue;
+                };
+                let mut m: Vec<CUarrayMapInfo> = (0..mapped).map(|i| entry(array, tiles(i * PER_HANDLE + k, 1), CU_MEM_OPERATION_TYPE_UNMAP, 0, cu.dev)).collect();
+                match call!(cu.api, cuMemMapArrayAsync(m.as_mut_ptr(), m.len() as u32, std::ptr::null_mut())) {
+                    Ok(()) => emit(json!({"event": "unmapped-piece", "piece": k, "mem": cu.mem_info()})),
+                    Err(e) => emit(json!({"event": "unmapped-piece", "piece": k, "code": e.code})),
+                }
+            }
             "unmap" if alive => {
-                let mut m = [entry(array, tiles(0, a.count.max(1)), CU_MEM_OPERATION_TYPE_UNMAP, 0, cu.dev)];
+                let mut m = [entry(array, tiles(0, PER_HANDLE * a.count.max(1)), CU_MEM_OPERATION_TYPE_UNMAP, 0, cu.dev)];
                 match call!(cu.api, cuMemMapArrayAsync(m.as_mut_ptr(), 1, std::ptr::null_mut())) {
                     Ok(()) => emit(json!({"event": "unmapped", "mem": cu.mem_info()})),
                     Err(e) => emit(json!({"event": "unmapped", "code": e.code})),
