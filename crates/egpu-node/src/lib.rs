@@ -22,6 +22,7 @@ pub mod capacity;
 pub mod cdi;
 pub mod client;
 pub mod config;
+mod crash;
 pub mod devices;
 pub mod launch;
 pub mod lock;

@@ -817,6 +817,7 @@ impl SliceManager {
             self.remove_slice_dir(&dir);
             return Err(e.into());
         }
+        crate::crash::point("create-stored");
         let limits = match self.create_limits(&record, &paths::limits_path(&dir)) {
             Ok(l) => l,
             Err(e) => {
@@ -838,6 +839,7 @@ impl SliceManager {
                 return Err(e);
             }
         };
+        crate::crash::point("create-published");
         limits.heartbeat();
         tracing::info!(slice = %name, id = %record.id, spec = ?record.spec, "created slice");
         let granted = vec![0; record.spec.devices.len()];
@@ -906,6 +908,7 @@ impl SliceManager {
         record.spec = spec;
         record.rev += 1;
         self.store.put(&record)?;
+        crate::crash::point("resize-stored");
         slice.record = record;
         slice.resizes += 1;
         // A grant stays as far as the new burst cap allows.
@@ -913,6 +916,7 @@ impl SliceManager {
             slice.granted[i] = old_limits[i].min(d.memory_cap().0).saturating_sub(d.memory.0);
         }
         let seq = slice.publish()?;
+        crate::crash::point("resize-published");
         for (i, (old, new)) in old_limits.iter().zip(slice.mem_limits()).enumerate() {
             if new < *old {
                 self.burst.hold(&name, i, *old);
@@ -941,6 +945,7 @@ impl SliceManager {
         slice.limits.mark_deleted();
         // Pairs with the hook's fence after it claims a record (see there).
         std::sync::atomic::fence(Ordering::SeqCst);
+        crate::crash::point("delete-marked");
         if !force {
             slice.usage.sweep(None);
             let late = slice.live_pids();
@@ -954,6 +959,7 @@ impl SliceManager {
             let _ = slice.publish();
             return Err(e.into());
         }
+        crate::crash::point("delete-unstored");
         let slice = self.slices.remove(&name).expect("looked up above");
         self.burst.forget(&name);
         // Attached processes keep their mappings; the directory entry goes
