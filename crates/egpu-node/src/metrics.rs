@@ -142,6 +142,12 @@ fn families(node: &Node) -> Vec<Family<'static>> {
     }
     let mut unadopted = Family::new("egpu_slices_unadopted", "Stored slices egpud could not adopt (their slice-table files cannot be opened); their memory stays reserved and every sweep tries again.", Gauge);
     unadopted.push(Vec::new(), m.unadopted().count() as f64);
+    let mut recovered = Family::new(
+        "egpu_slices_recovered_from_limits",
+        "Slices this egpud took back from their limits files at start because its store had lost a change of theirs or the whole slice (a damaged store rolled back); non-zero: check the state directory's disk.",
+        Gauge,
+    );
+    recovered.push(Vec::new(), m.recovered() as f64);
     drop(m);
     let mut period = Family::new("egpu_arbiter_period_seconds", "Configured compute arbiter period.", Gauge);
     period.push(Vec::new(), compute.period_ns as f64 / 1e9);
@@ -155,7 +161,7 @@ fn families(node: &Node) -> Vec<Family<'static>> {
     cpu.push(Vec::new(), compute.cpu_s);
     vec![
         dev_mem, dev_alloc, dev_share, dev_unmanaged, info, procs, resizes, repairs, mem_limit, mem_burst, mem_granted, mem_used, mem_driver, mem_untracked, refused, share, limit, usage, used, measured, throttled, waits,
-        budget, allowance, hungry, scale, unadopted, period, achieved, ticks, missed, cpu,
+        budget, allowance, hungry, scale, unadopted, recovered, period, achieved, ticks, missed, cpu,
     ]
 }
 

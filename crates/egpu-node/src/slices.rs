@@ -323,6 +323,10 @@ pub struct SliceManager {
     audit_charges: bool,
     /// Keeps a CDI spec per slice (`--cdi-dir`).
     cdi: Option<crate::cdi::CdiPublisher>,
+    /// Slices whose spec adoption took back from their limits files (a
+    /// change, or a whole slice, the store had lost): the metric
+    /// `egpu_slices_recovered_from_limits`.
+    recovered: usize,
 }
 
 fn now_unix() -> u64 {
@@ -376,6 +380,7 @@ impl SliceManager {
             unmanaged: BTreeMap::new(),
             audit_charges: false,
             cdi: None,
+            recovered: 0,
         };
         let mut report = AdoptReport::default();
         let mut records = mgr.store.load_all()?;
@@ -453,6 +458,7 @@ impl SliceManager {
             }
         }
         mgr.adopt_orphan_dirs(&slices_dir, &mut report);
+        mgr.recovered = report.restored.len() + report.taken_back.len();
         for (device, over) in crate::burst::overlent(&mgr) {
             tracing::warn!(device, over_bytes = over, "adopted guarantees and burst grants exceed the device's memory; no new grant there until enough is freed");
         }
@@ -548,6 +554,13 @@ impl SliceManager {
     /// Stored slices whose files could not be opened yet.
     pub fn unadopted(&self) -> impl Iterator<Item = &Unadopted> {
         self.unadopted.values()
+    }
+
+    /// How many slices this egpud's adoption took back from their limits
+    /// files, because the store had lost a change of theirs or the whole
+    /// slice ([`AdoptReport::restored`], [`AdoptReport::taken_back`]).
+    pub fn recovered(&self) -> usize {
+        self.recovered
     }
 
     /// The specs admission counts next to a new or resized slice: every

@@ -40,6 +40,7 @@ fn metrics_are_served_over_http_and_follow_slices_resizes_and_workloads() {
     assert_eq!(value(&body, r#"egpu_slice_resizes_total{slice="a"}"#), Some(0.0));
     assert_eq!(value(&body, r#"egpu_slice_usage_file_repairs_total{slice="a"}"#), Some(0.0));
     assert_eq!(value(&body, "egpu_slices_unadopted"), Some(0.0));
+    assert_eq!(value(&body, "egpu_slices_recovered_from_limits"), Some(0.0));
     assert_eq!(value(&body, "egpu_arbiter_period_seconds"), Some(0.01));
     assert!(body.contains(r#"egpu_device_compute_share_allocated_ratio{device="0",uuid="GPU-"#), "{body}");
     assert!(body.contains("# TYPE egpu_arbiter_tick_seconds histogram"));

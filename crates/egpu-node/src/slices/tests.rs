@@ -459,6 +459,7 @@ fn a_change_the_store_lost_comes_back_from_the_limits_file() {
 
     let (m, report) = manager(run.path(), state.path());
     assert_eq!(report.restored, vec![("a".to_string(), 1, 2)], "{report:?}");
+    assert_eq!(m.recovered(), 1, "counted for the metric");
     let a = m.get("a").unwrap();
     assert_eq!(a.record.spec, resized.spec, "the resize the store lost is back");
     assert_eq!((a.record.rev, a.record.id.as_str()), (2, resized.id.as_str()));
@@ -470,6 +471,7 @@ fn a_change_the_store_lost_comes_back_from_the_limits_file() {
     // The store has it again: the next start restores nothing.
     let (m, report) = manager(run.path(), state.path());
     assert!(report.restored.is_empty(), "{report:?}");
+    assert_eq!(m.recovered(), 0);
     assert_eq!(m.get("a").unwrap().record.spec, resized.spec);
 }
 
@@ -584,6 +586,7 @@ fn live_slices_the_store_lost_are_taken_back_from_their_limits_files_all_or_noth
     std::fs::remove_dir_all(paths::slice_dir(run.path(), "old")).unwrap();
     let (m, report) = adopt().unwrap();
     assert_eq!(report.taken_back, vec!["lost"]);
+    assert_eq!(m.recovered(), 1);
     assert_eq!(report.adopted, vec!["kept", "lost"]);
     let got = &m.get("lost").unwrap().record;
     assert_eq!((&got.spec, &got.device_uuids, got.rev, got.ephemeral), (&lost.spec, &lost.device_uuids, 2, false));
