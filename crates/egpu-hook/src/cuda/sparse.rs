@@ -62,17 +62,25 @@ fn ops(list: &[CUarrayMapInfo]) -> Vec<MapOp> {
         .collect()
 }
 
-/// Takes the tiles of `cut` out of the ranges of `resource`: a range inside
-/// it goes, a range it cuts through is split into what is left, each piece
-/// with a reference of its own on the range's handle. Returns the
-/// references of the ranges that went, for the caller to commit.
-fn cut_ranges(l: &mut Ledger, resource: usize, cut: &SparseTiles) -> Vec<Taken> {
-    let hit: Vec<((usize, SparseTiles), egpu_cuda::TilePieces)> =
-        l.sparse.range((resource, SparseTiles::MIN)..).take_while(|(k, _)| k.0 == resource).filter_map(|(k, _)| Some((*k, k.1.minus(cut)?))).collect();
+/// Takes the tiles of `cut` (all of them: `None`, the array is gone) out of
+/// the ranges of `resource`: a range inside it goes, a range it cuts
+/// through is split into what is left, each piece with a reference of its
+/// own on the range's handle. Returns the references of the ranges that
+/// went, for the caller to commit.
+fn cut_ranges(l: &mut Ledger, resource: usize, cut: Option<&SparseTiles>) -> Vec<Taken> {
+    let hit: Vec<((usize, SparseTiles), Option<egpu_cuda::TilePieces>)> = l
+        .sparse
+        .range((resource, SparseTiles::MIN)..)
+        .take_while(|(k, _)| k.0 == resource)
+        .filter_map(|(k, _)| match cut {
+            None => Some((*k, None)),
+            Some(c) => k.1.minus(c).map(|rest| (*k, Some(rest))),
+        })
+        .collect();
     let mut gone = Vec::new();
     for (key, rest) in hit {
         let Some(h) = l.sparse.remove(&key) else { continue };
-        let rest = rest.as_slice();
+        let rest = rest.as_ref().map_or(&[][..], egpu_cuda::TilePieces::as_slice);
         if rest.is_empty() {
             gone.extend(take_ref(l, h));
             continue;
@@ -93,7 +101,7 @@ fn cut_ranges(l: &mut Ledger, resource: usize, cut: &SparseTiles) -> Vec<Taken> 
 fn apply(l: &mut Ledger, ops: &[MapOp]) -> Vec<Taken> {
     let mut dropped = Vec::new();
     for op in ops {
-        dropped.extend(cut_ranges(l, op.resource, &op.tiles));
+        dropped.extend(cut_ranges(l, op.resource, Some(&op.tiles)));
         if let Some(h) = op.handle
             && let Some(p) = l.physical.get_mut(&h)
         {
@@ -107,12 +115,7 @@ fn apply(l: &mut Ledger, ops: &[MapOp]) -> Vec<Taken> {
 /// Drops every range mapped in the destroyed arrays `resources`: returns
 /// the references, for the caller to commit.
 fn forget(l: &mut Ledger, resources: impl IntoIterator<Item = usize>) -> Vec<Taken> {
-    let mut gone = Vec::new();
-    for r in resources {
-        let keys: Vec<(usize, SparseTiles)> = l.sparse.range((r, SparseTiles::MIN)..).take_while(|(k, _)| k.0 == r).map(|(k, _)| *k).collect();
-        gone.extend(keys.into_iter().filter_map(|k| l.sparse.remove(&k).and_then(|h| take_ref(l, h))));
-    }
-    gone
+    resources.into_iter().flat_map(|r| cut_ranges(l, r, None)).collect()
 }
 
 /// The arrays `resources` were destroyed: their mappings are gone.
