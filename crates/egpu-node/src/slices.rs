@@ -178,15 +178,19 @@ fn publish_record(w: &LimitsWriter, record: &SliceRecord, granted: &[u64]) -> Re
     w.publish_spec(spec.priority.code(), &limits_of(spec, granted), record.rev, &guarantees).map_err(SliceOpError::Abi)
 }
 
-/// The share a limits file publishes for one device, at node index `device`.
-fn published_share(p: &egpu_abi::PublishedDevice, device: u32) -> DeviceShare {
-    DeviceShare {
+/// The share a limits file publishes for one device, at node index
+/// `device`; `None` for a compute cap above 100%, which the API refuses, so
+/// egpud never published it. (The rest of what egpud admits, memory against
+/// the GPU included, the callers check.)
+fn published_share(p: &egpu_abi::PublishedDevice, device: u32) -> Option<DeviceShare> {
+    let share = DeviceShare {
         device,
         memory: Bytes(p.mem_guarantee),
         memory_burst: Bytes(p.mem_burst),
         compute_share: Percent(p.compute_share_bps),
         compute_limit: Percent(p.compute_limit_bps),
-    }
+    };
+    (share.compute_limit <= Percent::FULL).then_some(share)
 }
 
 /// The spec a limits file published, when it is a later revision of
@@ -207,9 +211,8 @@ fn lost_change(record: &SliceRecord, file: &egpu_abi::LimitsRegion, devices: &[D
             return None;
         }
         // The index stays the store's: adoption has moved it to where the GPU is now.
-        *d = published_share(p, d.device);
-        let too_big = devices.get(d.device as usize).is_some_and(|g| d.memory_cap().0 > g.memory_bytes);
-        if too_big || d.compute_limit > Percent::FULL {
+        *d = published_share(p, d.device)?;
+        if devices.get(d.device as usize).is_some_and(|g| d.memory_cap().0 > g.memory_bytes) {
             return None;
         }
     }
@@ -503,7 +506,7 @@ impl SliceManager {
         let mut uuids = Vec::new();
         for p in &published.devices {
             let index = self.devices.iter().position(|d| d.uuid == p.uuid).ok_or_else(|| format!("its GPU {} is not on this node", p.uuid))?;
-            devices.push(published_share(p, index as u32));
+            devices.push(published_share(p, index as u32).ok_or_else(|| format!("its limits file has a compute cap of {} basis points, above 100%", p.compute_limit_bps))?);
             uuids.push(p.uuid.clone());
         }
         let priority = Priority::from_code(published.priority).ok_or_else(|| format!("its limits file has priority code {}", published.priority))?;

@@ -614,3 +614,20 @@ fn live_slices_the_store_lost_are_taken_back_from_their_limits_files_all_or_noth
     assert!(msg.contains("lost: ") && msg.contains("free"), "{msg}");
     assert!(!Store::open(state.path()).unwrap().load_all().unwrap().iter().any(|r| r.spec.name == "lost"));
 }
+
+#[test]
+fn a_lost_slice_whose_table_has_a_compute_cap_above_100_percent_is_not_taken_back() {
+    let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    {
+        let (mut m, _) = manager(run.path(), state.path());
+        m.create(req("odd", vec![share(0, 1)])).unwrap();
+    }
+    Store::open(state.path()).unwrap().remove("odd").unwrap();
+    let w = LimitsWriter::open(&paths::limits_path(&paths::slice_dir(run.path(), "odd"))).unwrap();
+    let mut d = w.snapshot().devices().to_vec();
+    d[0].compute_limit_bps = 15_000;
+    w.publish_spec(1, &d, 1, &[Bytes::GIB]).unwrap();
+    let e = SliceManager::adopt_with(run.path(), FakeGpus::new(2, 16 * Bytes::GIB).devices, Store::open(state.path()).unwrap(), Unstored::Adopt).err().expect("refused");
+    assert!(e.to_string().contains("odd: its limits file has a compute cap of 15000 basis points, above 100%"), "{e}");
+    assert!(Store::open(state.path()).unwrap().load_all().unwrap().is_empty(), "nothing stored");
+}
