@@ -470,28 +470,14 @@ impl SparseTiles {
     /// The least value in the derived order (the start of a range scan).
     pub const MIN: SparseTiles = SparseTiles::Level { level: 0, layer: 0, offset: [0; 3], extent: [0; 3] };
 
-    /// Whether every tile of `self` lies inside `outer` (same level and
-    /// layer, or the same layer's mip tail). A zero extent counts as 1, as
-    /// the height and depth of 1D and 2D arrays do.
-    pub fn within(&self, outer: &SparseTiles) -> bool {
-        let inside = |o: u64, n: u64, oo: u64, on: u64| o >= oo && o.saturating_add(n.max(1)) <= oo.saturating_add(on.max(1));
-        match (self, outer) {
-            (SparseTiles::Level { level, layer, offset, extent }, SparseTiles::Level { level: ol, layer: oy, offset: oo, extent: oe }) => {
-                level == ol && layer == oy && (0..3).all(|i| inside(offset[i] as u64, extent[i] as u64, oo[i] as u64, oe[i] as u64))
-            }
-            (SparseTiles::MipTail { layer, offset, size }, SparseTiles::MipTail { layer: oy, offset: oo, size: os }) => {
-                layer == oy && inside(*offset, *size, *oo, *os)
-            }
-            _ => false,
-        }
-    }
-
     /// What is left of `self` once the tiles of `cut` are taken out of it:
     /// `None` when the two do not overlap (`self` is untouched), else the
     /// disjoint boxes (or byte ranges) that cover the rest, none when `cut`
     /// covers all of `self`. A box loses at most two slabs along each axis,
     /// so there are at most six pieces (two for a mip tail). A zero extent
-    /// counts as 1, as in [`SparseTiles::within`]. Bounds past `u32` (which
+    /// counts as 1, as the height and depth of 1D and 2D arrays do. Boxes
+    /// of another level or layer, or a box and a mip tail, never overlap.
+    /// Bounds past `u32` (which
     /// the driver refuses) give `None`: the range is kept whole.
     pub fn minus(&self, cut: &SparseTiles) -> Option<TilePieces> {
         let span = |o: u64, n: u64| (o, o.saturating_add(n.max(1)));
