@@ -31,7 +31,7 @@ fn crashed_at(point: &str, args: &[&str]) -> (Node, Lines) {
     let mut d = node.daemon.take().expect("started");
     let st = d.wait().unwrap();
     assert_eq!(st.signal(), Some(libc::SIGKILL), "{point}: egpud was not killed at the crash point ({st}); log:\n{}", node.log());
-    assert!(node.log().contains(&format!("point=\"{point}\"")) || node.log().contains(point), "{point}: log:\n{}", node.log());
+    assert!(node.log().lines().any(|l| l.contains("EGPU_CRASH_AT: killing egpud here") && l.contains(point)), "{point}: log:\n{}", node.log());
     node.env.clear();
     node.restart();
     (node, p)
