@@ -588,7 +588,9 @@ print(json.dumps({'p99_alone_us': pa, 'p99_loaded_us': pl, 'ratio': round(pl/pa,
     cslice rb --gpu-compute 70% --gpu-compute-limit 70%
     sburn ra ra 8 saturate; p1=$LAST
     sburn rb rb 8 saturate; p2=$LAST
-    sleep 2.5
+    # Measure once both run kernels (their first 1 s report), not after a
+    # fixed pause: on a loaded machine starting them took longer than one.
+    for _ in $(seq 600); do [ -s "$W/ra.out" ] && [ -s "$W/rb.out" ] && break; sleep 0.05; done
     v=$(timeout 30 python3 "$PYDIR/compute_tools.py" resize "$DIST/egpu" "$SOCK" ra rb 1.5 2.0 20 60 40 2>"$W/resize.err" || python3 -c 'import json,sys; print(json.dumps({"error": open(sys.argv[1]).read()[-1000:]}))' "$W/resize.err")
     wait $p1 $p2
     v=$(python3 -c "import json,sys; d=json.loads(sys.argv[1]); d['rule']='converged_ms <= 20 (2 periods): the start, after the resize returned, of the first >= 20 ms window whose split is within 5 points of 60/40 and from which on the mean split is within 3 points'; print(json.dumps(d))" "$v")
