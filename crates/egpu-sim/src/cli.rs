@@ -224,6 +224,25 @@ pub struct SimulateFlags {
     /// reference for what placement alone can buy, not a policy; slower).
     #[arg(long, requires = "elastic", conflicts_with = "no_fleet")]
     pub fleet_hindsight: bool,
+    /// Elastic fleet: also evaluate the same fleet re-placed every MINUTES
+    /// knowing the next MINUTES of usage exactly (`fleet-foresight`, a
+    /// reference for how far ahead a placement must see, not a policy).
+    #[arg(long, value_name = "MINUTES", value_parser = count(1), requires = "elastic", conflicts_with = "no_fleet")]
+    pub fleet_foresight: Option<usize>,
+    /// Elastic fleet: the foresight reference knows each pod's levels in
+    /// the coming minutes but not their timing (its samples shuffled within
+    /// each window, seeded; `fleet-foresight-shuffled`): what a forecaster
+    /// of levels alone would buy.
+    #[arg(long, requires = "elastic", requires = "fleet_foresight", conflicts_with = "no_fleet")]
+    pub fleet_foresight_shuffled: bool,
+    /// Elastic fleet: every this many minutes (0 = never), re-place the
+    /// pods with the foresight planner fed the last --fleet-replan-lookback
+    /// minutes, as if they would repeat (an online policy).
+    #[arg(long, value_name = "MINUTES", default_value_t = 0, value_parser = count(0), requires = "elastic", conflicts_with = "no_fleet")]
+    pub fleet_replan: usize,
+    /// Elastic fleet: … the minutes of history that re-planning looks at.
+    #[arg(long, value_name = "MINUTES", default_value_t = 240, value_parser = count(1), requires = "elastic", conflicts_with = "no_fleet")]
+    pub fleet_replan_lookback: usize,
 }
 
 /// A whole number from `min` to 100,000 (minutes, moves, threads).
@@ -674,6 +693,10 @@ fn run_elastic(args: &SimulateFlags) -> Result<()> {
         budget: args.fleet_budget,
         gpus: args.fleet_gpus.map(|n| n as usize),
         hindsight: args.fleet_hindsight,
+        foresight: args.fleet_foresight,
+        foresight_shuffled: args.fleet_foresight_shuffled,
+        replan: args.fleet_replan,
+        replan_lookback: args.fleet_replan_lookback,
         carry_unserved,
     });
     // Long traces take minutes: a line says what is being evaluated.

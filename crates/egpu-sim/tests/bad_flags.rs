@@ -78,6 +78,10 @@ fn out_of_range_values_are_refused_by_name() {
         &["--elastic", "--gpu-risk-quantile", "NaN"],
         &["--elastic", "--moves", "Repack"],
         &["--elastic", "--fleet-risk-window", "100001"],
+        &["--elastic", "--fleet-foresight", "0"],
+        &["--elastic", "--fleet-foresight", "100001"],
+        &["--elastic", "--fleet-replan", "100001"],
+        &["--elastic", "--fleet-replan-lookback", "0"],
         &["--seeds", "0"],
         &["--seeds", "10000000000000"],
         &["--threads", "0"],
@@ -92,6 +96,7 @@ fn out_of_range_values_are_refused_by_name() {
     parse(&["--elastic"]).expect("elastic defaults");
     parse(&["--elastic", "--gpu-mem-gib", "1,4096", "--compute-quantile", "0", "--gpu-risk-quantile", "0", "--gpu-risk-window", "100000"]).expect("edges");
     parse(&["--seeds", "100000", "--threads", "1", "--first-seed", "0"]).expect("edges");
+    parse(&["--elastic", "--fleet-foresight", "100000", "--fleet-foresight-shuffled", "--fleet-replan", "0", "--fleet-replan-lookback", "100000"]).expect("edges");
 }
 
 #[test]
@@ -107,6 +112,9 @@ fn flags_of_the_other_mode_are_refused() {
         &["--fleet-gpus", "40"],
         &["--elastic", "--no-fleet", "--fleet-gpus", "3"],
         &["--elastic", "--no-fleet", "--fleet-hindsight"],
+        &["--elastic", "--no-fleet", "--fleet-foresight", "60"],
+        &["--elastic", "--no-fleet", "--fleet-replan", "15"],
+        &["--elastic", "--fleet-foresight-shuffled"],
         &["--elastic", "--duty-unit", "fraction"],
     ] {
         assert!(parse(bad).is_err(), "{bad:?} accepted");

@@ -399,7 +399,7 @@ fn severity_says_how_much_time_the_cuts_cost_and_what_no_split_could_avoid() {
 #[test]
 fn the_evaluation_says_each_strategy_and_each_fleet_size_it_tries() {
     let u = noisy(12, 80);
-    let cfg = elastic::ElasticConfig { gpu_mem_gib: 80.0, fleet: Some(FleetConfig { hindsight: true, ..Default::default() }), ..Default::default() };
+    let cfg = elastic::ElasticConfig { gpu_mem_gib: 80.0, fleet: Some(FleetConfig { hindsight: true, foresight: Some(5), ..Default::default() }), ..Default::default() };
     let notes = std::cell::RefCell::new(Vec::<String>::new());
     let e = elastic::evaluate_with(&u, cfg, &|s| notes.borrow_mut().push(s.to_string()));
     let notes = notes.into_inner();
@@ -407,7 +407,8 @@ fn the_evaluation_says_each_strategy_and_each_fleet_size_it_tries() {
     for s in ["80 GiB: exclusive and static-peak", "80 GiB: elastic and elastic-no-migration", "80 GiB: oracle-next-period"] {
         assert!(notes.iter().any(|n| n == s), "{s} not said: {notes:?}");
     }
-    for (name, search) in [("elastic-fleet", e.fleet.as_ref().unwrap()), ("fleet-hindsight-static", e.hindsight.as_ref().unwrap())] {
+    for (name, search) in [("elastic-fleet", e.fleet.as_ref().unwrap()), ("fleet-hindsight-static", e.hindsight.as_ref().unwrap()), ("fleet-foresight", e.foresight.as_ref().unwrap())] {
+        assert!(e.outcomes.iter().any(|o| o.strategy == name), "{name} has an outcome");
         let said: Vec<&String> = notes.iter().filter(|n| n.starts_with(&format!("{name}: "))).collect();
         assert_eq!(said.len(), search.tried.len(), "{name}: {notes:?}");
         for (note, (n, _)) in said.iter().zip(&search.tried) {
@@ -420,4 +421,61 @@ fn the_evaluation_says_each_strategy_and_each_fleet_size_it_tries() {
     }
     // The plain evaluation gives the same result.
     assert_eq!(elastic::evaluate(&u, cfg).fleet.unwrap().tried, e.fleet.unwrap().tried);
+}
+
+/// Four pods of 30 GiB at 5% duty, two to an 80 GiB GPU, over `minutes`;
+/// `burst(pod, minute)` says when a pod runs at 70% instead.
+fn pairs(minutes: usize, burst: impl Fn(&str, usize) -> bool) -> elastic::Usage {
+    let pod = |name: &'static str| (name, 0, (0..minutes).map(|t| (if burst(name, t) { 70.0 } else { 5.0 }, 30.0)).collect());
+    usage(&[pod("a"), pod("b"), pod("c"), pod("d")])
+}
+
+#[test]
+fn foresight_re_places_pods_for_each_window_and_hindsight_cannot() {
+    // a bursts with b in minutes 0–9, with c in 10–19, with d in 20–29.
+    // Never moved, a shares a GPU with one of them: 10 saturated minutes
+    // at best. Re-placed every 10 minutes knowing the next 10, a is apart
+    // from its partner of the window every time, at two moves a window.
+    let partner = |t: usize| ["b", "c", "d"][t / 10];
+    let u = pairs(30, |p, t| p == "a" || p == partner(t));
+    let cfg = FleetConfig::default();
+    let (r, plan) = elastic::run_fleet_foresight(&u, 80.0, 1, 2, &cfg, 10, false);
+    let at = |k: usize, name: &str| plan[k][u.pods.iter().position(|p| p == name).unwrap()];
+    assert_eq!(plan.len(), 3);
+    for (k, p) in ["b", "c", "d"].iter().enumerate() {
+        assert_ne!(at(k, "a"), at(k, p), "window {k}: {plan:?}");
+    }
+    assert_eq!((r.saturated_gpu_minutes, r.outcome.violation_minutes, r.outcome.migrations), (0, 0, 4), "{r:?}");
+    assert_eq!(r.outcome.strategy, "fleet-foresight");
+    let (h, _) = elastic::run_fleet_hindsight(&u, 80.0, 1, 2, &cfg);
+    assert_eq!((h.saturated_gpu_minutes, h.outcome.migrations), (10, 0), "{h:?}");
+    // Each burst fills its window, so its levels alone say as much as its
+    // timing: with the samples shuffled inside each window, the same.
+    let (s, _) = elastic::run_fleet_foresight(&u, 80.0, 1, 2, &cfg, 10, true);
+    assert_eq!((s.saturated_gpu_minutes, s.outcome.migrations, s.outcome.strategy.as_str()), (0, 4, "fleet-foresight-shuffled"), "{s:?}");
+    // A window of the whole trace is the hindsight placement.
+    let (w, plan) = elastic::run_fleet_foresight(&u, 80.0, 1, 2, &cfg, 30, false);
+    assert_eq!((plan.len(), w.saturated_gpu_minutes, w.outcome.migrations), (1, 10, 0), "{w:?}");
+    assert_eq!(plan[0], elastic::run_fleet_hindsight(&u, 80.0, 1, 2, &cfg).1);
+}
+
+#[test]
+fn re_planning_learns_from_the_past_only() {
+    // The fleet puts a and c on GPU 0 (most room first: a, b, c, d go to
+    // GPUs 0, 1, 0, 1). They burst together every fourth minute: without
+    // re-planning, 15 saturated minutes; re-planned every 10 minutes on the
+    // last 10, they are apart from minute 10 on (bursts at 1, 5, 9 only).
+    let u = pairs(60, |p, t| (p == "a" || p == "c") && t % 4 == 1);
+    let plain = elastic::run_fleet(&u, 80.0, 1, 2, &FleetConfig::default());
+    assert_eq!((plain.saturated_gpu_minutes, plain.outcome.migrations), (15, 0), "{plain:?}");
+    let cfg = FleetConfig { replan: 10, replan_lookback: 10, ..Default::default() };
+    let r = elastic::run_fleet(&u, 80.0, 1, 2, &cfg);
+    assert_eq!(r.saturated_gpu_minutes, 3, "{r:?}");
+    assert!(r.outcome.migrations >= 1, "{r:?}");
+    // Bursts that start only after a re-plan (minutes 10–19) are not
+    // seen by it: they saturate until the next one, at 20, which no
+    // longer helps. Knowing the coming 10 minutes avoids them all.
+    let u = pairs(30, |p, t| (p == "a" || p == "c") && (10..20).contains(&t));
+    assert_eq!(elastic::run_fleet(&u, 80.0, 1, 2, &cfg).saturated_gpu_minutes, 10);
+    assert_eq!(elastic::run_fleet_foresight(&u, 80.0, 1, 2, &FleetConfig::default(), 10, false).0.saturated_gpu_minutes, 0);
 }

@@ -242,6 +242,8 @@ pub struct Evaluation {
     pub fleet: Option<FleetSearch>,
     /// The fleet sizes tried for `fleet-hindsight-static`, if evaluated.
     pub hindsight: Option<FleetSearch>,
+    /// The fleet sizes tried for `fleet-foresight`, if evaluated.
+    pub foresight: Option<FleetSearch>,
     /// What `--lenient` left out of the input files.
     pub left_out: super::load::LeftOut,
     #[serde(skip)]
@@ -719,16 +721,19 @@ pub fn evaluate_with(u: &Usage, cfg: ElasticConfig, note: &dyn Fn(&str)) -> Eval
     let exclusive = finish(exclusive, &total_duty);
     let top = exclusive.gpus.max(lb);
     let fleet_cfg = cfg.fleet.map(|fc| FleetConfig { carry_unserved: carry, ..fc });
-    let (fleet_outcome, fleet_search) = fleet_cfg.map(|fc| fleet::evaluate(&f, u.minutes, g, every, lb, top, &fc, false, note)).unzip();
+    let (fleet_outcome, fleet_search) = fleet_cfg.map(|fc| fleet::evaluate(&f, u.minutes, g, every, lb, top, &fc, None, note)).unzip();
     // The same fleet with a placement chosen knowing the whole day.
-    let hindsight = fleet_cfg.filter(|fc| fc.hindsight).map(|fc| fleet::evaluate(&f, u.minutes, g, every, lb, top, &fc, true, note));
+    let hindsight = fleet_cfg.filter(|fc| fc.hindsight).map(|fc| fleet::evaluate(&f, u.minutes, g, every, lb, top, &fc, Some(fleet::Reference::Hindsight), note));
     let (hindsight_outcome, hindsight_search) = hindsight.unzip();
-    let mut outcomes: Vec<Outcome> = [exclusive, static_peak, elastic, pinned, oracle].into_iter().chain(fleet_outcome).chain(hindsight_outcome).map(|o| finish(o, &total_duty)).collect();
+    // And re-placed knowing the coming minutes.
+    let foresight = fleet_cfg.and_then(|fc| fc.foresight.map(|window| fleet::evaluate(&f, u.minutes, g, every, lb, top, &fc, Some(fleet::Reference::Foresight { window, shuffled: fc.foresight_shuffled }), note)));
+    let (foresight_outcome, foresight_search) = foresight.unzip();
+    let mut outcomes: Vec<Outcome> = [exclusive, static_peak, elastic, pinned, oracle].into_iter().chain(fleet_outcome).chain(hindsight_outcome).chain(foresight_outcome).map(|o| finish(o, &total_duty)).collect();
     let base = outcomes[0].gpus as f64;
     for o in &mut outcomes {
         o.saving_vs_exclusive = if o.gpus > 0 { base / o.gpus as f64 } else { 0.0 };
     }
-    Evaluation { config: cfg, pods: n, minutes: u.minutes, step_s: u.step_s, lower_bound: lb, lower_bound_exact: lb_exact, outcomes, fleet: fleet_search, hindsight: hindsight_search, left_out: u.left_out, lower_bound_series: lb_series }
+    Evaluation { config: cfg, pods: n, minutes: u.minutes, step_s: u.step_s, lower_bound: lb, lower_bound_exact: lb_exact, outcomes, fleet: fleet_search, hindsight: hindsight_search, foresight: foresight_search, left_out: u.left_out, lower_bound_series: lb_series }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ pub mod fleet;
 pub mod load;
 
 pub use eval::{ElasticConfig, Evaluation, GpuRisk, Moves, Outcome, evaluate, evaluate_with};
-pub use fleet::{FleetConfig, FleetRun, FleetSearch, Share, run_fleet, run_fleet_hindsight, search_fleet};
+pub use fleet::{FleetConfig, FleetRun, FleetSearch, Share, run_fleet, run_fleet_foresight, run_fleet_hindsight, search_fleet};
 pub use load::{LeftOut, Usage, UsageError};
 
 use crate::report::{ReportError, line_chart};
@@ -173,6 +173,12 @@ pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<St
             let tried: Vec<String> = h.tried.iter().map(|(n, v)| format!("{n}: {:.3}%", 100.0 * v)).collect();
             let verdict = if h.met { "within budget" } else { "budget NOT met" };
             let _ = write!(md, "\nfleet-hindsight-static, {} GiB (a reference, not a policy: pods never move, placed knowing the whole trace): {} GPUs ({verdict}; {} GPU-minutes with summed duty above 100%); sizes tried: {}\n", e.config.gpu_mem_gib, h.gpus, h.saturated_gpu_minutes, tried.join(", "));
+        }
+        if let (Some(h), Some(w)) = (&e.foresight, e.config.fleet.and_then(|c| c.foresight)) {
+            let tried: Vec<String> = h.tried.iter().map(|(n, v)| format!("{n}: {:.3}%", 100.0 * v)).collect();
+            let verdict = if h.met { "within budget" } else { "budget NOT met" };
+            let (name, knowing) = if e.config.fleet.is_some_and(|c| c.foresight_shuffled) { ("fleet-foresight-shuffled", format!("each pod's levels in the next {w} minutes but not their timing")) } else { ("fleet-foresight", format!("the next {w} minutes of usage exactly")) };
+            let _ = write!(md, "\n{name}, {} GiB (a reference, not a policy: pods re-placed every {w} minutes knowing {knowing}): {} GPUs ({verdict}; {} GPU-minutes with summed duty above 100%); sizes tried: {}\n", e.config.gpu_mem_gib, h.gpus, h.saturated_gpu_minutes, tried.join(", "));
         }
     }
     // Name the charts of this run: an earlier run with other sizes may have

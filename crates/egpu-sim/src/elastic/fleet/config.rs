@@ -89,8 +89,21 @@ pub struct FleetConfig {
     pub budget: f64,
     /// Evaluate this fleet size instead of searching.
     pub gpus: Option<usize>,
-    /// Also evaluate the fleet with the hindsight placement (`hindsight_placement`; a reference, not a policy).
+    /// Also evaluate the fleet with the hindsight placement (one GPU per
+    /// pod, chosen knowing the whole trace; a reference, not a policy).
     pub hindsight: bool,
+    /// Also evaluate the fleet re-placed every this many minutes knowing
+    /// the next this many minutes of usage (`fleet-foresight`; a reference,
+    /// not a policy).
+    pub foresight: Option<usize>,
+    /// The foresight reference knows each pod's levels in the coming
+    /// minutes but not which minutes they fall in (`fleet-foresight-shuffled`).
+    pub foresight_shuffled: bool,
+    /// Re-place the pods every this many minutes (0: never) with the
+    /// foresight planner fed the last [`FleetConfig::replan_lookback`]
+    /// minutes of usage (an online policy: the past stands for the future).
+    pub replan: usize,
+    pub replan_lookback: usize,
     /// Compute work a pod was not given in its minute waits for the next
     /// one ([`super::eval::Backlog`]); false drops it.
     pub carry_unserved: bool,
@@ -98,7 +111,7 @@ pub struct FleetConfig {
 
 impl Default for FleetConfig {
     fn default() -> Self {
-        FleetConfig { mem_window: 2, mem_headroom: 0.0, mem_floor_gib: 0.0, compute_quantile: 0.5, compute_window: 5, share: Share::Even, burst: true, first_come: false, vol_window: 60, min_spare_gib: 0.0, rebalance: 0, risk_window: 0, risk_weight: 1.0, risk_moves: 0, budget: 0.01, gpus: None, hindsight: false, carry_unserved: true }
+        FleetConfig { mem_window: 2, mem_headroom: 0.0, mem_floor_gib: 0.0, compute_quantile: 0.5, compute_window: 5, share: Share::Even, burst: true, first_come: false, vol_window: 60, min_spare_gib: 0.0, rebalance: 0, risk_window: 0, risk_weight: 1.0, risk_moves: 0, budget: 0.01, gpus: None, hindsight: false, foresight: None, foresight_shuffled: false, replan: 0, replan_lookback: 240, carry_unserved: true }
     }
 }
 

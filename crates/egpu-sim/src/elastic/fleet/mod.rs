@@ -22,8 +22,13 @@
 //!    left (balanced, so that every GPU keeps some spare). Optionally, up
 //!    to [`FleetConfig::rebalance`] pods a resize move from the GPU with the
 //!    least spare memory to the one with the most while its spare is below
-//!    [`FleetConfig::min_spare_gib`]. Every move of a placed pod is a
-//!    migration;
+//!    [`FleetConfig::min_spare_gib`]. Optionally, every
+//!    [`FleetConfig::replan`] minutes the pods are re-placed by the
+//!    foresight planner (`foresight`) fed their last
+//!    [`FleetConfig::replan_lookback`] minutes, as if the coming minutes
+//!    would repeat them (a pod whose base slice does not fit the GPU the
+//!    plan gives it goes back where it was, or where there is the most
+//!    room). Every move of a placed pod is a migration;
 //! 3. compute shares: with [`Share::Even`] (the default) every pod of a
 //!    GPU gets the same share, so a saturated GPU is split max-min fairly
 //!    and only pods above the common level are cut; otherwise the compute
@@ -41,16 +46,17 @@
 //! pod-minutes are within a budget.
 //!
 //! The parts: `config` (the policy's settings and what a run reports),
-//! `hindsight` (the placement chosen knowing the whole trace, a
-//! reference); the run and the search are here.
+//! `foresight` (placements chosen knowing the coming minutes or the whole
+//! trace: references, not policies; and the planner the re-planning uses);
+//! the run and the search are here.
 
 use super::eval::{Backlog, Filled, GIB, Outcome, alive, compute_cut, fair_split, quantile, refused_gib};
 
 mod config;
-mod hindsight;
+mod foresight;
 
 pub use config::{FleetConfig, FleetRun, FleetSearch, Share};
-use hindsight::hindsight_placement;
+use foresight::{Plan, foresight_plan, place_window, shuffled};
 
 #[derive(Clone, Copy, Default)]
 struct Slice {
@@ -183,11 +189,12 @@ pub(super) fn run(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usi
     run_placed(f, minutes, gpu_mem, every, n, cfg, None)
 }
 
-/// [`run`], or with `fixed` the same fleet where pod `i` always runs on GPU
-/// `fixed[i]` and never moves (bases, pools and shares as in [`run`]).
+/// [`run`], or with `fixed` the same fleet where every pod runs where the
+/// plan puts it, moved only at the start of the plan's windows (bases,
+/// pools and shares as in [`run`]).
 // `i` indexes the usage, the slices and the fleet together.
 #[allow(clippy::needless_range_loop)]
-fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, cfg: &FleetConfig, fixed: Option<&[usize]>) -> FleetRun {
+fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, cfg: &FleetConfig, fixed: Option<&Plan>) -> FleetRun {
     let pods = f.life.len();
     let n = n.max(1);
     let every = every.max(1);
@@ -195,6 +202,7 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
     let (mut base, mut weight, mut limit) = (vec![Slice::default(); pods], vec![Slice::default(); pods], vec![Slice::default(); pods]);
     let mut out = Outcome::new("elastic-fleet", n, minutes);
     let mut backlog = Backlog::new(pods, cfg.carry_unserved);
+    let mut held_cache: Option<Vec<Vec<f64>>> = None;
     let mut run = FleetRun {
         outcome: Outcome::new("elastic-fleet", n, 0),
         max_gpu_mem_limits_gib: 0.0,
@@ -218,10 +226,24 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
                 _ => {}
             }
         }
-        if let Some(at) = fixed {
-            for &(p, _) in &to_place {
-                fl.gpus[at[p] % n].push(p);
-                fl.gpu_of[p] = Some(at[p] % n);
+        if let Some(plan) = fixed {
+            // At the start of each of the plan's windows, pods go where it
+            // says (a move is a migration); arrivals go there at once.
+            if t % plan.window.max(1) == 0 {
+                for p in 0..pods {
+                    if let Some(g) = fl.gpu_of[p].filter(|&g| g != plan.gpu(p, t) % n) {
+                        fl.remove(p);
+                        to_place.push((p, Some(g)));
+                    }
+                }
+            }
+            for &(p, from) in &to_place {
+                let g = plan.gpu(p, t) % n;
+                if from.is_some_and(|h| h != g) {
+                    out.migrations += 1;
+                }
+                fl.gpus[g].push(p);
+                fl.gpu_of[p] = Some(g);
             }
             to_place.clear();
         }
@@ -310,6 +332,27 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
                     }
                     _ => break,
                 }
+            }
+        }
+        if cfg.replan > 0 && fixed.is_none() && t > 0 && t % cfg.replan == 0 {
+            // Re-plan on the last minutes: the foresight placement, fed the
+            // past instead of the future (samples up to t − 1 only).
+            let held = held_cache.get_or_insert_with(|| held(f, cfg, gpu_mem));
+            let at = place_window(f, held, (t.saturating_sub(cfg.replan_lookback.max(1)), t), gpu_mem, n, &fl.gpu_of, false);
+            // Every pod that moves leaves first (a swap frees the room it
+            // needs), then each goes where the plan says if its base slice
+            // fits there, else back where it was if it fits there, else to
+            // the GPU with the most room.
+            let movers: Vec<(usize, usize)> = (0..pods).filter_map(|p| fl.gpu_of[p].filter(|&g| g != at[p]).map(|g| (p, g))).collect();
+            for &(p, _) in &movers {
+                fl.remove(p);
+            }
+            for &(p, from) in &movers {
+                let fits = |g: usize| fl.room(fl.load(g, &base), base[p]) >= -1e-9;
+                let g = if fits(at[p]) { at[p] } else if fits(from) { from } else { fl.best(p, &base, &|_| 0.0) };
+                out.migrations += u64::from(g != from);
+                fl.gpus[g].push(p);
+                fl.gpu_of[p] = Some(g);
             }
         }
         // Limits: base plus a share of what the GPU has left.
@@ -441,13 +484,53 @@ fn mix(t: u64, g: u64, p: u64) -> u64 {
     z ^ (z >> 31)
 }
 
-/// The fleet of `n` GPUs with pods held where [`hindsight_placement`] puts
-/// them, and that placement.
-fn run_hindsight(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, cfg: &FleetConfig) -> (FleetRun, Vec<usize>) {
-    let at = hindsight_placement(f, minutes, gpu_mem, n);
-    let mut r = run_placed(f, minutes, gpu_mem, every, n, cfg, Some(&at));
-    r.outcome.strategy = "fleet-hindsight-static".into();
-    (r, at)
+/// The memory each pod holds on its GPU at each minute, GiB: the larger of
+/// what it uses and its base slice (a guarantee no other pod may borrow),
+/// so a GPU's pods overflow it exactly when their burst pool does.
+fn held(f: &Filled, cfg: &FleetConfig, gpu_mem: f64) -> Vec<Vec<f64>> {
+    let minutes = f.mem.first().map_or(0, Vec::len);
+    (0..f.life.len()).map(|p| (0..minutes).map(|t| if alive(f, p, t) { (f.mem[p][t] / GIB).max(size(f, cfg, gpu_mem, p, t).0.m) } else { 0.0 }).collect()).collect()
+}
+
+/// A placement chosen knowing the future (a reference, not a policy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reference {
+    /// One GPU per pod for its whole life, chosen knowing the whole trace.
+    Hindsight,
+    /// Re-placed every this many minutes knowing the next this many
+    /// exactly (`shuffled` false), or knowing each pod's levels in them but
+    /// not which minutes they fall in (true: [`shuffled`]).
+    Foresight { window: usize, shuffled: bool },
+}
+
+impl Reference {
+    fn name(self) -> &'static str {
+        match self {
+            Reference::Hindsight => "fleet-hindsight-static",
+            Reference::Foresight { shuffled: false, .. } => "fleet-foresight",
+            Reference::Foresight { shuffled: true, .. } => "fleet-foresight-shuffled",
+        }
+    }
+}
+
+/// The seed of [`shuffled`] timing.
+const SHUFFLE_SEED: u64 = 0x5eed;
+
+/// The fleet of `n` GPUs with pods placed by [`foresight_plan`] as
+/// `reference` says, and that plan.
+fn run_planned(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, cfg: &FleetConfig, reference: Reference) -> (FleetRun, Plan) {
+    let held = held(f, cfg, gpu_mem);
+    let plan = match reference {
+        Reference::Hindsight => foresight_plan(f, &held, minutes, gpu_mem, n, minutes),
+        Reference::Foresight { window, shuffled: false } => foresight_plan(f, &held, minutes, gpu_mem, n, window),
+        Reference::Foresight { window, shuffled: true } => {
+            let (g, h) = shuffled(f, &held, window, SHUFFLE_SEED);
+            foresight_plan(&g, &h, minutes, gpu_mem, n, window)
+        }
+    };
+    let mut r = run_placed(f, minutes, gpu_mem, every, n, cfg, Some(&plan));
+    r.outcome.strategy = reference.name().into();
+    (r, plan)
 }
 
 /// The smallest fleet in `from..=to` whose violation pod-minutes are at
@@ -458,14 +541,18 @@ pub(super) fn search(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, fro
     search_with(from, to, cfg, &|_, _| {}, |n| run(f, minutes, gpu_mem, every, n, cfg))
 }
 
-/// The fleet (or with `hindsight` [`run_hindsight`]) at `cfg.gpus` GPUs,
-/// or the smallest in `from..=to` within budget, as [`search`] finds it,
-/// telling `note` each size as it tries it.
+/// The fleet at `cfg.gpus` GPUs, or the smallest in `from..=to` within
+/// budget, as [`search`] finds it, telling `note` each size as it tries
+/// it; with a `reference` the same fleet placed by [`run_planned`]
+/// instead (not a policy).
 #[allow(clippy::too_many_arguments)]
-pub(super) fn evaluate(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, from: usize, to: usize, cfg: &FleetConfig, hindsight: bool, note: &dyn Fn(&str)) -> (Outcome, FleetSearch) {
+pub(super) fn evaluate(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, from: usize, to: usize, cfg: &FleetConfig, reference: Option<Reference>, note: &dyn Fn(&str)) -> (Outcome, FleetSearch) {
     let (from, to) = cfg.gpus.map_or((from, to), |n| (n, n));
-    let name = if hindsight { "fleet-hindsight-static" } else { "elastic-fleet" };
-    let (r, s) = search_with(from, to, cfg, &|n, last| note(&format!("{name}: {n} GPUs of {gpu_mem} GiB{last}")), |n| if hindsight { run_hindsight(f, minutes, gpu_mem, every, n, cfg).0 } else { run(f, minutes, gpu_mem, every, n, cfg) });
+    let name = reference.map_or("elastic-fleet", Reference::name);
+    let (r, s) = search_with(from, to, cfg, &|n, last| note(&format!("{name}: {n} GPUs of {gpu_mem} GiB{last}")), |n| match reference {
+        Some(r) => run_planned(f, minutes, gpu_mem, every, n, cfg, r).0,
+        None => run(f, minutes, gpu_mem, every, n, cfg),
+    });
     (r.outcome, s)
 }
 
@@ -502,10 +589,20 @@ pub fn run_fleet(u: &super::Usage, gpu_mem_gib: f64, every: usize, n: usize, cfg
     run(&super::eval::fill(u), u.minutes, gpu_mem_gib, every, n, cfg)
 }
 
-/// [`run_fleet`] with every pod held where `hindsight_placement` puts
+/// [`run_fleet`] with every pod held where the hindsight placement puts
 /// it (never moved), and that placement.
 pub fn run_fleet_hindsight(u: &super::Usage, gpu_mem_gib: f64, every: usize, n: usize, cfg: &FleetConfig) -> (FleetRun, Vec<usize>) {
-    run_hindsight(&super::eval::fill(u), u.minutes, gpu_mem_gib, every, n, cfg)
+    let (r, mut plan) = run_planned(&super::eval::fill(u), u.minutes, gpu_mem_gib, every, n, cfg, Reference::Hindsight);
+    (r, plan.at.pop().unwrap_or_default())
+}
+
+/// [`run_fleet`] with pods placed every `window` minutes knowing the next
+/// `window` minutes of usage (with `shuffled`, each pod's levels in them
+/// but not their timing), and the placement of each window (`[k][p]`: pod
+/// `p`'s GPU in minutes `k·window ..`).
+pub fn run_fleet_foresight(u: &super::Usage, gpu_mem_gib: f64, every: usize, n: usize, cfg: &FleetConfig, window: usize, shuffled: bool) -> (FleetRun, Vec<Vec<usize>>) {
+    let (r, plan) = run_planned(&super::eval::fill(u), u.minutes, gpu_mem_gib, every, n, cfg, Reference::Foresight { window, shuffled });
+    (r, plan.at)
 }
 
 /// [`search_fleet`] on a usage trace, over fleets of `from..=to` GPUs.
