@@ -288,6 +288,32 @@ fn limits_on_a_gpu_never_exceed_it_and_no_pod_is_dropped() {
 }
 
 #[test]
+fn planned_and_re_planned_fleets_keep_the_limits_and_every_pod() {
+    let u = noisy(12, 80);
+    let live: u64 = (0..u.pods.len()).map(|i| (0..u.minutes).filter(|&t| !u.mem[i][t].is_nan()).count() as u64).sum();
+    for n in [1, 2, 3, 6, 12] {
+        let mut runs = Vec::new();
+        for (window, shuffled) in [(1, false), (7, false), (7, true), (u.minutes, false)] {
+            let (r, plan) = elastic::run_fleet_foresight(&u, 80.0, 1, n, &FleetConfig::default(), window, shuffled);
+            assert_eq!(plan.len(), u.minutes.div_ceil(window), "one placement a window");
+            assert!(plan.iter().flatten().all(|&g| g < n), "n={n} window={window}: {plan:?}");
+            // A migration is a live pod that changes GPU between windows.
+            let alive = |i: usize, t: usize| !u.mem[i][t].is_nan();
+            let moves: u64 = (1..plan.len()).map(|k| (0..u.pods.len()).filter(|&i| alive(i, k * window - 1) && alive(i, k * window) && plan[k][i] != plan[k - 1][i]).count() as u64).sum();
+            assert_eq!(r.outcome.migrations, moves, "n={n} window={window}");
+            runs.push(r);
+        }
+        for replan in [1, 5] {
+            runs.push(elastic::run_fleet(&u, 80.0, 1, n, &FleetConfig { replan, replan_lookback: 10, ..Default::default() }));
+        }
+        for r in runs {
+            assert!(r.max_gpu_mem_limits_gib <= 80.0 + 1e-6 && r.max_gpu_shares <= 1.0 + 1e-9, "n={n}: {r:?}");
+            assert_eq!((r.outcome.pod_minutes, r.outcome.gpus), (live, n), "every live pod-minute is counted");
+        }
+    }
+}
+
+#[test]
 fn search_returns_the_smallest_fleet_within_budget() {
     // Five steady pods of 30 GiB, 80 GiB GPUs: two GPUs must hold three
     // pods on one (90 GiB > 80, every minute a violation), three GPUs hold
