@@ -1,5 +1,6 @@
 //! The fixed-fleet elastic strategy: no look-ahead, limits within each GPU,
-//! and the fleet search.
+//! and the fleet search; and the references that look ahead (hindsight,
+//! foresight) against the re-planning that must not.
 
 use clap::Parser;
 use egpu_sim::elastic::{self, FleetConfig, Share};
