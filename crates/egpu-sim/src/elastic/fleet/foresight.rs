@@ -2,6 +2,9 @@
 //! alone can buy, and for how far ahead a policy would have to see.
 
 use super::{Filled, alive};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
+use rand_chacha::ChaCha8Rng;
 
 /// Where every pod runs, window by window: `at[k][p]` is the GPU of pod
 /// `p` during minutes `k·window .. (k+1)·window` (meaningless where the
@@ -65,32 +68,29 @@ pub(super) fn foresight_plan(f: &Filled, held: &[Vec<f64>], minutes: usize, gpu_
 /// pod's levels in the coming window but not which minutes they fall in.
 /// Seeded (a fixed seed: reproducible).
 pub(super) fn shuffled(f: &Filled, held: &[Vec<f64>], window: usize, seed: u64) -> (Filled, Vec<Vec<f64>>) {
-    let (mut duty, mut mem, mut held) = (f.duty.clone(), f.mem.clone(), held.to_vec());
+    let (mut duty, mut mem, mut kept) = (f.duty.clone(), f.mem.clone(), held.to_vec());
     let minutes = f.duty.first().map_or(0, Vec::len);
     let window = window.max(1);
-    let mut state = seed;
-    // splitmix64: a small, well-mixed generator is all a shuffle needs.
-    let mut below = |k: usize| {
-        state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) % k as u64) as usize
-    };
+    // A ChaCha8 stream, as the placement simulator's seeded shuffles use.
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     for (p, life) in f.life.iter().enumerate() {
         let Some((a, b)) = *life else { continue };
         for lo in (0..minutes).step_by(window) {
             let (x, y) = (a.max(lo), b.min(lo + window - 1));
-            // Fisher–Yates over the pod's minutes x..=y.
-            for i in (x + 1..=y).rev() {
-                let j = x + below(i - x + 1);
-                duty[p].swap(i, j);
-                mem[p].swap(i, j);
-                held[p].swap(i, j);
+            if x > y {
+                continue;
+            }
+            // The pod's minutes x..=y in a random order, the same for all three.
+            let mut order: Vec<usize> = (x..=y).collect();
+            order.shuffle(&mut rng);
+            for (series, from) in [(&mut duty[p], &f.duty[p]), (&mut mem[p], &f.mem[p]), (&mut kept[p], &held[p])] {
+                for (t, &s) in (x..=y).zip(&order) {
+                    series[t] = from[s];
+                }
             }
         }
     }
-    (Filled { duty, mem, life: f.life.clone() }, held)
+    (Filled { duty, mem, life: f.life.clone() }, kept)
 }
 
 /// One window of [`foresight_plan`]: minutes `lo..hi`, starting from
