@@ -235,6 +235,12 @@ pub struct SimulateFlags {
     /// of levels alone would buy.
     #[arg(long, requires = "elastic", requires = "fleet_foresight", conflicts_with = "no_fleet")]
     pub fleet_foresight_shuffled: bool,
+    /// Elastic fleet: … the shuffled foresight plans against this many
+    /// draws of the shuffle at once (their mean cost; 1 to 64, each a copy
+    /// of the trace), so that it plans for each pod's levels, not for one
+    /// draw's chance coincidences.
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64), requires = "elastic", requires = "fleet_foresight_shuffled", conflicts_with = "no_fleet")]
+    pub fleet_foresight_draws: usize,
     /// Elastic fleet: every this many minutes (0 = never), re-place the
     /// pods with the foresight planner fed the last --fleet-replan-lookback
     /// minutes, as if they would repeat (an online policy).
@@ -695,6 +701,7 @@ fn run_elastic(args: &SimulateFlags) -> Result<()> {
         hindsight: args.fleet_hindsight,
         foresight: args.fleet_foresight,
         foresight_shuffled: args.fleet_foresight_shuffled,
+        foresight_draws: args.fleet_foresight_draws,
         replan: args.fleet_replan,
         replan_lookback: args.fleet_replan_lookback,
         carry_unserved,

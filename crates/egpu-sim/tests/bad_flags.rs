@@ -82,6 +82,8 @@ fn out_of_range_values_are_refused_by_name() {
         &["--elastic", "--fleet-foresight", "100001"],
         &["--elastic", "--fleet-replan", "100001"],
         &["--elastic", "--fleet-replan-lookback", "0"],
+        &["--elastic", "--fleet-foresight", "15", "--fleet-foresight-shuffled", "--fleet-foresight-draws", "0"],
+        &["--elastic", "--fleet-foresight", "15", "--fleet-foresight-shuffled", "--fleet-foresight-draws", "65"],
         &["--seeds", "0"],
         &["--seeds", "10000000000000"],
         &["--threads", "0"],
@@ -97,6 +99,9 @@ fn out_of_range_values_are_refused_by_name() {
     parse(&["--elastic", "--gpu-mem-gib", "1,4096", "--compute-quantile", "0", "--gpu-risk-quantile", "0", "--gpu-risk-window", "100000"]).expect("edges");
     parse(&["--seeds", "100000", "--threads", "1", "--first-seed", "0"]).expect("edges");
     parse(&["--elastic", "--fleet-foresight", "100000", "--fleet-foresight-shuffled", "--fleet-replan", "0", "--fleet-replan-lookback", "100000"]).expect("edges");
+    for draws in ["1", "64"] {
+        parse(&["--elastic", "--fleet-foresight", "15", "--fleet-foresight-shuffled", "--fleet-foresight-draws", draws]).expect("edges");
+    }
 }
 
 #[test]
@@ -115,6 +120,7 @@ fn flags_of_the_other_mode_are_refused() {
         &["--elastic", "--no-fleet", "--fleet-foresight", "60"],
         &["--elastic", "--no-fleet", "--fleet-replan", "15"],
         &["--elastic", "--fleet-foresight-shuffled"],
+        &["--elastic", "--fleet-foresight", "15", "--fleet-foresight-draws", "4"],
         &["--elastic", "--duty-unit", "fraction"],
     ] {
         assert!(parse(bad).is_err(), "{bad:?} accepted");

@@ -294,7 +294,7 @@ fn planned_and_re_planned_fleets_keep_the_limits_and_every_pod() {
     let live: u64 = (0..u.pods.len()).map(|i| (0..u.minutes).filter(|&t| !u.mem[i][t].is_nan()).count() as u64).sum();
     for n in [1, 2, 3, 6, 12] {
         let mut runs = Vec::new();
-        for (window, shuffled) in [(1, false), (7, false), (7, true), (u.minutes, false)] {
+        for (window, shuffled) in [(1, None), (7, None), (7, Some(1)), (7, Some(3)), (u.minutes, None)] {
             let (r, plan) = elastic::run_fleet_foresight(&u, 80.0, 1, n, &FleetConfig::default(), window, shuffled);
             assert_eq!(plan.len(), u.minutes.div_ceil(window), "one placement a window");
             assert!(plan.iter().flatten().all(|&g| g < n), "n={n} window={window}: {plan:?}");
@@ -466,7 +466,7 @@ fn foresight_re_places_pods_for_each_window_and_hindsight_cannot() {
     let partner = |t: usize| ["b", "c", "d"][t / 10];
     let u = pairs(30, |p, t| p == "a" || p == partner(t));
     let cfg = FleetConfig::default();
-    let (r, plan) = elastic::run_fleet_foresight(&u, 80.0, 1, 2, &cfg, 10, false);
+    let (r, plan) = elastic::run_fleet_foresight(&u, 80.0, 1, 2, &cfg, 10, None);
     let at = |k: usize, name: &str| plan[k][u.pods.iter().position(|p| p == name).unwrap()];
     assert_eq!(plan.len(), 3);
     for (k, p) in ["b", "c", "d"].iter().enumerate() {
@@ -478,12 +478,40 @@ fn foresight_re_places_pods_for_each_window_and_hindsight_cannot() {
     assert_eq!((h.saturated_gpu_minutes, h.outcome.migrations), (10, 0), "{h:?}");
     // Each burst fills its window, so its levels alone say as much as its
     // timing: with the samples shuffled inside each window, the same.
-    let (s, _) = elastic::run_fleet_foresight(&u, 80.0, 1, 2, &cfg, 10, true);
+    let (s, _) = elastic::run_fleet_foresight(&u, 80.0, 1, 2, &cfg, 10, Some(1));
     assert_eq!((s.saturated_gpu_minutes, s.outcome.migrations, s.outcome.strategy.as_str()), (0, 4, "fleet-foresight-shuffled"), "{s:?}");
     // A window of the whole trace is the hindsight placement.
-    let (w, plan) = elastic::run_fleet_foresight(&u, 80.0, 1, 2, &cfg, 30, false);
+    let (w, plan) = elastic::run_fleet_foresight(&u, 80.0, 1, 2, &cfg, 30, None);
     assert_eq!((plan.len(), w.saturated_gpu_minutes, w.outcome.migrations), (1, 10, 0), "{w:?}");
     assert_eq!(plan[0], elastic::run_fleet_hindsight(&u, 80.0, 1, 2, &cfg).1);
+}
+
+#[test]
+fn shuffled_foresight_plans_for_the_levels_not_for_one_draw() {
+    // a and b each burst in 2 of every 10 minutes, never together; c and d
+    // never burst. Shuffled, a and b meet in a window of a draw with
+    // probability 1 − C(8,2)/C(10,2) = 38%. Pairing them costs nothing in a
+    // draw where they miss each other, so a plan against one draw pairs
+    // them where its first window's draw has them miss (the planner's ties
+    // go to the lower GPU; later windows keep pods where they are), and a
+    // plan against 32 draws does not (all 32 miss: 0.62^32, about 2e-7).
+    // Apart (a or b with c or d) nothing saturates.
+    let mut paired_by_one = 0;
+    for shift in 0..10 {
+        let u = pairs(40, |p, t| match p {
+            "a" => (t + shift) % 10 < 2,
+            "b" => (t + shift) % 10 >= 5 && (t + shift) % 10 < 7,
+            _ => false,
+        });
+        let (a, b) = (u.pods.iter().position(|p| p == "a").unwrap(), u.pods.iter().position(|p| p == "b").unwrap());
+        let (_, one) = elastic::run_fleet_foresight(&u, 80.0, 1, 2, &FleetConfig::default(), 10, Some(1));
+        paired_by_one += one.iter().filter(|w| w[a] == w[b]).count();
+        let (r, many) = elastic::run_fleet_foresight(&u, 80.0, 1, 2, &FleetConfig::default(), 10, Some(32));
+        assert!(many.iter().all(|w| w[a] != w[b]), "shift {shift}: {many:?}");
+        // Apart, their bursts never saturate a GPU.
+        assert_eq!((r.saturated_gpu_minutes, r.outcome.violation_minutes), (0, 0), "shift {shift}: {r:?}");
+    }
+    assert!(paired_by_one > 0, "one draw always kept a and b apart: the test shows nothing");
 }
 
 #[test]
@@ -504,5 +532,5 @@ fn re_planning_learns_from_the_past_only() {
     // longer helps. Knowing the coming 10 minutes avoids them all.
     let u = pairs(30, |p, t| (p == "a" || p == "c") && (10..20).contains(&t));
     assert_eq!(elastic::run_fleet(&u, 80.0, 1, 2, &cfg).saturated_gpu_minutes, 10);
-    assert_eq!(elastic::run_fleet_foresight(&u, 80.0, 1, 2, &FleetConfig::default(), 10, false).0.saturated_gpu_minutes, 0);
+    assert_eq!(elastic::run_fleet_foresight(&u, 80.0, 1, 2, &FleetConfig::default(), 10, None).0.saturated_gpu_minutes, 0);
 }

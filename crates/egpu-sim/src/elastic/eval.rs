@@ -726,7 +726,7 @@ pub fn evaluate_with(u: &Usage, cfg: ElasticConfig, note: &dyn Fn(&str)) -> Eval
     let hindsight = fleet_cfg.filter(|fc| fc.hindsight).map(|fc| fleet::evaluate(&f, u.minutes, g, every, lb, top, &fc, Some(fleet::Reference::Hindsight), note));
     let (hindsight_outcome, hindsight_search) = hindsight.unzip();
     // And re-placed knowing the coming minutes.
-    let foresight = fleet_cfg.and_then(|fc| fc.foresight.map(|window| fleet::evaluate(&f, u.minutes, g, every, lb, top, &fc, Some(fleet::Reference::Foresight { window, shuffled: fc.foresight_shuffled }), note)));
+    let foresight = fleet_cfg.and_then(|fc| fc.foresight.map(|window| fleet::evaluate(&f, u.minutes, g, every, lb, top, &fc, Some(fleet::Reference::Foresight { window, shuffled: fc.foresight_shuffled.then_some(fc.foresight_draws) }), note)));
     let (foresight_outcome, foresight_search) = foresight.unzip();
     let mut outcomes: Vec<Outcome> = [exclusive, static_peak, elastic, pinned, oracle].into_iter().chain(fleet_outcome).chain(hindsight_outcome).chain(foresight_outcome).map(|o| finish(o, &total_duty)).collect();
     let base = outcomes[0].gpus as f64;

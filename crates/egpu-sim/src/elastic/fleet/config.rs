@@ -99,6 +99,10 @@ pub struct FleetConfig {
     /// The foresight reference knows each pod's levels in the coming
     /// minutes but not which minutes they fall in (`fleet-foresight-shuffled`).
     pub foresight_shuffled: bool,
+    /// How many shuffled draws the shuffled foresight plans against (the
+    /// mean cost over them: a plan for the levels' distribution, not for
+    /// one draw's chance coincidences).
+    pub foresight_draws: usize,
     /// Re-place the pods every this many minutes (0: never) with the
     /// foresight planner fed the last [`FleetConfig::replan_lookback`]
     /// minutes of usage (an online policy: the past stands for the future).
@@ -111,7 +115,7 @@ pub struct FleetConfig {
 
 impl Default for FleetConfig {
     fn default() -> Self {
-        FleetConfig { mem_window: 2, mem_headroom: 0.0, mem_floor_gib: 0.0, compute_quantile: 0.5, compute_window: 5, share: Share::Even, burst: true, first_come: false, vol_window: 60, min_spare_gib: 0.0, rebalance: 0, risk_window: 0, risk_weight: 1.0, risk_moves: 0, budget: 0.01, gpus: None, hindsight: false, foresight: None, foresight_shuffled: false, replan: 0, replan_lookback: 240, carry_unserved: true }
+        FleetConfig { mem_window: 2, mem_headroom: 0.0, mem_floor_gib: 0.0, compute_quantile: 0.5, compute_window: 5, share: Share::Even, burst: true, first_come: false, vol_window: 60, min_spare_gib: 0.0, rebalance: 0, risk_window: 0, risk_weight: 1.0, risk_moves: 0, budget: 0.01, gpus: None, hindsight: false, foresight: None, foresight_shuffled: false, foresight_draws: 8, replan: 0, replan_lookback: 240, carry_unserved: true }
     }
 }
 

@@ -6,6 +6,11 @@ use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
 
+/// What the planner sees of the usage: a trace (duty and memory) and the
+/// memory each pod holds at each minute; the trace itself, or one draw of
+/// its [`shuffled`] timing. Every view of one plan has the same lives.
+pub(super) type View<'a> = (&'a Filled, &'a [Vec<f64>]);
+
 /// Where every pod runs, window by window: `at[k][p]` is the GPU of pod
 /// `p` during minutes `k·window .. (k+1)·window` (meaningless where the
 /// pod is not alive then).
@@ -29,8 +34,10 @@ const STAY: f64 = 1.0;
 
 /// **Foresight placement** (not a policy: a reference). The trace is cut
 /// into windows of `window` minutes; at the start of each, every live pod
-/// gets a GPU chosen *knowing that window's usage exactly*, by local search
-/// on the GPU-minutes that cannot be served whatever the shares: each
+/// gets a GPU chosen *knowing that window's usage* as the `views` show it
+/// (the trace itself: exactly; draws of its [`shuffled`] timing: each
+/// pod's levels), by local search on the mean over the views of the
+/// GPU-minutes that cannot be served whatever the shares: each
 /// minute where a GPU's summed duty exceeds it (1, plus 2 × the excess)
 /// and each where its pods hold more memory than it has (2, plus a quarter
 /// per GiB over). A pod holds `held[p][t]`: the larger of what it uses and
@@ -41,19 +48,21 @@ const STAY: f64 = 1.0;
 /// sweeps, each pod moves to the GPU, or swaps with the pod of another GPU,
 /// that lowers the cost most, until a sweep changes nothing (at most 50
 /// sweeps); taking a pod off the GPU it had in the window before must gain
-/// more than [`STAY`]. A `window` of the whole trace is the **hindsight
-/// placement**: one GPU per pod for its whole life, never moved.
+/// more than [`STAY`] (in the mean over the views). A `window` of the
+/// whole trace is the **hindsight placement**: one GPU per pod for its
+/// whole life, never moved.
 /// Deterministic.
-pub(super) fn foresight_plan(f: &Filled, held: &[Vec<f64>], minutes: usize, gpu_mem: f64, n: usize, window: usize) -> Plan {
+pub(super) fn foresight_plan(views: &[View], minutes: usize, gpu_mem: f64, n: usize, window: usize) -> Plan {
     let n = n.max(1);
     let window = window.clamp(1, minutes.max(1));
-    let mut prev: Vec<Option<usize>> = vec![None; f.life.len()];
+    let life = views.first().map_or(&[][..], |v| &v.0.life[..]);
+    let mut prev: Vec<Option<usize>> = vec![None; life.len()];
     let mut at = Vec::with_capacity(minutes.div_ceil(window));
     for lo in (0..minutes).step_by(window) {
         let hi = (lo + window).min(minutes);
-        let now = place_window(f, held, (lo, hi), gpu_mem, n, &prev, true);
+        let now = place_window(views, (lo, hi), gpu_mem, n, &prev, true);
         for (p, g) in now.iter().enumerate() {
-            if f.life[p].is_some_and(|(a, b)| a < hi && b >= lo) {
+            if life[p].is_some_and(|(a, b)| a < hi && b >= lo) {
                 prev[p] = Some(*g);
             }
         }
@@ -94,14 +103,17 @@ pub(super) fn shuffled(f: &Filled, held: &[Vec<f64>], window: usize, seed: u64) 
 }
 
 /// One window of [`foresight_plan`]: minutes `lo..hi`, starting from
-/// `prev`, as it describes. With `arrivals` false (the fleet's
+/// `prev`, as it describes; the cost is summed over the `views` (and the
+/// [`STAY`] penalty counted once in each), so it is their mean. With `arrivals` false (the fleet's
 /// re-planning, `FleetConfig::replan`), only the pods that `prev` places
 /// are placed; the result leaves the others where `prev` has them (GPU 0
 /// for none).
-pub(super) fn place_window(f: &Filled, held: &[Vec<f64>], (lo, hi): (usize, usize), gpu_mem: f64, n: usize, prev: &[Option<usize>], arrivals: bool) -> Vec<usize> {
+pub(super) fn place_window(views: &[View], (lo, hi): (usize, usize), gpu_mem: f64, n: usize, prev: &[Option<usize>], arrivals: bool) -> Vec<usize> {
+    let Some(&(f, _)) = views.first() else { return prev.iter().map(|g| g.map_or(0, |g| g % n.max(1))).collect() };
     let pods = f.life.len();
     let len = hi - lo;
-    let (mut duty, mut mem) = (vec![vec![0.0f64; len]; n], vec![vec![0.0f64; len]; n]);
+    let k = views.len();
+    let (mut duty, mut mem) = (vec![vec![vec![0.0f64; len]; n]; k], vec![vec![vec![0.0f64; len]; n]; k]);
     // A pod's minutes inside the window, relative to `lo`.
     let span = |p: usize| f.life[p].and_then(|(a, b)| (a < hi && b >= lo).then(|| (a.max(lo) - lo, b.min(hi - 1) - lo)));
     // One per saturated GPU-minute and two per GPU-minute short of memory,
@@ -109,36 +121,41 @@ pub(super) fn place_window(f: &Filled, held: &[Vec<f64>], (lo, hi): (usize, usiz
     // that a GPU already over is not a free place to put more.
     let over = |d: f64, m: f64| if d > 1.0 + 1e-9 { 1.0 + 2.0 * (d - 1.0) } else { 0.0 } + if m > gpu_mem + 1e-9 { 2.0 + (m - gpu_mem) / 4.0 } else { 0.0 };
     // Change in the cost of GPU `g` if pod `out` leaves it and pod `inn` joins it.
-    let delta = |duty: &[Vec<f64>], mem: &[Vec<f64>], g: usize, out: Option<usize>, inn: Option<usize>| -> f64 {
+    let delta = |duty: &[Vec<Vec<f64>>], mem: &[Vec<Vec<f64>>], g: usize, out: Option<usize>, inn: Option<usize>| -> f64 {
         let (a, b) = [out, inn].into_iter().flatten().filter_map(span).fold((usize::MAX, 0), |(l, h), (a, b)| (l.min(a), h.max(b)));
         let live = |p: Option<usize>, t: usize| p.filter(|&p| alive(f, p, lo + t));
-        (a..=b)
-            .map(|t| {
-                let (mut d, mut m) = (duty[g][t], mem[g][t]);
+        let mut sum = 0.0;
+        for (v, &(vf, held)) in views.iter().enumerate() {
+            for t in a..=b {
+                let (mut d, mut m) = (duty[v][g][t], mem[v][g][t]);
                 let before = over(d, m);
                 if let Some(p) = live(out, t) {
-                    d -= f.duty[p][lo + t];
+                    d -= vf.duty[p][lo + t];
                     m -= held[p][lo + t];
                 }
                 if let Some(p) = live(inn, t) {
-                    d += f.duty[p][lo + t];
+                    d += vf.duty[p][lo + t];
                     m += held[p][lo + t];
                 }
-                over(d, m) - before
-            })
-            .sum()
+                sum += over(d, m) - before;
+            }
+        }
+        sum
     };
-    let add = |duty: &mut [Vec<f64>], mem: &mut [Vec<f64>], g: usize, p: usize, sign: f64| {
+    let add = |duty: &mut [Vec<Vec<f64>>], mem: &mut [Vec<Vec<f64>>], g: usize, p: usize, sign: f64| {
         if let Some((a, b)) = span(p) {
-            for t in a..=b {
-                duty[g][t] += sign * f.duty[p][lo + t];
-                mem[g][t] += sign * held[p][lo + t];
+            for (v, &(vf, held)) in views.iter().enumerate() {
+                for t in a..=b {
+                    duty[v][g][t] += sign * vf.duty[p][lo + t];
+                    mem[v][g][t] += sign * held[p][lo + t];
+                }
             }
         }
     };
-    // What leaving the GPU it had before costs pod `p` on GPU `g`.
-    let stay = |p: usize, g: usize| if prev[p].is_some_and(|h| h % n != g) { STAY } else { 0.0 };
-    let peak = |p: usize| span(p).map_or(0.0, |(a, b)| held[p][lo + a..=lo + b].iter().copied().fold(0.0, f64::max));
+    // What leaving the GPU it had before costs pod `p` on GPU `g` (a
+    // GPU-minute in each view).
+    let stay = |p: usize, g: usize| if prev[p].is_some_and(|h| h % n != g) { STAY * k as f64 } else { 0.0 };
+    let peak = |p: usize| span(p).map_or(0.0, |(a, b)| views.iter().flat_map(|(_, held)| held[p][lo + a..=lo + b].iter().copied()).fold(0.0, f64::max));
     let placed: Vec<usize> = (0..pods).filter(|&p| span(p).is_some() && (arrivals || prev[p].is_some())).collect();
     let mut at: Vec<usize> = prev.iter().map(|g| g.map_or(0, |g| g % n)).collect();
     for &p in placed.iter().filter(|&&p| prev[p].is_some()) {

@@ -56,7 +56,7 @@ mod config;
 mod foresight;
 
 pub use config::{FleetConfig, FleetRun, FleetSearch, Share};
-use foresight::{Plan, foresight_plan, place_window, shuffled};
+use foresight::{Plan, View, foresight_plan, place_window, shuffled};
 
 #[derive(Clone, Copy, Default)]
 struct Slice {
@@ -338,7 +338,7 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
             // Re-plan on the last minutes: the foresight placement, fed the
             // past instead of the future (samples up to t − 1 only).
             let held = held_cache.get_or_insert_with(|| held(f, cfg, gpu_mem));
-            let at = place_window(f, held, (t.saturating_sub(cfg.replan_lookback.max(1)), t), gpu_mem, n, &fl.gpu_of, false);
+            let at = place_window(&[(f, held)], (t.saturating_sub(cfg.replan_lookback.max(1)), t), gpu_mem, n, &fl.gpu_of, false);
             // Every pod that moves leaves first (a swap frees the room it
             // needs), then each goes where the plan says if its base slice
             // fits there, else back where it was if it fits there, else to
@@ -498,22 +498,23 @@ pub(super) enum Reference {
     /// One GPU per pod for its whole life, chosen knowing the whole trace.
     Hindsight,
     /// Re-placed every this many minutes knowing the next this many
-    /// exactly (`shuffled` false), or knowing each pod's levels in them but
-    /// not which minutes they fall in (true: [`shuffled`]).
-    Foresight { window: usize, shuffled: bool },
+    /// exactly (`shuffled` None), or knowing each pod's levels in them but
+    /// not which minutes they fall in (`Some(draws)`: planned against that
+    /// many draws of [`shuffled`] timing at once).
+    Foresight { window: usize, shuffled: Option<usize> },
 }
 
 impl Reference {
     fn name(self) -> &'static str {
         match self {
             Reference::Hindsight => "fleet-hindsight-static",
-            Reference::Foresight { shuffled: false, .. } => "fleet-foresight",
-            Reference::Foresight { shuffled: true, .. } => "fleet-foresight-shuffled",
+            Reference::Foresight { shuffled: None, .. } => "fleet-foresight",
+            Reference::Foresight { shuffled: Some(_), .. } => "fleet-foresight-shuffled",
         }
     }
 }
 
-/// The seed of [`shuffled`] timing.
+/// The seed of the first draw of [`shuffled`] timing (draw k: this + k).
 const SHUFFLE_SEED: u64 = 0x5eed;
 
 /// The fleet of `n` GPUs with pods placed by [`foresight_plan`] as
@@ -521,11 +522,12 @@ const SHUFFLE_SEED: u64 = 0x5eed;
 fn run_planned(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, cfg: &FleetConfig, reference: Reference) -> (FleetRun, Plan) {
     let held = held(f, cfg, gpu_mem);
     let plan = match reference {
-        Reference::Hindsight => foresight_plan(f, &held, minutes, gpu_mem, n, minutes),
-        Reference::Foresight { window, shuffled: false } => foresight_plan(f, &held, minutes, gpu_mem, n, window),
-        Reference::Foresight { window, shuffled: true } => {
-            let (g, h) = shuffled(f, &held, window, SHUFFLE_SEED);
-            foresight_plan(&g, &h, minutes, gpu_mem, n, window)
+        Reference::Hindsight => foresight_plan(&[(f, &held)], minutes, gpu_mem, n, minutes),
+        Reference::Foresight { window, shuffled: None } => foresight_plan(&[(f, &held)], minutes, gpu_mem, n, window),
+        Reference::Foresight { window, shuffled: Some(draws) } => {
+            let drawn: Vec<(Filled, Vec<Vec<f64>>)> = (0..draws.max(1) as u64).map(|k| shuffled(f, &held, window, SHUFFLE_SEED + k)).collect();
+            let views: Vec<View> = drawn.iter().map(|(g, h)| (g, &h[..])).collect();
+            foresight_plan(&views, minutes, gpu_mem, n, window)
         }
     };
     let mut r = run_placed(f, minutes, gpu_mem, every, n, cfg, Some(&plan));
@@ -597,10 +599,11 @@ pub fn run_fleet_hindsight(u: &super::Usage, gpu_mem_gib: f64, every: usize, n: 
 }
 
 /// [`run_fleet`] with pods placed every `window` minutes knowing the next
-/// `window` minutes of usage (with `shuffled`, each pod's levels in them
-/// but not their timing), and the placement of each window (`[k][p]`: pod
-/// `p`'s GPU in minutes `k·window ..`).
-pub fn run_fleet_foresight(u: &super::Usage, gpu_mem_gib: f64, every: usize, n: usize, cfg: &FleetConfig, window: usize, shuffled: bool) -> (FleetRun, Vec<Vec<usize>>) {
+/// `window` minutes of usage (with `shuffled` = Some(draws), each pod's
+/// levels in them but not their timing, planned against that many draws),
+/// and the placement of each window (`[k][p]`: pod `p`'s GPU in minutes
+/// `k·window ..`).
+pub fn run_fleet_foresight(u: &super::Usage, gpu_mem_gib: f64, every: usize, n: usize, cfg: &FleetConfig, window: usize, shuffled: Option<usize>) -> (FleetRun, Vec<Vec<usize>>) {
     let (r, plan) = run_planned(&super::eval::fill(u), u.minutes, gpu_mem_gib, every, n, cfg, Reference::Foresight { window, shuffled });
     (r, plan.at)
 }
