@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Facts about the genai-2026 usage trace that explain the elastic results
-(docs/elastic.md): how long compute bursts last, and when the cluster is busy.
+(docs/elastic.md): how long compute bursts last, when the cluster is busy, and
+how often a pod's bursts in a 15-minute window follow bursts in the one before.
 
 Usage: python3 scripts/elastic-trace-facts.py [../shared/data/genai-2026]
 Needs numpy. Fills gaps as `egpu simulate --elastic` does: a pod repeats its
@@ -14,6 +15,7 @@ import numpy as np
 
 BURST = 0.8  # duty above which a minute counts as a burst
 BUSY = 15.0  # summed duty (GPUs' worth) above which a minute counts as busy
+WINDOW = 15  # minutes: the window of the levels-only foresight reference
 
 
 def read(path):
@@ -60,9 +62,11 @@ def main(root):
     for p, t, v in mem:
         i, k = at[p], int(round((t - t0) / step))
         m[i, k] = v / 2**30 if np.isnan(m[i, k]) else max(m[i, k], v / 2**30)
+    life = []
     for i in range(len(pods)):
         seen = np.where(~np.isnan(d[i]) | ~np.isnan(m[i]))[0]
         a, b = seen[0], seen[-1]
+        life.append((a, b))
         for grid in (d, m):
             row = grid[i]
             last = 0.0
@@ -108,6 +112,19 @@ def main(root):
         gaps.append(np.median(np.diff(starts)))
     print("bursty pods: mean autocorrelation of burst minutes at lags %s: %s; median gap between burst starts per pod %.0f-%.0f minutes"
           % (", ".join(map(str, lags)), ", ".join("%.3f" % c for c in corr), min(gaps), max(gaps)))
+    # Past levels as a forecast: of a pod's 15-minute windows with a burst,
+    # how many follow a window with one (both windows wholly in its life).
+    w = WINDOW
+    after, burst_windows = 0, 0
+    for i, (a, b) in enumerate(life):
+        full = [k for k in range(minutes // w) if a <= k * w and (k + 1) * w - 1 <= b]
+        has = {k: hot[i, k * w:(k + 1) * w].any() for k in full}
+        for k in full:
+            if has[k] and (k - 1) in has:
+                burst_windows += 1
+                after += has[k - 1]
+    print(f"{w}-minute windows with a burst that follow a window of the same pod: {burst_windows}, "
+          f"of which {after} ({after / max(burst_windows, 1):.0%}) follow a window with a burst")
 
 
 if __name__ == "__main__":
