@@ -114,17 +114,20 @@ def main(root):
           % (", ".join(map(str, lags)), ", ".join("%.3f" % c for c in corr), min(gaps), max(gaps)))
     # Past levels as a forecast: of a pod's 15-minute windows with a burst,
     # how many follow a window with one (both windows wholly in its life).
+    # Counted over every pair of consecutive windows wholly in a pod's life,
+    # all pods together.
     w = WINDOW
-    after, burst_windows = 0, 0
+    pairs = np.zeros((2, 2), dtype=int)  # [burst before][burst now]
     for i, (a, b) in enumerate(life):
         full = [k for k in range(minutes // w) if a <= k * w and (k + 1) * w - 1 <= b]
-        has = {k: hot[i, k * w:(k + 1) * w].any() for k in full}
+        has = {k: bool(hot[i, k * w:(k + 1) * w].any()) for k in full}
         for k in full:
-            if has[k] and (k - 1) in has:
-                burst_windows += 1
-                after += has[k - 1]
-    print(f"{w}-minute windows with a burst that follow a window of the same pod: {burst_windows}, "
-          f"of which {after} ({after / max(burst_windows, 1):.0%}) follow a window with a burst")
+            if (k - 1) in has:
+                pairs[int(has[k - 1]), int(has[k])] += 1
+    rate = lambda before: pairs[before, 1] / max(pairs[before].sum(), 1)
+    print(f"{w}-minute windows of a pod after another of its windows: it bursts in {rate(1):.0%} of those after a "
+          f"window with a burst ({pairs[1].sum()}) and {rate(0):.0%} of those after a quiet one ({pairs[0].sum()}); "
+          f"of the {pairs[:, 1].sum()} with a burst, {pairs[0, 1] / max(pairs[:, 1].sum(), 1):.0%} follow a quiet window")
 
 
 if __name__ == "__main__":

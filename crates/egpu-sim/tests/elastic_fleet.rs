@@ -493,8 +493,8 @@ fn shuffled_foresight_plans_for_the_levels_not_for_one_draw() {
     // probability 1 − C(8,2)/C(10,2) = 38%. Pairing them costs nothing in a
     // draw where they miss each other, so a plan against one draw pairs
     // them where its first window's draw has them miss (the planner's ties
-    // go to the lower GPU; later windows keep pods where they are), and a
-    // plan against 32 draws does not (all 32 miss: 0.62^32, about 2e-7).
+    // go to the lower GPU), and a
+    // plan against 32 draws does not (all 32 miss: (28/45)^32, about 2.5e-7).
     // Apart (a or b with c or d) nothing saturates.
     let mut paired_by_one = 0;
     for shift in 0..10 {

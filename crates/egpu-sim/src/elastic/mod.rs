@@ -177,7 +177,7 @@ pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<St
         if let (Some(h), Some(w)) = (&e.foresight, e.config.fleet.and_then(|c| c.foresight)) {
             let tried: Vec<String> = h.tried.iter().map(|(n, v)| format!("{n}: {:.3}%", 100.0 * v)).collect();
             let verdict = if h.met { "within budget" } else { "budget NOT met" };
-            let (name, knowing) = if let Some(c) = e.config.fleet.filter(|c| c.foresight_shuffled) { ("fleet-foresight-shuffled", format!("each pod's levels in the next {w} minutes but not their timing, planned against {} draws of it", c.foresight_draws)) } else { ("fleet-foresight", format!("the next {w} minutes of usage exactly")) };
+            let (name, knowing) = if let Some(c) = e.config.fleet.filter(|c| c.foresight_shuffled) { ("fleet-foresight-shuffled", format!("each pod's levels in the next {w} minutes but not their timing, planned against {} draw{} of it", c.foresight_draws, if c.foresight_draws == 1 { "" } else { "s" })) } else { ("fleet-foresight", format!("the next {w} minutes of usage exactly")) };
             let _ = write!(md, "\n{name}, {} GiB (a reference, not a policy: pods re-placed every {w} minutes knowing {knowing}): {} GPUs ({verdict}; {} GPU-minutes with summed duty above 100%); sizes tried: {}\n", e.config.gpu_mem_gib, h.gpus, h.saturated_gpu_minutes, tried.join(", "));
         }
     }
