@@ -662,6 +662,21 @@ fn run_elastic(args: &SimulateFlags) -> Result<()> {
         eprintln!("warning: {what}");
         usage.left_out.samples_past_grid = usage.dropped_samples;
     }
+    // The shuffled foresight holds one copy of the trace per draw: no more
+    // cells in all than the grid itself may have.
+    let cells = usage.pods.len().max(1) * usage.minutes.max(1);
+    if args.fleet_foresight_shuffled && args.fleet_foresight_draws * cells > elastic::load::MAX_CELLS {
+        usage!(
+            "--fleet-foresight-draws {} would hold {} shuffled copies of a trace of {} pods × {} periods ({} cells), more than {} cells in all: give at most {} draws",
+            args.fleet_foresight_draws,
+            args.fleet_foresight_draws,
+            usage.pods.len(),
+            usage.minutes,
+            cells,
+            elastic::load::MAX_CELLS,
+            elastic::load::MAX_CELLS / cells
+        );
+    }
     // A pod bigger than a GPU fits no slice on it (its excess is refused
     // memory in every strategy); often a wrong --memory-unit.
     let peak: Vec<(usize, f32)> = usage.mem.iter().enumerate().map(|(i, m)| (i, m.iter().copied().filter(|x| !x.is_nan()).fold(0.0, f32::max))).collect();

@@ -211,6 +211,28 @@ fn a_pod_named_differently_in_the_two_files_is_an_error_unless_lenient() {
 }
 
 #[test]
+fn shuffled_foresight_draws_are_refused_past_the_grid_s_size() {
+    // Two pods sampled each minute, one of them once more 499,997 minutes
+    // later (gaps repeat the last sample): 2 × 500,000 = 1,000,000 cells.
+    // 64 draws would hold 64 million cells, past the grid's 50 million.
+    let d = dir("draws");
+    let (mut duty, mut mem) = (String::from("pod,timestamp,value\n"), String::from("pod,timestamp,value\n"));
+    for (pod, minutes) in [("a", vec![0, 1, 2, 499_999]), ("b", vec![0, 1, 2])] {
+        for k in minutes {
+            duty.push_str(&format!("{pod},{},50\n", 60 * k));
+            mem.push_str(&format!("{pod},{},1000000000\n", 60 * k));
+        }
+    }
+    let (dp, mp) = (write(&d, "duty.csv", &duty), write(&d, "mem.csv", &mem));
+    let e = run(&d, &["--usage-duty", &dp, "--usage-memory", &mp, "--fleet-foresight", "15", "--fleet-foresight-shuffled", "--fleet-foresight-draws", "64"]).expect_err("too many draws");
+    assert!(e.is::<egpu_sim::cli::UsageError>(), "{e:#}");
+    let e = e.to_string();
+    assert!(e.contains("2 pods × 500000 periods (1000000 cells)") && e.contains("give at most 50 draws"), "{e}");
+    assert!(!d.join("report").exists(), "refused before anything is written");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+#[test]
 fn the_step_can_be_given_and_units_can_be_named() {
     let d = dir("step");
     let mut duty = String::from("pod,timestamp,value\n");
