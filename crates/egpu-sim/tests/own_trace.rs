@@ -212,8 +212,8 @@ fn a_pod_named_differently_in_the_two_files_is_an_error_unless_lenient() {
 
 #[test]
 fn shuffled_foresight_draws_are_refused_past_the_grid_s_size() {
-    // Two pods sampled each minute, one of them once more 499,997 minutes
-    // later (gaps repeat the last sample): 2 × 500,000 = 1,000,000 cells.
+    // Two pods sampled in minutes 0–2, one of them again at minute 499,999
+    // (gaps repeat the last sample): 2 × 500,000 = 1,000,000 cells.
     // 64 draws would hold 64 million cells, past the grid's 50 million.
     let d = dir("draws");
     let (mut duty, mut mem) = (String::from("pod,timestamp,value\n"), String::from("pod,timestamp,value\n"));
