@@ -169,16 +169,18 @@ pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<St
             };
             let _ = write!(md, "\nelastic-fleet, {} GiB ({memory}): {} GPUs ({verdict}; {} pod-minutes on a GPU whose base slices did not fit, {} GPU-minutes with summed duty above 100%, {} violation pod-minutes that no compute split could avoid{first_come}); fleet sizes tried (GPUs: violation pod-minutes, and the floor under any compute split, both with the count above): {}\n", e.config.gpu_mem_gib, f.gpus, f.overflow_pod_minutes, f.saturated_gpu_minutes, f.floor_pod_minutes, tried.join(", "));
         }
-        if let Some(h) = &e.hindsight {
+        // A reference placement's line: its name, how it was placed, and its search.
+        let mut reference = |name: &str, placed: &str, h: &FleetSearch| {
             let tried: Vec<String> = h.tried.iter().map(|(n, v)| format!("{n}: {:.3}%", 100.0 * v)).collect();
             let verdict = if h.met { "within budget" } else { "budget NOT met" };
-            let _ = write!(md, "\nfleet-hindsight-static, {} GiB (a reference, not a policy: pods never move, placed knowing the whole trace): {} GPUs ({verdict}; {} GPU-minutes with summed duty above 100%); sizes tried: {}\n", e.config.gpu_mem_gib, h.gpus, h.saturated_gpu_minutes, tried.join(", "));
+            let _ = write!(md, "\n{name}, {} GiB (a reference, not a policy: {placed}): {} GPUs ({verdict}; {} GPU-minutes with summed duty above 100%); sizes tried: {}\n", e.config.gpu_mem_gib, h.gpus, h.saturated_gpu_minutes, tried.join(", "));
+        };
+        if let Some(h) = &e.hindsight {
+            reference("fleet-hindsight-static", "pods never move, placed knowing the whole trace", h);
         }
         if let (Some(h), Some(w)) = (&e.foresight, e.config.fleet.and_then(|c| c.foresight)) {
-            let tried: Vec<String> = h.tried.iter().map(|(n, v)| format!("{n}: {:.3}%", 100.0 * v)).collect();
-            let verdict = if h.met { "within budget" } else { "budget NOT met" };
             let (name, knowing) = if let Some(c) = e.config.fleet.filter(|c| c.foresight_shuffled) { ("fleet-foresight-shuffled", format!("each pod's levels in the next {w} minutes but not their timing, planned against {} draw{} of it", c.foresight_draws, if c.foresight_draws == 1 { "" } else { "s" })) } else { ("fleet-foresight", format!("the next {w} minutes of usage exactly")) };
-            let _ = write!(md, "\n{name}, {} GiB (a reference, not a policy: pods re-placed every {w} minutes knowing {knowing}): {} GPUs ({verdict}; {} GPU-minutes with summed duty above 100%); sizes tried: {}\n", e.config.gpu_mem_gib, h.gpus, h.saturated_gpu_minutes, tried.join(", "));
+            reference(name, &format!("pods re-placed every {w} minutes knowing {knowing}"), h);
         }
     }
     // Name the charts of this run: an earlier run with other sizes may have

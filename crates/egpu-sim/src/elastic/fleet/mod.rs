@@ -108,6 +108,10 @@ impl Fleet {
     fn room(&self, l: Slice, s: Slice) -> f64 {
         ((self.gpu_mem - l.m - s.m) / self.gpu_mem).min(1.0 - l.c - s.c)
     }
+    /// GPU `g` holds pod `p`'s base slice beside those it has.
+    fn fits(&self, g: usize, base: &[Slice], p: usize) -> bool {
+        self.room(self.load(g, base), base[p]) >= -1e-9
+    }
     fn size(&self, s: Slice) -> f64 {
         (s.m / self.gpu_mem).max(s.c)
     }
@@ -269,9 +273,8 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
             let rw = cfg.risk_window;
             let risk = |g: usize| if rw == 0 { 0.0 } else { cfg.risk_weight * f64::from(saturated(f, &fl.gpus[g], Some(p), None, t, rw)) / rw as f64 };
             let g = fl.best(p, &base, &risk);
-            let fits = fl.room(fl.load(g, &base), base[p]) >= -1e-9;
             let g = match from {
-                Some(h) if !fits => h,
+                Some(h) if !fl.fits(g, &base, p) => h,
                 _ => g,
             };
             if from.is_some_and(|h| h != g) {
@@ -348,8 +351,7 @@ fn run_placed(f: &Filled, minutes: usize, gpu_mem: f64, every: usize, n: usize, 
                 fl.remove(p);
             }
             for &(p, from) in &movers {
-                let fits = |g: usize| fl.room(fl.load(g, &base), base[p]) >= -1e-9;
-                let g = if fits(at[p]) { at[p] } else if fits(from) { from } else { fl.best(p, &base, &|_| 0.0) };
+                let g = if fl.fits(at[p], &base, p) { at[p] } else if fl.fits(from, &base, p) { from } else { fl.best(p, &base, &|_| 0.0) };
                 out.migrations += u64::from(g != from);
                 fl.gpus[g].push(p);
                 fl.gpu_of[p] = Some(g);
