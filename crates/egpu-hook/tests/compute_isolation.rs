@@ -77,16 +77,31 @@ fn a_lone_slice_borrows_idle_time_up_to_its_limit() {
     let bc = m.burn(&capped, &["--seconds", "3.5", "--device", "0"]);
     wait_running(&m, &[&bl, &bc], Duration::from_secs(20));
     std::thread::sleep(Duration::from_millis(500));
-    let f = fractions(&m, &[&bl, &bc], Duration::from_millis(2500));
+    let window = Duration::from_millis(2500);
+    let held0 = [throttled_ns(&lone), throttled_ns(&capped)];
+    let f = fractions(&m, &[&bl, &bc], window);
+    let held = [throttled_ns(&lone) - held0[0], throttled_ns(&capped) - held0[1]].map(|ns| pct(ns as f64 / window.as_nanos() as f64));
     let (fl, fc) = (pct(f[0]), pct(f[1]));
-    eprintln!("lone 30%/100% -> {fl}%, lone 40% limit -> {fc}%");
+    eprintln!("lone 30%/100% -> {fl}% (held in the gate {}% of the window), lone 40% limit -> {fc}% (held {}%)", held[0], held[1]);
     for b in [bl, bc] {
         let (code, _, stderr) = b.finish();
         assert_eq!(code, 0, "{stderr}");
     }
     egpud.stop();
-    assert!(fl >= 90.0, "a lone 30%/100% slice got only {fl}%");
+    // Unloaded, the lone slice keeps the device ~100% busy. On a loaded host
+    // its burner also waits for a CPU (88.7% beside a compile), which no
+    // gate causes; so the device's busy time is asserted well above the 30%
+    // share, and "up to its limit" by the time the gate held the burner,
+    // which a share-capped slice spends most of the window in.
+    assert!(fl >= 60.0, "a lone 30%/100% slice got only {fl}%: it did not borrow the idle time");
+    assert!(held[0] <= 5.0, "the gate held a lone 30%/100% slice back {}% of the window", held[0]);
     assert!((fc - 40.0).abs() <= 5.0, "a lone 40%-limit slice got {fc}%");
+    assert!(held[1] >= 30.0, "the gate held the 40%-limit slice back only {}% of the window: the witness is blind", held[1]);
+}
+
+/// Time the gate has held the slice's processes back on its first device, in ns.
+fn throttled_ns(s: &TestSlice) -> u64 {
+    s.usage.processes().iter().map(|p| p.throttled_ns[0]).sum()
 }
 
 #[test]
