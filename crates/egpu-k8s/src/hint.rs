@@ -217,8 +217,12 @@ pub fn choose<K: Ord + Clone>(available: &[String], must_include: &[String], siz
         .min_by(|a, b| (a.0, a.1).cmp(&(b.0, b.1)));
     let Some((_, _, p)) = best else { return Choice::Stale };
     let tokens = &by_gpu[p.uuid.as_str()];
-    let mut ids: Vec<String> = must_include.to_vec();
-    ids.dedup();
+    let mut ids: Vec<String> = Vec::new();
+    for id in must_include {
+        if !ids.contains(id) {
+            ids.push(id.clone());
+        }
+    }
     for id in tokens.values() {
         if ids.len() >= size {
             break;
@@ -286,6 +290,9 @@ mod tests {
         let must = ids("GPU-b", &[9]);
         assert_eq!(choose(&avail, &must, 4, &[p(2, "GPU-a", 4)]), Choice::Stale);
         assert_eq!(choose(&avail, &must, 4, &[p(1, "GPU-b", 4), p(2, "GPU-a", 4)]), Choice::Followed { key: 1, ids: [must.clone(), ids("GPU-b", &[3, 4, 5])].concat() });
+        // A must-include ID listed twice, apart, is taken once.
+        let twice = ids("GPU-b", &[9, 10, 9]);
+        assert_eq!(choose(&avail, &twice, 4, &[p(1, "GPU-b", 4)]), Choice::Followed { key: 1, ids: ids("GPU-b", &[9, 10, 3, 4]) });
     }
 
     #[test]

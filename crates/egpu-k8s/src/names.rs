@@ -39,6 +39,10 @@ pub fn check_extended_resource(s: &str) -> Result<(), String> {
     if !is_dns_subdomain(domain) || domain.len() > 244 {
         return Err(format!("resource '{s}': its domain '{domain}' is not a DNS subdomain of at most 244 characters (lower-case letters, digits, '-' and '.'), {eg}"));
     }
+    // The API server keeps `requests.` for quota names (`requests.<resource>`).
+    if domain.starts_with("requests.") {
+        return Err(format!("resource '{s}': names beginning with 'requests.' are quota names, which the API server refuses as extended resources, {eg}"));
+    }
     // The API server takes any name holding `kubernetes.io/` for a native one.
     if domain.ends_with("kubernetes.io") {
         return Err(format!("resource '{s}': the kubernetes.io domain is for Kubernetes' own resources, and the API server refuses an extended resource in it; use a domain of your own, {eg}"));
@@ -85,6 +89,7 @@ mod tests {
             ("mykubernetes.io/gpu", "kubernetes.io domain"),
             (&format!("{}/x", "a".repeat(245)), "at most 244 characters"),
             ("egpu.io/a/b", "its name 'a/b'"),
+            ("requests.example.com/gpu", "quota names"),
         ] {
             let e = check_extended_resource(bad).unwrap_err();
             assert!(e.contains(why), "{bad}: {e}");

@@ -177,7 +177,8 @@ pub fn preferred(available: &[String], must_include: &[String], size: usize) -> 
             by_gpu.entry(uuid).or_default().insert(k, id);
         }
     }
-    let mut out: Vec<String> = Vec::with_capacity(size);
+    // `size` comes off the wire: never reserve more than can be chosen.
+    let mut out: Vec<String> = Vec::with_capacity(size.min(available.len() + must_include.len()));
     for id in must_include {
         if out.len() < size && !out.contains(id) {
             out.push(id.clone());
@@ -388,6 +389,8 @@ mod tests {
         assert_eq!(&p[..16], &ids("GPU-b", 0..16)[..]);
         // A pinned token decides the GPU.
         assert_eq!(preferred(&avail, &ids("GPU-b", [9]), 3), vec![token_id("GPU-b", 9), token_id("GPU-b", 0), token_id("GPU-b", 1)]);
+        // A size off the wire far above what is available: all of it, and no huge reservation first.
+        assert_eq!(preferred(&avail, &[], i32::MAX as usize).len(), avail.len());
     }
 
     /// Where nothing is known.

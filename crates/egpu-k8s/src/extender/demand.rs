@@ -18,10 +18,13 @@ pub struct Demand {
 impl Demand {
     /// Reads the resource requests of the pod's containers. Init containers
     /// that ask are refused: the kubelet lends their devices to the app
-    /// containers after them, which would put two slices on one set of units.
+    /// containers after them, which would put two slices on one set of units
+    /// (sidecars, which run beside the app containers, are refused too: the
+    /// extender counts only app containers).
     pub fn of_pod(pod: &Value, resource: &str) -> Result<Demand, RequestError> {
         let spec = &pod["spec"];
-        let read = |key: &str| -> Result<Vec<u32>, RequestError> {
+        // (units, container) for each container of `key` that asks.
+        let read = |key: &str| -> Result<Vec<(u32, &Value)>, RequestError> {
             let mut out = Vec::new();
             for c in spec[key].as_array().map(Vec::as_slice).unwrap_or_default() {
                 let name = c["name"].as_str().unwrap_or("?").to_string();
@@ -44,15 +47,17 @@ impl Demand {
                 }
                 let n = lim.or(req).unwrap_or(0);
                 if n > 0 {
-                    out.push(n);
+                    out.push((n, c));
                 }
             }
             Ok(out)
         };
-        if !read("initContainers")?.is_empty() {
-            return Err(RequestError::InitContainer { resource: resource.into() });
+        if let Some((_, c)) = read("initContainers")?.first() {
+            let container = c["name"].as_str().unwrap_or("?").to_string();
+            let sidecar = c["restartPolicy"] == "Always";
+            return Err(RequestError::InitContainer { container, resource: resource.into(), sidecar });
         }
-        let in_order = read("containers")?;
+        let in_order: Vec<u32> = read("containers")?.into_iter().map(|(n, _)| n).collect();
         let mut units = in_order.clone();
         units.sort_unstable_by(|a, b| b.cmp(a));
         Ok(Demand { units, in_order })

@@ -41,7 +41,12 @@ fn demand_reads_containers_and_refuses_nonsense() {
     let p = json!({"spec": {"containers": [{"name": "m", "resources": {"limits": {R: "4"}, "requests": {R: "2"}}}]}});
     assert!(matches!(Demand::of_pod(&p, R), Err(RequestError::Mismatch { .. })));
     let p = json!({"spec": {"initContainers": [{"name": "i", "resources": {"limits": {R: 3}}}], "containers": [{"name": "m"}]}});
-    assert_eq!(Demand::of_pod(&p, R), Err(RequestError::InitContainer { resource: R.into() }));
+    let e = Demand::of_pod(&p, R).unwrap_err();
+    assert_eq!(e, RequestError::InitContainer { container: "i".into(), resource: R.into(), sidecar: false });
+    assert!(e.to_string().starts_with("init container 'i' asks for") && e.to_string().contains("pass to the app containers"), "{e}");
+    let p = json!({"spec": {"initContainers": [{"name": "log", "restartPolicy": "Always", "resources": {"limits": {R: 3}}}], "containers": [{"name": "m"}]}});
+    let e = Demand::of_pod(&p, R).unwrap_err().to_string();
+    assert!(e.starts_with("sidecar container (an init container with restartPolicy: Always) 'log' asks for") && !e.contains("pass to the app containers"), "{e}");
     let p = json!({"spec": {"initContainers": [{"name": "i"}], "containers": [{"name": "m", "resources": {"limits": {R: 3}}}]}});
     assert_eq!(Demand::of_pod(&p, R).unwrap().units, [3], "init containers that ask nothing are fine");
     // Bytes where units are meant: the number asked is said as it is, not
@@ -368,6 +373,14 @@ fn wire_names_are_gos_and_lower_case_is_accepted() {
     let v = serde_json::to_value(FilterResult { error: "e".into(), ..Default::default() }).unwrap();
     assert_eq!(v, json!({"FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": "e"}));
     assert_eq!(serde_json::to_value(HostPriority { host: "h".into(), score: 3 }).unwrap(), json!({"Host": "h", "Score": 3}));
+    // Go writes nil slices and maps as null: read as empty, not refused.
+    let a: ExtenderArgs = serde_json::from_value(json!({"Pod": {}, "Nodes": {"items": null}, "NodeNames": null})).unwrap();
+    assert!(a.nodes.is_some_and(|n| n.items.is_empty()) && a.node_names.is_none());
+    let p: PreemptionArgs = serde_json::from_value(json!({"Pod": {}, "NodeNameToVictims": {"n": {"Pods": null}}, "NodeNameToMetaVictims": {"n": {"Pods": null, "NumPDBViolations": 1}}})).unwrap();
+    assert!(p.node_name_to_victims.unwrap()["n"].pods.is_empty());
+    assert_eq!(p.node_name_to_meta_victims.unwrap()["n"], MetaVictims { pods: vec![], num_pdb_violations: 1 });
+    let r: FilterResult = serde_json::from_value(json!({"FailedNodes": null, "Error": ""})).unwrap();
+    assert!(r.failed_nodes.is_empty() && r.failed_and_unresolvable_nodes.is_empty());
 }
 
 #[test]

@@ -2,9 +2,14 @@
 //! `k8s.io/kube-scheduler/extender/v1`: field names are Go's (capitalised),
 //! and the older lower-case spellings are accepted too.
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
+
+/// Go writes a nil slice or map as `null`: read it as empty.
+fn null_is_empty<'de, D: Deserializer<'de>, T: Default + Deserialize<'de>>(d: D) -> Result<T, D::Error> {
+    Ok(Option::<T>::deserialize(d)?.unwrap_or_default())
+}
 
 /// `ExtenderArgs`: the pod and the candidate nodes.
 #[derive(Debug, Deserialize)]
@@ -20,7 +25,7 @@ pub struct ExtenderArgs {
 /// `v1.NodeList`, kept as JSON: the nodes that pass go back as they came.
 #[derive(Debug, Default, Deserialize, Serialize)]
 pub struct NodeList {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "null_is_empty")]
     pub items: Vec<Value>,
 }
 
@@ -31,9 +36,9 @@ pub struct FilterResult {
     pub nodes: Option<NodeList>,
     #[serde(rename = "NodeNames", skip_serializing_if = "Option::is_none")]
     pub node_names: Option<Vec<String>>,
-    #[serde(rename = "FailedNodes")]
+    #[serde(rename = "FailedNodes", default, deserialize_with = "null_is_empty")]
     pub failed_nodes: BTreeMap<String, String>,
-    #[serde(rename = "FailedAndUnresolvableNodes")]
+    #[serde(rename = "FailedAndUnresolvableNodes", default, deserialize_with = "null_is_empty")]
     pub failed_and_unresolvable_nodes: BTreeMap<String, String>,
     #[serde(rename = "Error")]
     pub error: String,
@@ -64,7 +69,7 @@ pub struct PreemptionArgs {
 /// `Victims`: whole pods.
 #[derive(Debug, Deserialize)]
 pub struct Victims {
-    #[serde(rename = "Pods", alias = "pods", default)]
+    #[serde(rename = "Pods", alias = "pods", default, deserialize_with = "null_is_empty")]
     pub pods: Vec<Value>,
     #[serde(rename = "NumPDBViolations", alias = "numPDBViolations", default)]
     pub num_pdb_violations: i64,
@@ -73,7 +78,7 @@ pub struct Victims {
 /// `MetaVictims`: the victims' UIDs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MetaVictims {
-    #[serde(rename = "Pods", alias = "pods", default)]
+    #[serde(rename = "Pods", alias = "pods", default, deserialize_with = "null_is_empty")]
     pub pods: Vec<MetaPod>,
     #[serde(rename = "NumPDBViolations", alias = "numPDBViolations", default)]
     pub num_pdb_violations: i64,
@@ -109,8 +114,8 @@ pub enum RequestError {
     BadQuantity { container: String, resource: String, value: String },
     #[error("container '{container}' asks for {resource}: '{value}', which is {units} units, more than any node has: {resource} counts the device plugin's memory units (1 GiB each unless its --memory-unit says otherwise), not bytes, so ask for e.g. \"8\" for 8 GiB")]
     TooLarge { container: String, resource: String, value: String, units: u128 },
-    #[error("an init container asks for {resource}: not supported (an init container's units pass to the app containers after it); give the memory to the app containers only")]
-    InitContainer { resource: String },
+    #[error("{} '{container}' asks for {resource}: not supported ({}); give the memory to the app containers only", if *sidecar { "sidecar container (an init container with restartPolicy: Always)" } else { "init container" }, if *sidecar { "the extender places the units of app containers only" } else { "an init container's units pass to the app containers after it" })]
+    InitContainer { container: String, resource: String, sidecar: bool },
     #[error("container '{container}' asks for {resource} {requests} in requests but {limits} in limits: an extended resource must have both equal")]
     Mismatch { container: String, resource: String, requests: u64, limits: u64 },
 }

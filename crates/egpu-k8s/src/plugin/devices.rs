@@ -54,6 +54,31 @@ pub(super) fn advertise(inv: &Inventory, slices: &[node::Slice], held: Option<&V
     out
 }
 
+/// gRPC's default limit on a received message, which the kubelet's
+/// device-plugin client keeps: a longer `ListAndWatch` answer ends the
+/// stream, and the kubelet sees no device.
+pub(super) const KUBELET_MAX_MESSAGE: usize = 4 << 20;
+
+/// `Err` saying which `--memory-unit` would do when the `ListAndWatch`
+/// answer with `devices` (units of `unit_bytes`) exceeds
+/// [`KUBELET_MAX_MESSAGE`].
+pub(super) fn check_list_size(devices: &[dp::Device], unit_bytes: u64) -> Result<(), String> {
+    let len: usize = devices.iter().map(|d| prost::encoding::message::encoded_len(1, d)).sum();
+    if len <= KUBELET_MAX_MESSAGE {
+        return Ok(());
+    }
+    // The list shrinks with the number of units: scale the unit by the
+    // excess, in whole MiB, rounded up to a power of two (fewer units also
+    // have shorter IDs, so the list then fits with room to spare).
+    let mib = (u128::from(unit_bytes) * len as u128).div_ceil(KUBELET_MAX_MESSAGE as u128 * (1 << 20));
+    let fits = egpu_core::quantity::Bytes(u64::try_from(mib).unwrap_or(u64::MAX / 2).next_power_of_two() << 20);
+    Err(format!(
+        "the node's {} units of {} make a device list of {len} B, above the kubelet's 4 MiB limit on a gRPC message (it would end the ListAndWatch stream and see no device); use --memory-unit {fits} or larger",
+        devices.len(),
+        egpu_core::quantity::Bytes(unit_bytes)
+    ))
+}
+
 /// The CDI devices a container gets: its slice, and its GPUs from the
 /// vendor's spec when `--gpu-cdi-kind` names one.
 pub(super) fn cdi_devices<'a>(cfg: &PluginConfig, slice: &str, gpus: impl Iterator<Item = &'a tokens::Gpu>) -> Vec<dp::CdiDevice> {

@@ -324,8 +324,9 @@ impl Shared {
     }
 
     /// Reads egpud and the kubelet once: updates the advertised devices and
-    /// deletes slices no container holds.
-    pub async fn refresh(&self) {
+    /// deletes slices no container holds. `Err` (nothing updated) when the
+    /// node's units would make a device list the kubelet cannot receive.
+    pub async fn refresh(&self) -> Result<(), PluginError> {
         let read = async {
             let mut c = self.egpud().await?;
             let n = c.get_node(node::GetNodeRequest {}).await?.into_inner();
@@ -371,6 +372,7 @@ impl Shared {
                     );
                 }
                 let devices = advertise(&inv, &slices, last_held.as_ref(), self.cfg.numa_topology);
+                devices::check_list_size(&devices, inv.unit_bytes).map_err(PluginError::Config)?;
                 if let Some(holders) = &holders {
                     if let Some(held) = &held {
                         self.sweep(&mut client, &slices, held).await;
@@ -401,6 +403,7 @@ impl Shared {
         if let (Some(p), Some(value)) = (&self.publisher, annotation) {
             p.publish(value).await;
         }
+        Ok(())
     }
 
     /// The tokens held: each container's in the kubelet's list and, while
@@ -464,7 +467,8 @@ impl Shared {
         let path = self.cfg.pod_resources_socket();
         let list = async {
             let ch = crate::unix_channel(&path, Duration::from_secs(10)).await.map_err(|e| Status::unavailable(e.to_string()))?;
-            pr::pod_resources_lister_client::PodResourcesListerClient::new(ch).list(pr::ListPodResourcesRequest {}).await
+            // A node's whole list can pass gRPC's 4 MiB default; the kubelet's own clients allow 16 MiB.
+            pr::pod_resources_lister_client::PodResourcesListerClient::new(ch).max_decoding_message_size(16 << 20).list(pr::ListPodResourcesRequest {}).await
         };
         match list.await {
             Ok(r) => {

@@ -103,8 +103,9 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl std::future::Future<Output 
             let _ = rx.wait_for(|s| *s).await;
         }
     };
-    // Read once before serving, so the kubelet's first list is the node's.
-    shared.refresh().await;
+    // Read once before serving, so the kubelet's first list is the node's
+    // (a list the kubelet could not receive stops the plugin here).
+    shared.refresh().await?;
     let pod_lister = shared.publisher.is_some().then(|| {
         let shared = shared.clone();
         tokio::spawn(async move { shared.follow_pods().await })
@@ -113,9 +114,15 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl std::future::Future<Output 
         let shared = shared.clone();
         tokio::spawn(async move {
             let mut tick = crate::poll_ticker(shared.cfg.poll);
+            let mut said = None;
             loop {
                 tick.tick().await;
-                shared.refresh().await;
+                // egpud's GPUs changed since the start: the kubelet keeps the last list.
+                let e = shared.refresh().await.err().map(|e| e.to_string());
+                if e.is_some() && e != said {
+                    tracing::error!("{}; the kubelet keeps the last device list", e.as_deref().unwrap_or_default());
+                }
+                said = e;
             }
         })
     };
@@ -152,7 +159,8 @@ pub async fn run(shared: Arc<Shared>, shutdown: impl std::future::Future<Output 
         let mut until_stopped = server_stopped;
         let server = tokio::spawn(
             tonic::transport::Server::builder()
-                .add_service(dp::device_plugin_server::DevicePluginServer::new(service))
+                // An Allocate naming every unit of a node is as long as its device list (up to 4 MiB).
+                .add_service(dp::device_plugin_server::DevicePluginServer::new(service).max_decoding_message_size(16 << 20))
                 .serve_with_incoming_shutdown(tokio_stream::wrappers::UnixListenerStream::new(listener), async move {
                     let _ = until_stopped.wait_for(|s| *s).await;
                 }),

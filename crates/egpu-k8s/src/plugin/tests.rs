@@ -163,3 +163,23 @@ fn followed_hint_entries_outlive_a_watch_that_has_not_delivered_their_pod() {
     forget_followed(&mut followed, &live, t0 + 2 * crate::hint::HINT_TTL);
     assert_eq!(followed.keys().cloned().collect::<Vec<_>>(), [("uid-listed".to_string(), 1)]);
 }
+
+#[test]
+fn a_device_list_past_the_kubelets_message_limit_is_refused_with_a_unit_that_fits() {
+    // 8 GPUs of 141 GiB with real-length UUIDs.
+    let gpu = |index: u32| tokens::Gpu { index, uuid: format!("GPU-{index:08x}-1111-2222-3333-444455556666"), memory_bytes: 141 << 30, ..Default::default() };
+    let at = |unit_bytes: u64| Inventory { unit_bytes, gpus: (0..8).map(gpu).collect() };
+    let devices = advertise(&at(8 << 20), &[], None, false);
+    assert_eq!(devices.len(), 8 * 141 * 128);
+    // The size checked is the size the kubelet receives.
+    let sent = prost::Message::encoded_len(&dp::ListAndWatchResponse { devices: devices.clone() });
+    assert!(sent > devices::KUBELET_MAX_MESSAGE, "{sent} B: the case must be over the limit");
+    let e = devices::check_list_size(&devices, 8 << 20).unwrap_err();
+    assert!(e.contains(&format!("{} units of 8MiB", devices.len())) && e.contains(&format!("list of {sent} B")), "{e}");
+    let fits: u64 = e.split("--memory-unit ").nth(1).and_then(|s| s.split(' ').next()).and_then(|s| s.parse::<egpu_core::quantity::Bytes>().ok()).expect(&e).0;
+    // Scaled from this list's bytes per unit, rounded up to a power of two
+    // (16.08 MiB -> 32 MiB; the fewer units' shorter IDs are not counted on).
+    assert_eq!(fits, 32 << 20, "{e}");
+    assert_eq!(devices::check_list_size(&advertise(&at(fits), &[], None, false), fits), Ok(()));
+    assert_eq!(devices::check_list_size(&advertise(&at(1 << 30), &[], None, false), 1 << 30), Ok(()));
+}
