@@ -213,20 +213,32 @@ impl LimitsRegion {
     /// is an atomic, so each is a value `egpud` wrote, old or new) rather than
     /// hang every workload of the slice until the agent restarts.
     pub fn snapshot(&self) -> LimitsSnapshot {
+        self.snapshot_knowing(&AtomicU64::new(0))
+    }
+
+    /// [`Self::snapshot`] for a reader that remembers, in `dead`, the odd
+    /// `seq` it has already waited out: while that value stands, it reads at
+    /// once instead of waiting [`DEAD_WRITER_NS`] again on every read. (A
+    /// new writer never reuses it: [`LimitsWriter`] starts from the next
+    /// odd value.)
+    pub fn snapshot_knowing(&self, dead: &AtomicU64) -> LimitsSnapshot {
         let mut odd_since: Option<(u64, u64)> = None;
         let mut spins = 0u32;
         loop {
             let s1 = self.seq.load(Ordering::Acquire);
             if s1 & 1 == 1 {
                 let now = crate::monotonic_ns();
-                let stale = match odd_since {
-                    Some((seq, since)) if seq == s1 => now.saturating_sub(since) >= DEAD_WRITER_NS,
-                    _ => {
-                        odd_since = Some((s1, now));
-                        false
-                    }
-                };
-                if !stale {
+                let stale = dead.load(Ordering::Relaxed) == s1
+                    || match odd_since {
+                        Some((seq, since)) if seq == s1 => now.saturating_sub(since) >= DEAD_WRITER_NS,
+                        _ => {
+                            odd_since = Some((s1, now));
+                            false
+                        }
+                    };
+                if stale {
+                    dead.store(s1, Ordering::Relaxed);
+                } else {
                     spins = spins.wrapping_add(1);
                     if spins.is_multiple_of(64) {
                         std::thread::yield_now();
@@ -344,12 +356,14 @@ fn open_mapping(path: &Path, writable: bool) -> Result<Mapping, AbiError> {
 pub struct LimitsReader {
     map: Mapping,
     path: PathBuf,
+    /// The odd `seq` of a writer this reader found dead (0: none).
+    dead_seq: AtomicU64,
 }
 
 impl LimitsReader {
     /// Opens `path` read-only and checks magic, version and size.
     pub fn open(path: &Path) -> Result<LimitsReader, AbiError> {
-        Ok(LimitsReader { map: open_mapping(path, false)?, path: path.into() })
+        Ok(LimitsReader { map: open_mapping(path, false)?, path: path.into(), dead_seq: AtomicU64::new(0) })
     }
 
     pub fn region(&self) -> &LimitsRegion {
@@ -362,8 +376,9 @@ impl LimitsReader {
         self.region().seq.load(Ordering::Acquire)
     }
 
+    /// [`LimitsRegion::snapshot`], waiting out a dead writer once per reader.
     pub fn snapshot(&self) -> LimitsSnapshot {
-        self.region().snapshot()
+        self.region().snapshot_knowing(&self.dead_seq)
     }
 
     pub fn path(&self) -> &Path {
@@ -477,8 +492,9 @@ impl LimitsWriter {
     fn write(&self, f: impl FnOnce(&LimitsRegion)) -> u64 {
         let r = self.region();
         let s = r.seq.load(Ordering::Relaxed);
-        // Recover from a writer that died mid-write (odd seq): start from the next even value.
-        let start = s | 1;
+        // Recover from a writer that died mid-write (odd seq `s`): this write
+        // is `s + 2`, an odd value readers have not taken for a dead writer's.
+        let start = if s & 1 == 1 { s + 2 } else { s + 1 };
         r.seq.store(start, Ordering::Relaxed);
         fence(Ordering::Release);
         f(r);
@@ -616,10 +632,20 @@ mod tests {
         assert_eq!(snap.seq, odd);
         assert_eq!(snap.devices()[0].mem_limit, 1);
         assert!(t.elapsed() < std::time::Duration::from_secs(5));
-        // The next writer starts from the next even value; readers see it.
+        // The wait is paid once per reader, not on every read: 50 waits
+        // would take at least 5 s.
+        assert_eq!(r.dead_seq.load(Ordering::Relaxed), odd);
+        let t = std::time::Instant::now();
+        for _ in 0..50 {
+            assert_eq!(r.snapshot().seq, odd);
+        }
+        let again = t.elapsed();
+        assert!(again < std::time::Duration::from_nanos(50 * DEAD_WRITER_NS), "50 reads of a known dead writer took {again:?}");
+        // The next writer's write is an odd value no reader took for dead,
+        // and it ends even; readers see it.
         let mut v = snap.devices().to_vec();
         v[0].mem_limit = 7;
-        assert_eq!(w.publish(1, &v).unwrap(), odd + 1);
+        assert_eq!(w.publish(1, &v).unwrap(), odd + 3);
         assert_eq!(r.snapshot().devices()[0].mem_limit, 7);
     }
 
