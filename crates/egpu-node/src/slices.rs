@@ -30,6 +30,8 @@ pub enum SliceOpError {
     Unknown { name: String },
     #[error("slice '{name}' is stored but egpud could not open its slice-table files: {error}. Its processes keep running with their last limits and its memory stays reserved; fix the cause (permissions, a full file system) and egpud adopts it at its next sweep")]
     Unadopted { name: String, error: String },
+    #[error("its usage file {} is unusable ({why}), and processes of the slice still hold records in it: a new file would lose their charges, so egpud waits until they exit (stop them to adopt the slice now)", path.display())]
+    UsageHeld { path: PathBuf, why: String },
     #[error("{0}")]
     BadRequest(String),
     #[error(transparent)]
@@ -702,6 +704,13 @@ impl SliceManager {
                     Ok(_) => "device count differs from the store".to_string(),
                     Err(e) => recreate_reason(&e).ok_or(SliceOpError::Abi(e))?,
                 };
+                // Processes of the slice hold records in it (a header they
+                // overwrote, or an older egpud's layout): a new file would
+                // drop their charges from egpud's view. The slice stays
+                // unadopted, reserved at its burst cap, until they exit.
+                if usage_locked_by_other(&dir) {
+                    return Err(SliceOpError::UsageHeld { path: upath, why });
+                }
                 log_recreate(&upath, &why, report);
                 (UsageFile::create(&upath, n).map_err(SliceOpError::Abi)?, None)
             }

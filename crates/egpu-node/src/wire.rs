@@ -178,7 +178,7 @@ impl From<SliceOpError> for Status {
             SliceOpError::Capacity(_) | SliceOpError::BadRequest(_) => Code::InvalidArgument,
             SliceOpError::NotFound(_) => Code::NotFound,
             SliceOpError::Exists(_) => Code::AlreadyExists,
-            SliceOpError::Busy { .. } | SliceOpError::Unknown { .. } | SliceOpError::Unadopted { .. } => Code::FailedPrecondition,
+            SliceOpError::Busy { .. } | SliceOpError::Unknown { .. } | SliceOpError::Unadopted { .. } | SliceOpError::UsageHeld { .. } => Code::FailedPrecondition,
             SliceOpError::Store(_) | SliceOpError::Abi(_) | SliceOpError::Io { .. } | SliceOpError::Cdi(_) | SliceOpError::NotStored { .. } | SliceOpError::CannotTakeBack { .. } => Code::Internal,
         };
         Status::new(code, chain(&e))

@@ -377,6 +377,46 @@ fn a_slice_whose_files_cannot_be_opened_stays_reserved_and_is_adopted_once_they_
 }
 
 #[test]
+fn a_usage_file_with_records_held_is_not_recreated_under_its_processes() {
+    use std::io::Write;
+    let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    {
+        let (mut m, _) = manager(run.path(), state.path());
+        m.create(req("a", vec![share(0, 4)])).unwrap();
+    }
+    let usage = paths::usage_path(&paths::slice_dir(run.path(), "a"));
+    // A process of the slice holds a record; its header is then overwritten
+    // (by a process of the slice, or it is an older egpud's layout) while
+    // egpud is down.
+    let mut holder = lock_holder(&usage);
+    let mut f = std::fs::OpenOptions::new().write(true).open(&usage).unwrap();
+    std::io::Seek::seek(&mut f, std::io::SeekFrom::Start(std::mem::offset_of!(egpu_abi::UsageRegion, abi_version) as u64)).unwrap();
+    f.write_all(&7u32.to_ne_bytes()).unwrap();
+    drop(f);
+    let inode = || std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&usage).unwrap());
+    let before = inode();
+    // The restarted egpud keeps the file and the slice reserved at its cap,
+    // and removes nothing under the process.
+    let (mut m, report) = manager(run.path(), state.path());
+    assert_eq!(inode(), before, "the usage file was recreated under a process holding a record in it");
+    assert_eq!(report.failed.len(), 1, "{:?}", report.failed);
+    assert!(report.failed[0].1.contains("still hold records") && report.failed[0].1.contains("of this ABI version"), "{:?}", report.failed);
+    assert!(matches!(m.get("a"), Err(SliceOpError::Unadopted { .. })));
+    assert!(matches!(m.delete("a", false), Err(SliceOpError::Unadopted { .. })));
+    assert_eq!(m.allocated()[0].memory, 4 * Bytes::GIB);
+    m.sweep();
+    assert_eq!(m.unadopted().count(), 1, "adopted while the process holds its record");
+    // Its last process gone, the next sweep recreates the file and adopts the slice.
+    drop(holder.stdin.take());
+    assert!(holder.wait().unwrap().success());
+    m.sweep();
+    assert_eq!(m.unadopted().count(), 0);
+    assert_ne!(inode(), before);
+    assert!(m.get("a").unwrap().live_pids().is_empty());
+    m.delete("a", false).unwrap();
+}
+
+#[test]
 fn a_slice_directory_that_cannot_be_removed_is_left_to_the_sweep() {
     let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (mut m, _) = manager(run.path(), state.path());
