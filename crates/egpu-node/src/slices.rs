@@ -688,6 +688,17 @@ impl SliceManager {
                 tracing::warn!(slice = %record.spec.name, error = %e, "cannot store the published spec; it is taken from the limits file again at the next start");
             }
         }
+        // A record from before spec revisions (schema 2) gets its first one,
+        // so that its limits file publishes a spec `--adopt-unstored-slices`
+        // can take back (revision 0 reads as an older egpud's file). Not
+        // stored, it is published anyway: the next start then finds the
+        // file ahead of the store, with the same spec.
+        if record.rev == 0 {
+            record.rev = 1;
+            if let Err(e) = self.store.put(&record) {
+                tracing::warn!(slice = %record.spec.name, error = %e, "cannot store the slice's first spec revision; it is taken from the limits file at the next start");
+            }
+        }
         let upath = paths::usage_path(&dir);
         // A file a process of the slice truncated is extended back, not
         // recreated, so the processes still attached keep their records.

@@ -58,7 +58,8 @@ pub struct SliceRecord {
     /// the store has committed it, so a file ahead of its record is a change
     /// the store lost (a damaged store that redb rolled back to its previous
     /// commit): adoption takes the spec back from the file. 0 in records
-    /// written before this field existed (schema 2).
+    /// written before this field existed (schema 2), until adoption gives
+    /// them 1.
     #[serde(default)]
     pub rev: u64,
 }

@@ -594,6 +594,34 @@ proptest::proptest! {
 }
 
 #[test]
+fn a_record_from_before_spec_revisions_gets_one_so_its_slice_can_be_taken_back() {
+    let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    {
+        let (mut m, _) = manager(run.path(), state.path());
+        m.create(req("a", vec![share(0, 4)])).unwrap();
+    }
+    // What a schema-2 store's record, migrated, is: revision 0, and the
+    // limits file an egpud then publishes with it.
+    let store = Store::open(state.path()).unwrap();
+    let mut record = store.load_all().unwrap().pop().unwrap();
+    record.rev = 0;
+    store.put(&record).unwrap();
+    drop(store);
+    let lim = LimitsWriter::open(&paths::limits_path(&paths::slice_dir(run.path(), "a"))).unwrap();
+    lim.publish_spec(1, lim.snapshot().devices(), 0, &[4 << 30]).unwrap();
+    let (m, _) = manager(run.path(), state.path());
+    assert_eq!(m.get("a").unwrap().record.rev, 1);
+    assert_eq!(lim.region().published_spec().unwrap().rev, 1);
+    drop(m);
+    assert_eq!(Store::open(state.path()).unwrap().load_all().unwrap()[0].rev, 1, "stored");
+    // The store lost: the slice comes back from its limits file.
+    Store::open(state.path()).unwrap().remove("a").unwrap();
+    let (m, report) = SliceManager::adopt_with(run.path(), FakeGpus::new(2, 16 * Bytes::GIB).devices, Store::open(state.path()).unwrap(), Unstored::Adopt).unwrap();
+    assert_eq!(report.taken_back, vec!["a"]);
+    assert_eq!(m.get("a").unwrap().record.spec, record.spec);
+}
+
+#[test]
 fn live_slices_the_store_lost_are_taken_back_from_their_limits_files_all_or_nothing() {
     let (run, state) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let gpus = || FakeGpus::new(2, 16 * Bytes::GIB).devices;
