@@ -34,6 +34,9 @@ pub struct Slice {
     pub uuids: Vec<String>,
 }
 
+// One per process, already on the heap in `STATE`: boxing the slice would
+// only add an indirection.
+#[allow(clippy::large_enum_variant)]
 enum Init {
     Ready(Slice),
     Failed(String),
