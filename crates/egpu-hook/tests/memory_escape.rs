@@ -8,18 +8,23 @@ mod common;
 
 use common::*;
 
-const FAMILIES: &[&str] = &["mem", "pitch", "managed", "array", "mipmap", "async", "pool", "managedpool", "vmm", "multicast", "graph", "graph10"];
+const FAMILIES: &[&str] = &["mem", "pitch", "managed", "array", "mipmap", "async", "pool", "managedpool", "vmm", "multicast", "graph", "graph10", "capturedpool"];
 const WAYS: &[&str] = &["direct", "dlopen", "procaddr"];
 
 /// Context cost of the simulated driver (EGPU_SIM_CTX_BYTES default).
 const CTX: u64 = 32 * MIB;
 
-/// What stays charged to an exited probe whose allocations of `size` were
-/// all freed: for graphs, the device's graph memory pool keeps what the
-/// largest launch used (each graph allocates and frees `size`) until a trim
+/// What stays charged to an exited probe whose `n` allocations of `size`
+/// were all freed: for graphs, the device's graph memory pool keeps what the
+/// largest launch used (each graph allocates and frees `size`), and for
+/// captured allocations, which all lived at once, all of them, until a trim
 /// or the process's record is swept.
-fn pool_kept(family: &str, size: u64) -> u64 {
-    if family.starts_with("graph") { size } else { 0 }
+fn pool_kept(family: &str, size: u64, n: u64) -> u64 {
+    match family {
+        "capturedpool" => n * size,
+        f if f.starts_with("graph") => size,
+        _ => 0,
+    }
 }
 
 fn alloc_args<'a>(way: &'a str, family: &'a str, size: &'a str) -> Vec<&'a str> {
@@ -48,7 +53,7 @@ fn every_family_every_way_stays_within_the_limit() {
             assert_eq!(free, limit - used, "{family}/{way}: cuMemGetInfo free");
             let (code, rest) = p.finish();
             assert_eq!(code, 0, "{family}/{way}: {rest:?}");
-            assert_eq!(s.used(0), pool_kept(family, 64 * MIB), "{family}/{way}: usage must return to zero after frees: {rest:?}");
+            assert_eq!(s.used(0), pool_kept(family, 64 * MIB, n), "{family}/{way}: usage must return to zero after frees: {rest:?}");
             s.usage.sweep(None);
         }
     }
@@ -124,6 +129,28 @@ fn pool_memory_a_graph_left_allocated_is_not_reused_by_the_next_graph() {
         let d = run(w.probe(&s, &["--via", way, "alloc", "--family", "graphkeep", "--size", "384MiB", "--after", "mem"]));
         assert_eq!(d.event("after")["ok"], false, "{way}: {:?}", d.lines);
         assert_eq!(s.usage.sweep(None).len(), 1, "{way}");
+    }
+}
+
+/// An allocation made from a pool on a stream being captured is the
+/// graph's, not the pool's: it is charged once, with the graph, and neither
+/// destroying the pool nor freeing it gives back memory the graph memory
+/// pool still holds.
+#[test]
+fn a_pool_allocation_captured_into_a_graph_is_charged_as_the_graphs() {
+    let w = World::new("1x4GiB");
+    let limit = 512 * MIB;
+    let s = w.slice("captured", &[(0, limit)]);
+    for way in WAYS {
+        let d = run(w.probe(&s, &["--via", way, "alloc", "--family", "capturedpool", "--size", "256MiB", "--hold", "--destroy-pool-first", "--after", "mem"]));
+        assert_eq!(d.code, 0, "{way}: {}", d.stderr);
+        assert_eq!(d.event("holding")["mem"]["free"], limit - CTX - 256 * MIB, "{way}: charged once, with the graph: {:?}", d.lines);
+        assert_eq!(d.event("pool-destroyed")["mem"]["free"], limit - CTX - 256 * MIB, "{way}: {:?}", d.lines);
+        let after = d.event("after");
+        assert_eq!(after["ok"], false, "{way}: the graph memory pool still holds the freed 256MiB, so 256MiB more would pass the limit: {after}");
+        assert_eq!(after["code"], egpu_cuda::CUDA_ERROR_OUT_OF_MEMORY, "{way}: {after}");
+        assert!(w.sim_used(0) <= limit, "{way}: the simulated driver holds {}", w.sim_used(0));
+        s.usage.sweep(None);
     }
 }
 
@@ -310,7 +337,7 @@ fn per_thread_stream_variants_are_charged_too() {
             assert!(used <= limit && used + 64 * MIB > limit, "{family}/{way} --ptds: charged {used}");
             assert!(w.sim_used(0) <= limit);
             assert_eq!(p.finish().0, 0);
-            assert_eq!(s.used(0), pool_kept(family, 64 * MIB), "{family}/{way} --ptds");
+            assert_eq!(s.used(0), pool_kept(family, 64 * MIB, 0), "{family}/{way} --ptds");
             s.usage.sweep(None);
         }
     }

@@ -103,6 +103,8 @@ api! {
     cuGraphInstantiate = "cuGraphInstantiate" @ 10000: fn(*mut CUgraphExec, CUgraph, *mut CUgraphNode, *mut c_char, usize);
     cuGraphExecDestroy = "cuGraphExecDestroy" @ 10000: fn(CUgraphExec);
     cuGraphLaunch = "cuGraphLaunch" @ 10000: fn(CUgraphExec, CUstream);
+    cuStreamBeginCapture_v2 = "cuStreamBeginCapture" @ 10010: fn(CUstream, c_uint);
+    cuStreamEndCapture = "cuStreamEndCapture" @ 10000: fn(CUstream, *mut CUgraph);
     cuDeviceGraphMemTrim = "cuDeviceGraphMemTrim" @ 11040: fn(CUdevice);
     cuIpcGetMemHandle = "cuIpcGetMemHandle" @ 4010: fn(*mut CUipcMemHandle, CUdeviceptr);
     cuIpcOpenMemHandle_v2 = "cuIpcOpenMemHandle" @ 11000: fn(*mut CUdeviceptr, CUipcMemHandle, c_uint);

@@ -18,6 +18,10 @@
 //!   slice.
 //! - Pools located on the host are never charged, unless they are managed
 //!   pools (CUDA 13), which are charged as `cuMemAllocManaged` is.
+//! - An allocation on a stream that is being captured takes nothing from
+//!   the pool: the driver makes it a memory-allocation node of the graph,
+//!   owned by the graph, so it is charged with the graph's nodes when the
+//!   graph is instantiated ([`super::graph`]) and passed through here.
 
 use super::drv::real as drv;
 use super::hooked;
@@ -184,10 +188,19 @@ fn stream_device(stream: CUstream) -> Result<(egpu_cuda::CUdevice, usize), CUres
     if (stream as usize) <= 2 { devmap::current() } else { super::ctx::in_stream_ctx(stream, devmap::current).and_then(|r| r) }
 }
 
+/// Whether `stream` is being captured (or its capture was invalidated):
+/// an allocation on it is then a graph's, not a pool's.
+fn capturing(stream: CUstream) -> bool {
+    crate::compute::drv::capture_status(stream as usize).is_some_and(|s| s != egpu_cuda::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
 /// `cuMemAllocAsync` / `_ptsz`: from the current pool of the *stream's*
 /// device (which may not be the current one).
 #[doc(alias = "cuMemAllocAsync")]
 pub(crate) fn alloc_async(real: sig::cuMemAllocAsync, dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> Outcome {
+    if capturing(stream) {
+        return Outcome::Passthrough;
+    }
     let (ord, dev) = match stream_device(stream) {
         Ok(d) => d,
         Err(e) => return Outcome::Error(e),
@@ -230,6 +243,9 @@ fn owner_of_unknown_pool(pool: CUmemoryPool, stream: CUstream) -> Result<usize, 
 /// `cuMemAllocFromPoolAsync` / `_ptsz`.
 #[doc(alias = "cuMemAllocFromPoolAsync")]
 pub(crate) fn alloc_from_pool(real: sig::cuMemAllocFromPoolAsync, dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream) -> Outcome {
+    if capturing(stream) {
+        return Outcome::Passthrough;
+    }
     let known = LEDGER.lock().pools.get(&(pool as usize)).map(|a| a.dev);
     let dev = match known {
         Some(HOST) => return Outcome::Passthrough,

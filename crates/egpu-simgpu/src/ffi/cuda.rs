@@ -43,6 +43,9 @@ cu_exports! {
     cuDeviceGetMemPool(p: P<CUmemoryPool>, d: CUdevice) => pool::device_get_mem_pool(p, d);
     cuDeviceSetMemPool(d: CUdevice, p: CUmemoryPool) => pool::device_set_mem_pool(d, p);
     cuDeviceGraphMemTrim(d: CUdevice) => graph::device_graph_mem_trim(d);
+    cuGraphGetNodes(g: CUgraph, n: P<CUgraphNode>, c: P<usize>) => graph::get_nodes(g, n, c);
+    cuGraphNodeGetType(n: CUgraphNode, t: P<u32>) => graph::node_get_type(n, t);
+    cuGraphMemAllocNodeGetParams(n: CUgraphNode, p: P<CUDA_MEM_ALLOC_NODE_PARAMS>) => graph::mem_alloc_node_get_params(n, p);
     cuDeviceGetGraphMemAttribute(d: CUdevice, a: u32, v: P<c_void>) => graph::get_graph_mem_attribute(d, a, v);
     cuDeviceSetGraphMemAttribute(d: CUdevice, a: u32, v: P<c_void>) => graph::set_graph_mem_attribute(d, a, v);
 

@@ -8,7 +8,7 @@
 //! shrinks only at `cuDeviceGraphMemTrim`. A free node, `cuMemFree` or
 //! `cuMemFreeAsync` of the pointer makes the bytes unused again.
 
-use crate::cptr::{R, read, write};
+use crate::cptr::{R, read, write, write_at};
 use crate::ops::{launch, memory, stream};
 use crate::rt::{Graph, Inner, Kind, Node, Proc, cu, new_handle};
 use egpu_cuda::*;
@@ -76,6 +76,79 @@ pub fn add_mem_alloc_node(out: *mut CUgraphNode, graph: CUgraph, params: *mut CU
 
 pub fn add_mem_free_node(out: *mut CUgraphNode, graph: CUgraph, dptr: CUdeviceptr) -> R<()> {
     add(cu()?, graph, out, Node::MemFree { dptr })
+}
+
+/// An allocation made on a capturing stream (`cuMemAllocAsync`,
+/// `cuMemAllocFromPoolAsync`): as the driver documents, it becomes a
+/// memory-allocation node of the capture's graph, owned by the graph and
+/// not by any pool (its range is reserved now, its memory used when the
+/// graph runs). `None`: the stream is not capturing.
+pub fn captured_alloc(p: &Proc, g: &mut Inner, r: stream::SRef, ord: usize, phys: usize, size: u64) -> Option<R<u64>> {
+    let stream::SRef::User(h) = r else { return None };
+    let c = g.streams[&h].capture.as_ref()?;
+    if c.invalid {
+        return Some(Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED));
+    }
+    let graph = c.graph;
+    Some(memory::alloc_arena_on(p, g, r.ctx(g), ord, phys, size, Kind::GraphAlloc, 0).inspect(|&dptr| {
+        g.graphs.entry(graph).or_default().nodes.push((new_handle(), Node::MemAlloc { dptr, size, ord }));
+    }))
+}
+
+/// A free made on a capturing stream (`cuMemFreeAsync`): a memory-free
+/// node of the capture's graph. `None`: the stream is not capturing.
+pub fn captured_free(g: &mut Inner, r: stream::SRef, dptr: CUdeviceptr) -> Option<R<()>> {
+    let stream::SRef::User(h) = r else { return None };
+    let c = g.streams[&h].capture.as_ref()?;
+    if c.invalid {
+        return Some(Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED));
+    }
+    let graph = c.graph;
+    g.graphs.entry(graph).or_default().nodes.push((new_handle(), Node::MemFree { dptr }));
+    Some(Ok(()))
+}
+
+/// `cuGraphGetNodes`: the graph's nodes, in the order they were added.
+pub fn get_nodes(graph: CUgraph, nodes: *mut CUgraphNode, count: *mut usize) -> R<()> {
+    let p = cu()?;
+    let g = p.lock();
+    let gr = g.graphs.get(&(graph as u64)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if !nodes.is_null() {
+        let room = read(count)?;
+        for (i, (h, _)) in gr.nodes.iter().take(room).enumerate() {
+            write_at(nodes, i, *h as CUgraphNode)?;
+        }
+    }
+    write(count, gr.nodes.len())
+}
+
+fn node(g: &Inner, n: CUgraphNode) -> R<Node> {
+    g.graphs.values().flat_map(|gr| gr.nodes.iter()).find(|(h, _)| *h == n as u64).map(|(_, k)| k.clone()).ok_or(CUDA_ERROR_INVALID_VALUE)
+}
+
+/// `cuGraphNodeGetType`.
+pub fn node_get_type(n: CUgraphNode, out: *mut u32) -> R<()> {
+    let p = cu()?;
+    let t = match node(&p.lock(), n)? {
+        Node::Kernel { .. } => CU_GRAPH_NODE_TYPE_KERNEL,
+        Node::MemAlloc { .. } => CU_GRAPH_NODE_TYPE_MEM_ALLOC,
+        Node::MemFree { .. } => CU_GRAPH_NODE_TYPE_MEM_FREE,
+        Node::Empty => CU_GRAPH_NODE_TYPE_EMPTY,
+    };
+    write(out, t)
+}
+
+/// `cuGraphMemAllocNodeGetParams`: device memory of the node's size and address.
+pub fn mem_alloc_node_get_params(n: CUgraphNode, out: *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> R<()> {
+    let p = cu()?;
+    let Node::MemAlloc { dptr, size, ord } = node(&p.lock(), n)? else { return Err(CUDA_ERROR_INVALID_VALUE) };
+    // SAFETY: all-zero bytes are a valid value of this plain C struct.
+    let mut pr: CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
+    pr.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    pr.poolProps.location = CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: ord as i32 };
+    pr.bytesize = size as usize;
+    pr.dptr = dptr;
+    write(out, pr)
 }
 
 pub fn instantiate(out: *mut CUgraphExec, graph: CUgraph) -> R<()> {

@@ -10,7 +10,7 @@
 //! `cuMemPoolTrimTo(keep)` shrinks to `max(used, keep)` at once.
 
 use crate::cptr::{R, read, write};
-use crate::ops::{memory, stream};
+use crate::ops::{graph, memory, stream};
 use crate::rt::{Inner, Kind, Pool, Proc, cu, new_handle};
 use crate::sys::round_up;
 use egpu_cuda::*;
@@ -119,6 +119,9 @@ pub fn mem_alloc_async(out: *mut CUdeviceptr, size: usize, s: CUstream, ptsz: bo
     let r = stream::resolve(&g, s, ptsz)?;
     let c = &g.ctxs[&r.ctx(&g)];
     let (ord, phys) = (c.ord, c.phys);
+    if let Some(d) = graph::captured_alloc(p, &mut g, r, ord, phys, size as u64) {
+        return write(out, d?);
+    }
     let pool = current_pool(&mut g, ord, phys);
     let d = alloc_from(p, &mut g, pool, size as u64, r)?;
     write(out, d)
@@ -131,6 +134,10 @@ pub fn mem_alloc_from_pool_async(out: *mut CUdeviceptr, size: usize, pool: CUmem
     }
     let mut g = p.lock();
     let r = stream::resolve(&g, s, ptsz)?;
+    let (ord, phys) = g.pools.get(&(pool as u64)).map(|pl| (pl.ord, pl.phys)).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+    if let Some(d) = graph::captured_alloc(p, &mut g, r, ord, phys, size as u64) {
+        return write(out, d?);
+    }
     let d = alloc_from(p, &mut g, pool as u64, size as u64, r)?;
     write(out, d)
 }
@@ -138,7 +145,10 @@ pub fn mem_alloc_from_pool_async(out: *mut CUdeviceptr, size: usize, pool: CUmem
 pub fn mem_free_async(d: CUdeviceptr, s: CUstream, ptsz: bool) -> R<()> {
     let p = cu()?;
     let mut g = p.lock();
-    stream::resolve(&g, s, ptsz)?;
+    let r = stream::resolve(&g, s, ptsz)?;
+    if let Some(done) = graph::captured_free(&mut g, r, d) {
+        return done;
+    }
     memory::free_locked(p, &mut g, d)
 }
 

@@ -10,7 +10,7 @@ use serde_json::json;
 
 #[derive(clap::Args)]
 pub struct AllocArgs {
-    /// mem, pitch, managed, array, mipmap, async, pool, managedpool, defaultpool, vmm, multicast, graph, graph10, ctx, host, hostvmm.
+    /// mem, pitch, managed, array, mipmap, async, pool, managedpool, defaultpool, vmm, multicast, graph, graph10, graphkeep, capturedpool, ctx, host, hostvmm.
     #[arg(long, default_value = "mem")]
     family: Family,
     /// Bytes per allocation (e.g. 64MiB).
@@ -65,6 +65,10 @@ pub struct AllocArgs {
     /// pool gives back what no graph uses); event "trimmed".
     #[arg(long)]
     trim: bool,
+    /// Before freeing: cuMemPoolDestroy the run's pool (pool families);
+    /// event "pool-destroyed".
+    #[arg(long)]
+    destroy_pool_first: bool,
 }
 
 /// `--drop-ctx`: ends the context that holds the allocations.
@@ -149,6 +153,10 @@ pub fn run(api: Api, g: &Global, a: AllocArgs, racer: Option<std::thread::JoinHa
     if a.no_free {
         emit(json!({"event": "exit-without-free", "allocated": n}));
         std::process::exit(exit::OK);
+    }
+    if a.destroy_pool_first {
+        family::finish(&cu, &mut st);
+        emit(json!({"event": "pool-destroyed", "mem": cu.mem_info()}));
     }
     let mut free_err = None;
     for h in held {

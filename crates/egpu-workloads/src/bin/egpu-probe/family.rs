@@ -30,6 +30,10 @@ pub enum Family {
     /// outlives the graph (freeing destroys the graph and its executable;
     /// the allocation lives until the process ends).
     GraphKeep,
+    /// `cuMemAllocFromPoolAsync` from the run's pool on a stream being
+    /// captured: the allocation is the captured graph's, which is
+    /// instantiated and launched and keeps it (freed with `cuMemFree`).
+    CapturedPool,
     Ctx,
     /// Host memory (`cuMemAllocHost`): never charged.
     Host,
@@ -55,10 +59,11 @@ impl std::str::FromStr for Family {
             "graph" => Family::Graph,
             "graph10" => Family::Graph10,
             "graphkeep" => Family::GraphKeep,
+            "capturedpool" => Family::CapturedPool,
             "ctx" => Family::Ctx,
             "host" => Family::Host,
             "hostvmm" => Family::HostVmm,
-            _ => return Err(format!("unknown family '{s}': mem pitch managed array mipmap async pool managedpool defaultpool vmm multicast graph graph10 graphkeep ctx host hostvmm")),
+            _ => return Err(format!("unknown family '{s}': mem pitch managed array mipmap async pool managedpool defaultpool vmm multicast graph graph10 graphkeep capturedpool ctx host hostvmm")),
         })
     }
 }
@@ -80,6 +85,7 @@ impl Family {
             Family::Graph => "graph",
             Family::Graph10 => "graph10",
             Family::GraphKeep => "graphkeep",
+            Family::CapturedPool => "capturedpool",
             Family::Ctx => "ctx",
             Family::Host => "host",
             Family::HostVmm => "hostvmm",
@@ -96,6 +102,8 @@ pub enum Held {
     Vmm { va: CUdeviceptr, size: usize },
     Physical(CUmemGenericAllocationHandle),
     Graph { graph: CUgraph, exec: CUgraphExec },
+    /// A captured graph and the allocation it made and keeps.
+    Captured { graph: CUgraph, exec: CUgraphExec, dptr: CUdeviceptr },
     Ctx(CUcontext),
     Host(*mut c_void),
 }
@@ -190,7 +198,7 @@ pub fn alloc(cu: &Cuda, st: &mut Ctx, f: Family, size: usize) -> Result<Held, Ca
             call!(a, cuStreamSynchronize(st.stream))?;
             Held::Async(p)
         }
-        Family::Pool | Family::ManagedPool | Family::DefaultPool => {
+        Family::Pool | Family::ManagedPool | Family::DefaultPool | Family::CapturedPool => {
             let pool = match st.pool {
                 Some(pl) => pl,
                 None if f == Family::DefaultPool => {
@@ -210,6 +218,9 @@ pub fn alloc(cu: &Cuda, st: &mut Ctx, f: Family, size: usize) -> Result<Held, Ca
                     pl
                 }
             };
+            if f == Family::CapturedPool {
+                return captured(cu, st, pool, size);
+            }
             call!(a, cuMemAllocFromPoolAsync(&mut p, size, pool, st.stream))?;
             call!(a, cuStreamSynchronize(st.stream))?;
             Held::Async(p)
@@ -289,6 +300,31 @@ pub fn alloc(cu: &Cuda, st: &mut Ctx, f: Family, size: usize) -> Result<Held, Ca
     })
 }
 
+/// [`Family::CapturedPool`]: the allocation captured into a graph, which is
+/// instantiated (where the graph's memory is charged) and launched.
+fn captured(cu: &Cuda, st: &Ctx, pool: CUmemoryPool, size: usize) -> Result<Held, CallError> {
+    let a = &cu.api;
+    let mut p: CUdeviceptr = 0;
+    let mut graph: CUgraph = std::ptr::null_mut();
+    // A stream of its own: the legacy default stream cannot be captured.
+    let mut s: CUstream = std::ptr::null_mut();
+    call!(a, cuStreamCreate(&mut s, CU_STREAM_NON_BLOCKING))?;
+    let made = call!(a, cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_RELAXED)).and_then(|_| {
+        let made = call!(a, cuMemAllocFromPoolAsync(&mut p, size, pool, s));
+        call!(a, cuStreamEndCapture(s, &mut graph)).and(made)
+    });
+    let _ = call!(a, cuStreamDestroy_v2(s));
+    made?;
+    let mut exec: CUgraphExec = std::ptr::null_mut();
+    if let Err(e) = call!(a, cuGraphInstantiateWithFlags(&mut exec, graph, 0)) {
+        let _ = call!(a, cuGraphDestroy(graph));
+        return Err(e);
+    }
+    call!(a, cuGraphLaunch(exec, st.stream))?;
+    call!(a, cuStreamSynchronize(st.stream))?;
+    Ok(Held::Captured { graph, exec, dptr: p })
+}
+
 /// Frees one allocation.
 pub fn free(cu: &Cuda, st: &Ctx, h: Held) -> Result<(), CallError> {
     let a = &cu.api;
@@ -300,6 +336,7 @@ pub fn free(cu: &Cuda, st: &Ctx, h: Held) -> Result<(), CallError> {
         Held::Vmm { va, size } => call!(a, cuMemUnmap(va, size)).and_then(|_| call!(a, cuMemAddressFree(va, size))),
         Held::Physical(x) => call!(a, cuMemRelease(x)),
         Held::Graph { graph, exec } => call!(a, cuGraphExecDestroy(exec)).and_then(|_| call!(a, cuGraphDestroy(graph))),
+        Held::Captured { graph, exec, dptr } => call!(a, cuMemFree_v2(dptr)).and_then(|_| call!(a, cuGraphExecDestroy(exec))).and_then(|_| call!(a, cuGraphDestroy(graph))),
         Held::Ctx(c) => call!(a, cuCtxDestroy_v2(c)),
         Held::Host(p) => call!(a, cuMemFreeHost(p)),
     }
