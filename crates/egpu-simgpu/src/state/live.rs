@@ -215,16 +215,16 @@ mod tests {
 
     #[test]
     fn reaped_child_is_dead() {
-        let mut c = std::process::Command::new("true").spawn().unwrap();
-        let pid = c.id();
-        c.wait().unwrap();
+        let pid = crate::state::tests::spawn_true();
         assert!(!is_alive(pid, 0) || start_time(pid).is_some(), "pid was reused immediately");
         assert!(!is_alive(0, 0));
     }
 
     #[test]
     fn zombie_is_dead() {
+        let spawning = crate::state::tests::SPAWNS.read().unwrap_or_else(|e| e.into_inner());
         let mut c = std::process::Command::new("true").spawn().unwrap();
+        drop(spawning);
         let pid = c.id();
         // Wait until it has exited but do not reap it.
         loop {

@@ -298,6 +298,24 @@ impl Shared {
 pub(crate) mod tests {
     use super::*;
 
+    /// Test threads of this process that spawn a child hold this for
+    /// reading; a test that needs its dropped lock description released at
+    /// once holds it for writing. A child shares this process's descriptions
+    /// from its clone to its exec (`posix_spawn` runs no `pthread_atfork`
+    /// handler), so a sibling test's spawn could keep a dropped
+    /// description's locks a moment longer (seen: 4 failures in 8 runs of
+    /// `cargo test`, none with one test thread).
+    pub static SPAWNS: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+    /// Runs `true` and reaps it; its pid.
+    pub fn spawn_true() -> u32 {
+        let _g = SPAWNS.read().unwrap_or_else(|e| e.into_inner());
+        let mut c = std::process::Command::new("true").spawn().unwrap();
+        let pid = c.id();
+        c.wait().unwrap();
+        pid
+    }
+
     /// A fresh state for `n` devices of `gib` GiB in a temp dir (leaked).
     pub fn fresh(n: usize, gib: u64) -> &'static Shared {
         fresh_at(n, gib).0

@@ -205,6 +205,8 @@ mod tests {
         let me = s.claim_slot(&l, my_pid(), start_time(my_pid()).unwrap()).unwrap();
         assert!(!s.charge(&l, me, 0, 512 << 20), "the device is full while it lives");
         assert_eq!(s.slot_owner(d).1, SlotState::Live);
+        // No sibling test's child may share `other`'s description now.
+        let _no_spawns = crate::state::tests::SPAWNS.write().unwrap_or_else(|e| e.into_inner());
         drop(other);
         // Full device: charging sweeps the dead one first, then fits.
         assert!(s.charge(&l, me, 0, 512 << 20));
@@ -219,12 +221,7 @@ mod tests {
         // with another start time). It holds its lock: it stays.
         let (s, path, l) = fresh_proc(1, 1);
         let container = SlotLocks::open(&path).unwrap();
-        let gone = {
-            let mut c = std::process::Command::new("true").spawn().unwrap();
-            let pid = c.id();
-            c.wait().unwrap();
-            pid
-        };
+        let gone = crate::state::tests::spawn_true();
         let slots: Vec<usize> = [(1, 12345), (gone, 7)].iter().map(|&(pid, st)| s.claim_slot(&container, pid, st).unwrap()).collect();
         for &i in &slots {
             assert!(s.charge(&container, i, 0, 256 << 20));
