@@ -22,7 +22,7 @@ pub struct ResizeBenchArgs {
     #[arg(long, default_value = "2MiB", value_parser = crate::cli::nonzero_size)]
     pub step: Bytes,
     /// Simulated GPUs to use when the machine has no NVIDIA GPU.
-    #[arg(long, default_value = "1x16GiB")]
+    #[arg(long, default_value = "1x16GiB", value_parser = crate::daemon::sim_spec)]
     pub simulate: String,
     /// How often the blocked probe retries its allocation, in microseconds.
     /// The figure measured includes up to one retry interval.
@@ -52,6 +52,10 @@ pub fn stats(v: &[i64]) -> Stats {
 
 pub async fn resize(_socket: &std::path::Path, args: ResizeBenchArgs) -> anyhow::Result<i32> {
     anyhow::ensure!(args.count > 0 && args.step.0 > 0, "--count and --step must be positive");
+    // The probe grows to 64 MiB + step × (count + 64).
+    if args.step.0.checked_mul(args.count as u64 + 64).and_then(|b| b.checked_add(64 << 20)).is_none() {
+        return Err(crate::exit::Failure::new(crate::exit::USAGE, format!("--step {} × (--count {} + 64) resizes past 16 EiB; use a smaller --step or --count", args.step, args.count)).into());
+    }
     let simulate = (!real_gpu_present()).then(|| args.simulate.clone());
     let (node, mut c) = LocalNode::start(simulate.clone()).await?;
     let r = run(&mut c, &args).await;
@@ -85,7 +89,7 @@ async fn run(c: &mut egpu_node::client::Client, args: &ResizeBenchArgs) -> anyho
         ..Default::default()
     };
     c.create_slice(req).await.map_err(crate::exit::status)?;
-    let until = start_limit + step * (args.count as u64 + 64);
+    let until = start_limit + step * (args.count as u64 + 64); // checked in `resize`
     let step_s = step.to_string();
     let until_s = until.to_string();
     let retry_s = args.retry_us.to_string();

@@ -9,11 +9,21 @@ pub use egpu_node::config::DEFAULT_SOCKET;
 #[derive(Debug, Parser)]
 #[command(name = "egpu", version, about = "Elastic GPU slices: hard memory limits and compute shares, resizable while workloads run")]
 pub struct Cli {
-    /// egpud's socket.
-    #[arg(long, global = true, env = "EGPU_SOCKET", default_value = DEFAULT_SOCKET)]
-    pub socket: PathBuf,
+    /// egpud's socket [env: EGPU_SOCKET; default: /run/egpu/egpud.sock].
+    // Not clap's `env`: an empty EGPU_SOCKET would then refuse even an
+    // explicit --socket ("a value is required"); empty reads as unset.
+    #[arg(long, global = true)]
+    pub socket: Option<PathBuf>,
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// egpud's socket: `--socket`, else a non-empty `EGPU_SOCKET`, else
+    /// [`DEFAULT_SOCKET`].
+    pub fn socket(&self) -> PathBuf {
+        self.socket.clone().or_else(|| std::env::var_os("EGPU_SOCKET").filter(|v| !v.is_empty()).map(PathBuf::from)).unwrap_or_else(|| DEFAULT_SOCKET.into())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]

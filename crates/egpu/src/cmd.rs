@@ -11,7 +11,7 @@ use std::path::Path;
 
 /// Runs a parsed command line; returns the exit code.
 pub async fn run(cli: Cli) -> anyhow::Result<i32> {
-    let socket = cli.socket.as_path();
+    let socket = &cli.socket();
     match cli.command {
         Command::Devices(o) => {
             let n = output::node_out(get_node(&mut connect(socket).await?).await?);

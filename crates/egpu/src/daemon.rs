@@ -135,6 +135,7 @@ fn sysfs_dir(s: &str) -> Result<PathBuf, String> {
 
 /// `--simulate`: checked when the flag is read, so a bad spec is a usage
 /// error (exit 2) as every other bad flag is.
-fn sim_spec(s: &str) -> Result<String, String> {
+/// A `--simulate` value (`NxSIZE[,…]`), checked as egpud checks it.
+pub fn sim_spec(s: &str) -> Result<String, String> {
     s.parse::<egpu_core::SimSpec>().map(|_| s.to_string()).map_err(|e| e.to_string())
 }

@@ -18,7 +18,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
     /// Simulated GPUs to use when the machine has no NVIDIA GPU.
-    #[arg(long, default_value = "2x16GiB")]
+    #[arg(long, default_value = "2x16GiB", value_parser = crate::daemon::sim_spec)]
     pub simulate: String,
     /// Use the simulated GPU even when a real one is present.
     #[arg(long)]

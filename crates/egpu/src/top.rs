@@ -69,6 +69,8 @@ pub fn bar(frac: f64, width: usize) -> String {
 }
 
 fn pct(p: f64) -> String {
+    // An empty sum of f64 is -0.0: shown as 0%.
+    let p = p + 0.0;
     if p.fract().abs() < 0.05 { format!("{p:.0}%") } else { format!("{p:.1}%") }
 }
 
@@ -397,6 +399,9 @@ mod tests {
         let text = render_text(&s, 100);
         assert!(text.contains("slices: none"), "{text}");
         assert!(text.contains("error: cannot reach egpud"), "{text}");
+        // A device no slice uses is 0% busy (an empty f64 sum is -0.0).
+        let dev = text.lines().find(|l| l.contains("Sim")).unwrap_or_else(|| panic!("{text}"));
+        assert!(!dev.contains("-0%") && dev.contains(" 0%"), "{dev}");
     }
 
     #[test]

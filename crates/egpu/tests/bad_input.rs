@@ -78,6 +78,22 @@ fn unreachable_egpud_says_how_to_start_it() {
 }
 
 #[test]
+fn the_socket_flag_wins_over_egpu_socket_and_an_empty_egpu_socket_is_unset() {
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("flag.sock");
+    for env in ["", "/nowhere/env.sock"] {
+        for args in [&["--socket", flag.to_str().unwrap(), "ls"][..], &["ls", "--socket", flag.to_str().unwrap()][..]] {
+            let o = std::process::Command::new(EGPU).env("EGPU_SOCKET", env).args(args).output().unwrap();
+            assert_fails(&o, 5, &["cannot reach egpud at", "flag.sock"]);
+        }
+    }
+    let o = std::process::Command::new(EGPU).env("EGPU_SOCKET", "").args(["ls"]).output().unwrap();
+    assert_fails(&o, 5, &["cannot reach egpud at", egpu_cli::cli::DEFAULT_SOCKET]);
+    let help = std::process::Command::new(EGPU).arg("--help").output().unwrap();
+    assert!(String::from_utf8_lossy(&help.stdout).contains(&format!("[env: EGPU_SOCKET; default: {}]", egpu_cli::cli::DEFAULT_SOCKET)));
+}
+
+#[test]
 fn second_egpud_on_the_same_run_dir_is_refused() {
     let node = Node::start("1x16GiB");
     let o = node.daemon_cmd().stdout(Stdio::null()).output().unwrap();
@@ -209,6 +225,11 @@ fn zero_caps_short_intervals_and_a_missing_interposer_are_refused() {
     assert_fails(&node.egpu(&["top", "--interval", "0s"]), 2, &["at least 100ms"]);
     assert_fails(&node.egpu(&["bench", "resize", "--count", "0"]), 2, &["--count"]);
     assert_fails(&node.egpu(&["bench", "resize", "--step", "0"]), 2, &["above 0 bytes"]);
+    // Refused before anything starts (no panic, no half-made node).
+    assert_fails(&node.egpu(&["bench", "resize", "--step", "16000000TiB", "--count", "1"]), 2, &["--step", "past 16 EiB", "smaller"]);
+    for args in [&["demo", "--force-simulated", "--simulate", "bogus"][..], &["bench", "resize", "--simulate", "bogus"][..]] {
+        assert_fails(&node.egpu(args), 2, &["--simulate", "bogus"]);
+    }
     // The live view needs a terminal; a pipe gets the plain-text alternative named.
     assert_fails(&node.egpu(&["top"]), 2, &["needs a terminal", "egpu top --once"]);
     // Quantities that cannot be what was meant are refused, not rounded.
