@@ -95,9 +95,6 @@ impl Release {
     }
 }
 
-/// The fd number the held program reads its gate from.
-const GATE_FD: i32 = 3;
-
 /// Starts `cmd` held: this binary's `internal-exec-gate` waits for
 /// [`Release::go`] and then execs `cmd` in the same process (same pid and
 /// start time), so the pid can be registered before PROG runs. If the
@@ -116,19 +113,26 @@ pub fn start_gated(cmd: &[String], env: &[EnvEntry]) -> anyhow::Result<(Running,
     }
     // SAFETY: both fds were just created and are owned by nobody else.
     let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // The gate keeps a number of its own, 3 or above and not one this
+    // process inherited (a jobserver's, a `3<file`): those reach PROG as
+    // they do under `egpu exec`. (Below 3 only when stdin, stdout or
+    // stderr was closed.)
+    // SAFETY: F_DUPFD_CLOEXEC on an fd this process owns.
+    let r = unsafe { libc::fcntl(std::os::fd::AsRawFd::as_raw_fd(&read), libc::F_DUPFD_CLOEXEC, 3) };
+    if r < 0 {
+        return Err(Failure::new(CANNOT_START, format!("cannot start {}: fcntl: {}", cmd[0], std::io::Error::last_os_error())).into());
+    }
+    drop(read);
+    // SAFETY: `r` was just made by the fcntl above and is owned by nobody else.
+    let read = unsafe { OwnedFd::from_raw_fd(r) };
     let mut c = tokio::process::Command::new(me);
-    c.args(["internal-exec-gate", "--fd", &GATE_FD.to_string(), "--"]).args(cmd);
+    c.args(["internal-exec-gate", "--fd", &r.to_string(), "--"]).args(cmd);
     apply_env(&mut c, env);
-    let r = std::os::fd::AsRawFd::as_raw_fd(&read);
-    // SAFETY: between fork and exec only async-signal-safe calls (dup2,
-    // fcntl) on fds this process owns.
+    // SAFETY: between fork and exec only an async-signal-safe fcntl on an
+    // fd this process owns: the gate's end survives the exec.
     unsafe {
         c.pre_exec(move || {
-            if r == GATE_FD {
-                if libc::fcntl(r, libc::F_SETFD, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            } else if libc::dup2(r, GATE_FD) < 0 {
+            if libc::fcntl(r, libc::F_SETFD, 0) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

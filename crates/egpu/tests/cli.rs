@@ -69,6 +69,21 @@ fn run_passes_exit_status_env_and_removes_its_slice() {
 }
 
 #[test]
+fn run_and_exec_pass_inherited_descriptors_to_the_program() {
+    let node = Node::start("1x8GiB");
+    let file = node.dir.path().join("fd3");
+    std::fs::write(&file, "from fd 3\n").unwrap();
+    node.ok(&["create", "--name", "f3", "--gpu-memory", "1MiB"]);
+    for sub in ["exec f3", "run --gpu-memory 1MiB"] {
+        // fd 3 and fd 4, as a shell or a make jobserver hands them on.
+        let script = format!("exec 3<'{}' 4<'{}'; exec '{EGPU}' {sub} -- sh -c 'cat <&3; cat <&4'", file.display(), file.display());
+        let o = std::process::Command::new("sh").arg("-c").arg(&script).env("EGPU_SOCKET", node.socket()).output().unwrap();
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "from fd 3\nfrom fd 3\n", "egpu {sub}: {}", String::from_utf8_lossy(&o.stderr));
+        assert!(o.status.success(), "egpu {sub}: {}", String::from_utf8_lossy(&o.stderr));
+    }
+}
+
+#[test]
 fn run_forwards_sigterm_to_the_program() {
     let node = Node::start("1x8GiB");
     let mark = node.dir.path().join("ready");
