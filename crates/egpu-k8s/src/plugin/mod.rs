@@ -324,8 +324,9 @@ impl Shared {
     }
 
     /// Reads egpud and the kubelet once: updates the advertised devices and
-    /// deletes slices no container holds. `Err` (nothing updated) when the
-    /// node's units would make a device list the kubelet cannot receive.
+    /// deletes slices no container holds. `Err` (no list sent, nothing
+    /// swept) when the node's units would make a device list the kubelet
+    /// cannot receive.
     pub async fn refresh(&self) -> Result<(), PluginError> {
         let read = async {
             let mut c = self.egpud().await?;

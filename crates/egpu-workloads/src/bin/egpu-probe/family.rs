@@ -314,7 +314,12 @@ fn captured(cu: &Cuda, st: &Ctx, pool: CUmemoryPool, size: usize) -> Result<Held
         call!(a, cuStreamEndCapture(s, &mut graph)).and(made)
     });
     let _ = call!(a, cuStreamDestroy_v2(s));
-    made?;
+    if let Err(e) = made {
+        if !graph.is_null() {
+            let _ = call!(a, cuGraphDestroy(graph));
+        }
+        return Err(e);
+    }
     let mut exec: CUgraphExec = std::ptr::null_mut();
     if let Err(e) = call!(a, cuGraphInstantiateWithFlags(&mut exec, graph, 0)) {
         let _ = call!(a, cuGraphDestroy(graph));
