@@ -1,11 +1,96 @@
 //! Running a workload: apply the environment egpud computed, start the
 //! program, forward SIGINT/SIGTERM/SIGHUP/SIGQUIT to it, and return its
 //! status the way a shell does (128 + signal number when killed).
+//!
+//! The program runs in this process's process group, so a signal the
+//! terminal sends to its foreground group (Ctrl-C, Ctrl-\) reaches it
+//! directly: those are not forwarded again. They are told apart
+//! by the signal's `si_code` (`SI_KERNEL`), which needs a `SA_SIGINFO`
+//! handler of our own; it hands `(signal, si_code)` to [`Relay`] through a
+//! pipe (`write` is async-signal-safe).
 
 use crate::exit::{CANNOT_START, Failure};
 use egpu_node::launch::{EnvEntry, combine};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
-use tokio::signal::unix::{SignalKind, signal};
+use std::sync::atomic::{AtomicI32, Ordering};
+
+/// The termination signals forwarded to the program.
+const RELAYED: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+/// `si_code` of a signal the kernel sent: the terminal's, to its whole foreground group.
+const SI_KERNEL: libc::c_int = 0x80;
+/// The write end of the relay pipe (-1 until [`Relay::install`]).
+static RELAY_W: AtomicI32 = AtomicI32::new(-1);
+
+extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo to a SA_SIGINFO handler.
+    let code = if info.is_null() { 0 } else { unsafe { (*info).si_code } };
+    let rec = [sig, code];
+    let w = RELAY_W.load(Ordering::Relaxed);
+    if w >= 0 {
+        // SAFETY: write(2) is async-signal-safe; 8 bytes from a live array to
+        // our own non-blocking pipe (a full pipe drops the record).
+        let _ = unsafe { libc::write(w, rec.as_ptr().cast(), std::mem::size_of_val(&rec)) };
+    }
+}
+
+/// The caught termination signals, as `(signal, si_code)`.
+struct Relay(tokio::io::unix::AsyncFd<OwnedFd>);
+
+impl Relay {
+    /// Catches [`RELAYED`] from now on (before the program starts, so a
+    /// signal that arrives meanwhile is forwarded, not fatal).
+    fn install() -> std::io::Result<Relay> {
+        let mut fds = [0; 2];
+        // SAFETY: pipe2 writes two fds into a live array.
+        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC | libc::O_NONBLOCK) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: both fds were just created and are owned by nobody else; the
+        // write end stays open for the handler for the rest of the process.
+        let read = unsafe { OwnedFd::from_raw_fd(fds[0]) };
+        if let Err(old) = RELAY_W.compare_exchange(-1, fds[1], Ordering::AcqRel, Ordering::Acquire) {
+            // SAFETY: our own fd, not published. One relay per process.
+            unsafe { libc::close(fds[1]) };
+            return Err(std::io::Error::other(format!("signal relay already installed (fd {old})")));
+        }
+        for sig in RELAYED {
+            // SAFETY: all-zero is a valid sigaction; the handler is an
+            // extern "C" fn of the SA_SIGINFO signature.
+            let mut sa: libc::sigaction = unsafe { std::mem::zeroed() };
+            sa.sa_sigaction = on_signal as *const () as usize;
+            sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+            // SAFETY: installs a handler with a valid, fully set sigaction.
+            if unsafe { libc::sigaction(sig, &sa, std::ptr::null_mut()) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        // SAFETY: an OwnedFd is a valid open fd, and the AsyncFd owns it (the
+        // same fd, the same description) until it is dropped.
+        let fd = unsafe { tokio::io::unix::AsyncFd::register_with_interest(read, tokio::io::Interest::READABLE) }.map_err(std::io::Error::from)?;
+        Ok(Relay(fd))
+    }
+
+    /// The next caught signal.
+    async fn next(&mut self) -> std::io::Result<(libc::c_int, libc::c_int)> {
+        loop {
+            let mut ready = self.0.readable().await?;
+            let mut rec = [0 as libc::c_int; 2];
+            let got = ready.try_io(|fd| {
+                // SAFETY: reads at most 8 bytes into a live array from our own pipe.
+                let n = unsafe { libc::read(fd.as_raw_fd(), rec.as_mut_ptr().cast(), std::mem::size_of_val(&rec)) };
+                if n < 0 { Err(std::io::Error::last_os_error()) } else { Ok(n) }
+            });
+            match got {
+                // Records are written whole (8 bytes, below PIPE_BUF).
+                Ok(Ok(8)) => return Ok((rec[0], rec[1])),
+                Ok(Ok(_)) => continue,
+                Ok(Err(e)) => return Err(e),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
 
 /// Builds the command for `cmd` with `env` applied over this process's environment.
 pub fn command(cmd: &[String], env: &[EnvEntry]) -> tokio::process::Command {
@@ -46,7 +131,7 @@ pub fn send_signal(pid: u32, sig: i32) {
 pub struct Running {
     child: tokio::process::Child,
     pid: u32,
-    signals: [tokio::signal::unix::Signal; 4],
+    relay: Relay,
 }
 
 /// Starts `cmd` with `env`. Termination signals are caught from before the
@@ -57,10 +142,10 @@ pub fn start(cmd: &[String], env: &[EnvEntry]) -> anyhow::Result<Running> {
 
 fn start_command(mut c: tokio::process::Command, prog: &str) -> anyhow::Result<Running> {
     // Handlers first: a signal that arrives while the child starts is forwarded, not fatal.
-    let signals = [signal(SignalKind::interrupt())?, signal(SignalKind::terminate())?, signal(SignalKind::hangup())?, signal(SignalKind::quit())?];
+    let relay = Relay::install()?;
     let child = c.spawn().map_err(|e| Failure::new(CANNOT_START, format!("cannot start {prog}: {e}")))?;
     let pid = child.id().unwrap_or(0);
-    Ok(Running { child, pid, signals })
+    Ok(Running { child, pid, relay })
 }
 
 impl Running {
@@ -68,16 +153,22 @@ impl Running {
         self.pid
     }
 
-    /// Forwards termination signals (also those caught since the start), waits, returns the exit code.
+    /// Forwards termination signals (also those caught since the start),
+    /// but not the terminal's, which the program got itself; waits, returns
+    /// the exit code.
     pub async fn wait(self) -> anyhow::Result<i32> {
-        let Running { mut child, pid, signals: [mut int, mut term, mut hup, mut quit] } = self;
+        let Running { mut child, pid, mut relay } = self;
         loop {
             tokio::select! {
                 st = child.wait() => return Ok(exit_code(st?)),
-                _ = int.recv() => send_signal(pid, libc::SIGINT),
-                _ = term.recv() => send_signal(pid, libc::SIGTERM),
-                _ = hup.recv() => send_signal(pid, libc::SIGHUP),
-                _ = quit.recv() => send_signal(pid, libc::SIGQUIT),
+                got = relay.next() => match got? {
+                    // The terminal's ^C and ^\ go to its whole foreground
+                    // group, which the program is in with us. (Not a
+                    // SIGHUP: the kernel sends a hangup to the session
+                    // leader alone, which may be this process.)
+                    (libc::SIGINT | libc::SIGQUIT, SI_KERNEL) => {}
+                    (sig, _) => send_signal(pid, sig),
+                },
             }
         }
     }

@@ -96,6 +96,47 @@ fn run_forwards_sigterm_to_the_program() {
     assert!(node.slices().is_empty());
 }
 
+/// Ctrl-C in a terminal signals its whole foreground group, the CLI and
+/// PROG alike: PROG must get it once, not a second time forwarded. A
+/// pseudo-terminal stands in for the user's (python3's `pty`), and PROG
+/// counts every SIGINT for a second after the first (`set_wakeup_fd`
+/// writes a byte per delivery).
+#[test]
+fn a_terminal_ctrl_c_reaches_the_program_once_and_a_kill_of_the_cli_is_forwarded() {
+    let node = Node::start("1x8GiB");
+    let prog = "import signal,socket,sys,time\n\
+r,w=socket.socketpair(); r.setblocking(False); w.setblocking(False)\n\
+signal.signal(signal.SIGINT, lambda *a: None); signal.set_wakeup_fd(w.fileno())\n\
+open(sys.argv[1],'w').close()\n\
+end=time.time()+30\n\
+n=0\n\
+while not n and time.time()<end:\n    time.sleep(0.01)\n    try: n=len(r.recv(100))\n    except BlockingIOError: pass\n\
+t=time.time()\n\
+while time.time()-t < 1:\n    time.sleep(0.05)\n    try: n+=len(r.recv(100))\n    except BlockingIOError: pass\n\
+open(sys.argv[2],'w').write(str(n))\n";
+    let driver = "import os,pty,sys,time\n\
+egpu,prog,mark,count,how=sys.argv[1:6]\n\
+pid,fd=pty.fork()\n\
+if pid==0:\n    os.execv(egpu,[egpu,'run','--gpu-memory','1MiB','--',sys.executable,'-c',prog,mark,count])\n\
+end=time.time()+30\n\
+while not os.path.exists(mark):\n    assert time.time()<end, 'PROG never started'\n    time.sleep(0.01)\n\
+if how=='tty': os.write(fd,b'\\x03')\n\
+else: os.kill(pid,2)\n\
+out=b''\n\
+while True:\n    try: b=os.read(fd,4096)\n    except OSError: break\n    if not b: break\n    out+=b\n\
+_,st=os.waitpid(pid,0)\n\
+sys.stdout.write(out.decode(errors='replace'))\n\
+sys.exit(os.waitstatus_to_exitcode(st))\n";
+    for (how, want) in [("tty", "1"), ("kill", "1")] {
+        let (mark, count) = (node.dir.path().join(format!("ready-{how}")), node.dir.path().join(format!("count-{how}")));
+        let o = std::process::Command::new("python3").args(["-c", driver, EGPU, prog]).arg(&mark).arg(&count).arg(how).env("EGPU_SOCKET", node.socket()).output().unwrap();
+        assert!(o.status.success(), "{how}: {} {}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        // ^C: the terminal's delivery only; a SIGINT to the CLI alone: forwarded once.
+        assert_eq!(std::fs::read_to_string(&count).unwrap(), want, "{how}: PROG's SIGINT count");
+    }
+    assert!(node.slices().is_empty());
+}
+
 /// Waits until the sweeper has run twice more (it refreshes the heartbeat of every
 /// limits file, then collects orphans, in one tick): a collection has run since the call.
 fn wait_two_sweeps(node: &Node, slice: &str) {
