@@ -28,9 +28,15 @@ extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut li
     let rec = [sig, code];
     let w = RELAY_W.load(Ordering::Relaxed);
     if w >= 0 {
-        // SAFETY: write(2) is async-signal-safe; 8 bytes from a live array to
-        // our own non-blocking pipe (a full pipe drops the record).
-        let _ = unsafe { libc::write(w, rec.as_ptr().cast(), std::mem::size_of_val(&rec)) };
+        // SAFETY: errno is this thread's; write(2) is async-signal-safe and
+        // writes 8 bytes from a live array to our own non-blocking pipe (a
+        // full pipe drops the record). errno is put back for the code the
+        // signal interrupted.
+        unsafe {
+            let errno = *libc::__errno_location();
+            let _ = libc::write(w, rec.as_ptr().cast(), std::mem::size_of_val(&rec));
+            *libc::__errno_location() = errno;
+        }
     }
 }
 
@@ -84,7 +90,7 @@ impl Relay {
             match got {
                 // Records are written whole (8 bytes, below PIPE_BUF).
                 Ok(Ok(8)) => return Ok((rec[0], rec[1])),
-                Ok(Ok(_)) => continue,
+                Ok(Ok(n)) => return Err(std::io::Error::other(format!("signal relay: a record of {n} bytes"))),
                 Ok(Err(e)) => return Err(e),
                 Err(_would_block) => continue,
             }
