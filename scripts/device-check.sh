@@ -200,7 +200,7 @@ if [ -z "${EGPUD_FAILED:-}" ]; then
   done
 
   # --- every allocation family, three ways in ------------------------------
-  for fam in mem pitch managed array mipmap async pool managedpool vmm multicast graph graph10; do
+  for fam in mem pitch managed array mipmap async pool managedpool vmm multicast graph graph10 capturedpool; do
     for way in direct dlopen procaddr; do
       out=$(X dc "$DIST/egpu-probe" --via $way alloc --family $fam --size 256MiB --until-oom 2>"$W/err")
       rc=$?
