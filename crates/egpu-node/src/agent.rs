@@ -272,13 +272,19 @@ fn bind_socket(path: &Path) -> Result<tokio::net::UnixListener, AgentError> {
     tokio::net::UnixListener::bind(path).map_err(|source| AgentError::Bind { path: path.into(), source })
 }
 
-/// Completes on SIGTERM or SIGINT.
-pub async fn shutdown_signal() {
+/// Completes on SIGTERM or SIGINT. The handlers are installed by this call
+/// (in a runtime), not when the future is first polled: a daemon that says
+/// it is ready after calling it is never killed by a SIGTERM that comes
+/// before its server got round to polling the future (the extender once
+/// died of one sent right after its /healthz answered).
+pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'static {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("installing a SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("installing a SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+    async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
     }
 }

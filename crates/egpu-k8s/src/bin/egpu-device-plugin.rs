@@ -153,7 +153,8 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     }
-    match rt.block_on(run(shared, egpu_node::agent::shutdown_signal())) {
+    // The signal handlers are installed first, inside the runtime.
+    match rt.block_on(async { run(shared, egpu_node::agent::shutdown_signal()).await }) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("egpu-device-plugin: {e}");

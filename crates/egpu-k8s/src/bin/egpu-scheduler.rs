@@ -145,12 +145,14 @@ fn main() -> ExitCode {
             });
         }
         let listener = tokio::net::TcpListener::bind(a.listen).await.map_err(|e| format!("cannot listen on {}: {e}", a.listen))?;
+        // Handlers before the address goes out: a SIGTERM from then on is a clean stop.
+        let shutdown = egpu_node::agent::shutdown_signal();
         // The bound address (a :0 port resolved), for whoever started us.
         let addr = listener.local_addr().map_err(|e| e.to_string())?;
         println!("{{\"event\":\"listening\",\"addr\":\"{addr}\"{metrics_addr}}}");
         tracing::info!("extender for {} on http://{addr}", a.resource);
         axum::serve(listener, router(ext))
-            .with_graceful_shutdown(egpu_node::agent::shutdown_signal())
+            .with_graceful_shutdown(shutdown)
             .await
             .map_err(|e| e.to_string())
     });
