@@ -52,8 +52,7 @@ pub fn stats(v: &[i64]) -> Stats {
 
 pub async fn resize(_socket: &std::path::Path, args: ResizeBenchArgs) -> anyhow::Result<i32> {
     anyhow::ensure!(args.count > 0 && args.step.0 > 0, "--count and --step must be positive");
-    // The probe grows to 64 MiB + step × (count + 64).
-    if args.step.0.checked_mul(args.count as u64 + 64).and_then(|b| b.checked_add(64 << 20)).is_none() {
+    if grows_to(&args).is_none() {
         return Err(crate::exit::Failure::new(crate::exit::USAGE, format!("--step {} × (--count {} + 64) resizes past 16 EiB; use a smaller --step or --count", args.step, args.count)).into());
     }
     let simulate = (!real_gpu_present()).then(|| args.simulate.clone());
@@ -79,17 +78,26 @@ pub async fn resize(_socket: &std::path::Path, args: ResizeBenchArgs) -> anyhow:
 
 type Samples = (Vec<i64>, Vec<i64>, Vec<i64>);
 
+/// The slice's limit before the first resize.
+const START_LIMIT: u64 = 64 << 20;
+
+/// The size the probe grows to: 64 spare steps past the last resize's
+/// limit. `None` past 16 EiB.
+fn grows_to(args: &ResizeBenchArgs) -> Option<u64> {
+    args.step.0.checked_mul(args.count as u64 + 64)?.checked_add(START_LIMIT)
+}
+
 async fn run(c: &mut egpu_node::client::Client, args: &ResizeBenchArgs) -> anyhow::Result<Samples> {
     let t = Duration::from_secs(30);
     let step = args.step.0;
-    let start_limit = 64u64 << 20;
+    let start_limit = START_LIMIT;
     let req = proto::CreateSliceRequest {
         name: "bench".into(),
         devices: vec![proto::DeviceShareSpec { device: 0, memory_bytes: start_limit, compute_share_bps: 0, compute_limit_bps: 0, memory_burst_bytes: 0 }],
         ..Default::default()
     };
     c.create_slice(req).await.map_err(crate::exit::status)?;
-    let until = start_limit + step * (args.count as u64 + 64); // checked in `resize`
+    let until = grows_to(args).ok_or_else(|| anyhow::anyhow!("--step × --count past 16 EiB"))?;
     let step_s = step.to_string();
     let until_s = until.to_string();
     let retry_s = args.retry_us.to_string();

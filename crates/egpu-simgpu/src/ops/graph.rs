@@ -78,34 +78,33 @@ pub fn add_mem_free_node(out: *mut CUgraphNode, graph: CUgraph, dptr: CUdevicept
     add(cu()?, graph, out, Node::MemFree { dptr })
 }
 
+/// The graph a call on stream `r` is captured into: `None` when the stream
+/// is not capturing, `Err` when its capture was invalidated (the call fails).
+pub fn capture_graph(g: &Inner, r: stream::SRef) -> Option<R<u64>> {
+    let stream::SRef::User(h) = r else { return None };
+    let c = g.streams[&h].capture.as_ref()?;
+    Some(if c.invalid { Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) } else { Ok(c.graph) })
+}
+
 /// An allocation made on a capturing stream (`cuMemAllocAsync`,
 /// `cuMemAllocFromPoolAsync`): as the driver documents, it becomes a
 /// memory-allocation node of the capture's graph, owned by the graph and
 /// not by any pool (its range is reserved now, its memory used when the
 /// graph runs). `None`: the stream is not capturing.
 pub fn captured_alloc(p: &Proc, g: &mut Inner, r: stream::SRef, ord: usize, phys: usize, size: u64) -> Option<R<u64>> {
-    let stream::SRef::User(h) = r else { return None };
-    let c = g.streams[&h].capture.as_ref()?;
-    if c.invalid {
-        return Some(Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED));
-    }
-    let graph = c.graph;
-    Some(memory::alloc_arena_on(p, g, r.ctx(g), ord, phys, size, Kind::GraphAlloc, 0).inspect(|&dptr| {
+    let graph = capture_graph(g, r)?;
+    Some(graph.and_then(|graph| {
+        let dptr = memory::alloc_arena_on(p, g, r.ctx(g), ord, phys, size, Kind::GraphAlloc, 0)?;
         g.graphs.entry(graph).or_default().nodes.push((new_handle(), Node::MemAlloc { dptr, size, ord }));
+        Ok(dptr)
     }))
 }
 
 /// A free made on a capturing stream (`cuMemFreeAsync`): a memory-free
 /// node of the capture's graph. `None`: the stream is not capturing.
 pub fn captured_free(g: &mut Inner, r: stream::SRef, dptr: CUdeviceptr) -> Option<R<()>> {
-    let stream::SRef::User(h) = r else { return None };
-    let c = g.streams[&h].capture.as_ref()?;
-    if c.invalid {
-        return Some(Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED));
-    }
-    let graph = c.graph;
-    g.graphs.entry(graph).or_default().nodes.push((new_handle(), Node::MemFree { dptr }));
-    Some(Ok(()))
+    let graph = capture_graph(g, r)?;
+    Some(graph.map(|graph| g.graphs.entry(graph).or_default().nodes.push((new_handle(), Node::MemFree { dptr }))))
 }
 
 /// `cuGraphGetNodes`: the graph's nodes, in the order they were added.

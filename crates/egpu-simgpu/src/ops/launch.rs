@@ -45,14 +45,8 @@ fn launch(f: CUfunction, grid: [u32; 3], block: [u32; 3], s: CUstream, ptsz: boo
         return Err(CUDA_ERROR_INVALID_HANDLE);
     }
     let r = stream::resolve(&g, s, ptsz)?;
-    if let SRef::User(h) = r
-        && let Some(c) = &g.streams[&h].capture
-    {
-        if c.invalid {
-            return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
-        }
-        let (graph, node) = (c.graph, crate::rt::new_handle());
-        g.graphs.entry(graph).or_default().nodes.push((node, Node::Kernel { threads: n }));
+    if let Some(graph) = crate::ops::graph::capture_graph(&g, r) {
+        g.graphs.entry(graph?).or_default().nodes.push((crate::rt::new_handle(), Node::Kernel { threads: n }));
         return Ok(());
     }
     let dur = duration(p, n);
