@@ -246,6 +246,22 @@ else: print('fail')")
   fi
   finish hold
 
+  # --- a primary-context reset and the references retained before it ---------
+  # The CUDA documentation says a reset does not release the context: one
+  # user's pre-reset reference then outlives the other's new context. The
+  # probe reports which way the driver went (model), and holds the new
+  # context's memory: the slice must stay charged for it.
+  bg cr X dc "$DIST/egpu-probe" ctx-reset --size 256MiB --count 2
+  if cr_line=$(wait_line cr '"holding"' 60); then
+    used=$(E get dc -o json 2>/dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['devices'][0]['used_bytes'])" 2>/dev/null || echo null)
+    v=$(printf '%s\n' "$cr_line" | pyj "json.dumps(dict(ev('holding'), slice_used=$used, rule='slice_used >= allocated (what the new context still holds)'))")
+    ok=$(printf '%s' "$v" | python3 -c "import json,sys; d=json.load(sys.stdin); print(isinstance(d.get('slice_used'), int) and d['slice_used'] >= d.get('allocated', 0))")
+    [ "$ok" = True ] && record ctx-reset-retains pass "$v" || record ctx-reset-retains fail "$v"
+  else
+    record ctx-reset-retains fail "$(python3 -c 'import json,sys; print(json.dumps({"error": "probe did not reach holding", "stdout": open(sys.argv[1]).read()[-1000:], "stderr": open(sys.argv[2]).read()[-1000:]}))' "$W/cr.out" "$W/cr.err")"
+  fi
+  finish cr
+
   # --- what the driver commits outside allocation calls (known gaps) ----------
   # The malloc heap and stack sizes of cuCtxSetLimit and a module's
   # __device__ global take device memory no allocation call charges

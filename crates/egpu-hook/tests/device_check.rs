@@ -27,7 +27,7 @@ fn device_check_passes_on_the_simulated_gpu() {
     assert!(out.status.success(), "device-check failed: {:?}\nfailed checks:\n{}\n{stderr}", doc["failed"], failed.join("\n"));
     assert_eq!(doc["ok"], true);
     assert_eq!(doc["simulate"], true);
-    for name in ["egpud-up", "view-direct", "view-dlopen", "view-procaddr", "alloc-vmm-procaddr", "alloc-graph-direct", "alloc-capturedpool-procaddr", "witness-holding", "fail-closed", "resize-probe", "burst-probe", "hook-overhead", "sparse-array"] {
+    for name in ["egpud-up", "view-direct", "view-dlopen", "view-procaddr", "alloc-vmm-procaddr", "alloc-graph-direct", "alloc-capturedpool-procaddr", "witness-holding", "ctx-reset-retains", "fail-closed", "resize-probe", "burst-probe", "hook-overhead", "sparse-array"] {
         let c = check(name);
         assert_eq!(c["status"], "pass", "{c}");
     }

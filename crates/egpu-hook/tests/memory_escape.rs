@@ -385,6 +385,35 @@ fn ending_a_context_uncharges_what_was_allocated_in_it() {
     assert_eq!(w.sim_used(0), 0);
 }
 
+/// A reset does not release the references retained before it (the CUDA
+/// documentation). When one user of the primary context resets it and
+/// retains it again, another user's release of its pre-reset reference does
+/// not end the new context: its memory must stay charged. Under both
+/// readings of the reset (the simulated driver's `EGPU_SIM_PRIMARY_RESET`),
+/// the slice's charge equals what the driver holds, through all three ways.
+#[test]
+fn a_release_from_before_a_reset_leaves_the_new_context_charged() {
+    let w = World::new("1x4GiB");
+    let s = w.slice("reset", &[(0, 1024 * MIB)]);
+    for model in ["keeps-retains", "drops-retains"] {
+        for way in WAYS {
+            let what = format!("{model}/{way}");
+            let mut c = w.probe(&s, &["--via", way, "ctx-reset", "--size", "64MiB", "--count", "3"]);
+            c.env("EGPU_SIM_PRIMARY_RESET", model);
+            let mut p = Running::start(c);
+            let h = p.wait_for("holding");
+            assert_eq!(h["model"], model, "{what}: {h}");
+            let held = if model == "keeps-retains" { CTX + 3 * 64 * MIB } else { 0 };
+            assert_eq!(w.sim_used(0), held, "{what}: simulated driver");
+            assert_eq!(s.used(0), held, "{what}: the slice's charge");
+            let (code, lines) = p.finish();
+            assert_eq!(code, 0, "{what}: {lines:?}");
+            assert_eq!(w.sim_used(0), 0, "{what}: simulated driver after exit");
+            assert_eq!(s.used(0), 0, "{what}: after exit: {lines:?}");
+        }
+    }
+}
+
 /// A context destroy the driver refuses (cuCtxDestroy of a primary context)
 /// frees nothing, so nothing is uncharged.
 #[test]

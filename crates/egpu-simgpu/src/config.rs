@@ -62,6 +62,12 @@ pub struct Config {
     /// used sizes (`cuMemPoolGetAttribute` fails for them), as a driver might
     /// not for some kinds of pool; for testing the hook's fallback.
     pub pool_sizes_hidden: bool,
+    /// `EGPU_SIM_PRIMARY_RESET=drops-retains`: `cuDevicePrimaryCtxReset`
+    /// also drops the primary context's reference count to zero. The
+    /// default (`keeps-retains`) is what the CUDA documentation says: a
+    /// reset destroys the context but does not release it, so the
+    /// references retained before it still count.
+    pub reset_drops_retains: bool,
 }
 
 fn uid() -> u32 {
@@ -114,7 +120,13 @@ impl Config {
             Some("hidden") => true,
             Some(s) => return Err(format!("EGPU_SIM_POOL_SIZES={s:?}: expected shown or hidden")),
         };
-        Ok(Config { spec_text, spec, state_path, ctx_bytes, ns_per_thread, nvlink, pcie_pairs, visible: get("CUDA_VISIBLE_DEVICES"), pool_sizes_hidden })
+        let reset_drops_retains = match get("EGPU_SIM_PRIMARY_RESET").as_deref().map(str::trim) {
+            None | Some("" | "keeps-retains") => false,
+            Some("drops-retains") => true,
+            Some(s) => return Err(format!("EGPU_SIM_PRIMARY_RESET={s:?}: expected keeps-retains or drops-retains")),
+        };
+        let visible = get("CUDA_VISIBLE_DEVICES");
+        Ok(Config { spec_text, spec, state_path, ctx_bytes, ns_per_thread, nvlink, pcie_pairs, visible, pool_sizes_hidden, reset_drops_retains })
     }
 
     /// Canonical form of the spec stored in the state file: two processes
@@ -165,6 +177,8 @@ mod tests {
         assert!(cfg(&[("EGPU_SIM_NVLINK", "mesh")]).is_err());
         assert!(cfg(&[("EGPU_SIM_PCIE", "pairs")]).unwrap().pcie_pairs && !cfg(&[]).unwrap().pcie_pairs);
         assert!(cfg(&[("EGPU_SIM_PCIE", "tree")]).unwrap_err().contains("flat or pairs"));
+        assert!(cfg(&[("EGPU_SIM_PRIMARY_RESET", "drops-retains")]).unwrap().reset_drops_retains && !cfg(&[]).unwrap().reset_drops_retains);
+        assert!(cfg(&[("EGPU_SIM_PRIMARY_RESET", "releases")]).unwrap_err().contains("keeps-retains or drops-retains"));
         assert_ne!(canonical(&"2x80GiB".parse().unwrap()), canonical(&"2x40GiB".parse().unwrap()));
     }
 

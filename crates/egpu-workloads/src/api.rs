@@ -49,6 +49,7 @@ api! {
     cuDevicePrimaryCtxRetain = "cuDevicePrimaryCtxRetain" @ 7000: fn(*mut CUcontext, CUdevice);
     cuDevicePrimaryCtxRelease_v2 = "cuDevicePrimaryCtxRelease" @ 11000: fn(CUdevice);
     cuDevicePrimaryCtxReset_v2 = "cuDevicePrimaryCtxReset" @ 11000: fn(CUdevice);
+    cuDevicePrimaryCtxGetState = "cuDevicePrimaryCtxGetState" @ 7000: fn(CUdevice, *mut c_uint, *mut c_int);
     cuCtxSetCurrent = "cuCtxSetCurrent" @ 4000: fn(CUcontext);
     cuCtxCreate_v2 = "cuCtxCreate" @ 3020: fn(*mut CUcontext, c_uint, CUdevice);
     cuCtxDestroy_v2 = "cuCtxDestroy" @ 4000: fn(CUcontext);

@@ -13,7 +13,8 @@
 //!   settled to the measured cost (not below the floor above). If the context does not fit,
 //!   it is destroyed again and `CUDA_ERROR_OUT_OF_MEMORY` returned.
 //! - `cuCtxDestroy` uncharges; a primary context is charged on this
-//!   process's first retain and uncharged on its last release or on reset.
+//!   process's first retain and uncharged on its last release (when the
+//!   driver agrees that it ended it) or on reset.
 //! - Destroying a context (`cuCtxDestroy`, a primary context's reset or last
 //!   release) frees what was allocated in it: every ledger entry recorded
 //!   with that context current (linear, pitch and managed memory, arrays) is
@@ -251,16 +252,19 @@ pub(crate) fn destroy(real: sig::cuCtxDestroy_v2, ctx: CUcontext) -> Outcome {
     Outcome::from_code(r)
 }
 
+/// Whether the driver says `dev`'s primary context is active (false when it
+/// cannot say).
+fn primary_active(dev: CUdevice) -> bool {
+    let (mut flags, mut active): (u32, c_int) = (0, 0);
+    // SAFETY: writes two integers.
+    drv::cuDevicePrimaryCtxGetState.get().is_some_and(|f| unsafe { f(dev, &mut flags, &mut active) } == 0 && active != 0)
+}
+
 /// `cuDevicePrimaryCtxRetain`: the first retain by this process is charged.
 #[doc(alias = "cuDevicePrimaryCtxRetain")]
 pub(crate) fn primary_retain(real: sig::cuDevicePrimaryCtxRetain, pctx: *mut CUcontext, dev: CUdevice) -> Outcome {
     let held = LEDGER.lock().primary.get(&dev).is_some_and(|p| p.refs > 0);
-    let already_active = || {
-        let (mut flags, mut active): (u32, c_int) = (0, 0);
-        // SAFETY: writes two integers.
-        drv::cuDevicePrimaryCtxGetState.get().is_some_and(|f| unsafe { f(dev, &mut flags, &mut active) } == 0 && active != 0)
-    };
-    if held || already_active() {
+    if held || primary_active(dev) {
         if let Err(e) = devmap::slice_dev(dev) {
             return Outcome::Error(e);
         }
@@ -331,9 +335,18 @@ pub(crate) fn primary_retain(real: sig::cuDevicePrimaryCtxRetain, pctx: *mut CUc
 /// are uncharged if the context was destroyed (the entry is still ours at zero
 /// references, or a retain replaced it with a new generation, or a reset
 /// removed it), and put back if a retain took the context back in time.
+///
+/// Our count is not the driver's: a reset does not release the references
+/// retained before it (the CUDA documentation), and the hook stops counting
+/// them at the reset. So when our last reference goes and the driver still
+/// says the context is active (`cuDevicePrimaryCtxGetState`), the context
+/// stays charged with its allocations, counted as one reference, and the
+/// next release asks again. (A retain by another thread between the real
+/// release and that question can make one reference too many: an
+/// over-charge until the process exits, never an escape.)
 #[doc(alias = "cuDevicePrimaryCtxRelease_v2")]
 pub(crate) fn primary_release(real: sig::cuDevicePrimaryCtxRelease_v2, dev: CUdevice) -> Outcome {
-    let (had, generation, handle, owned) = {
+    let (had, last, generation, handle, owned) = {
         let mut l = LEDGER.lock();
         let mine = match l.primary.get_mut(&dev) {
             Some(p) if p.refs > 0 => {
@@ -343,8 +356,8 @@ pub(crate) fn primary_release(real: sig::cuDevicePrimaryCtxRelease_v2, dev: CUde
             _ => None,
         };
         match mine {
-            Some((generation, handle, last)) => (true, generation, handle, if last { l.take_ctx(handle) } else { CtxAllocs::default() }),
-            None => (false, 0, 0, CtxAllocs::default()),
+            Some((generation, handle, last)) => (true, last, generation, handle, if last { l.take_ctx(handle) } else { CtxAllocs::default() }),
+            None => (false, false, 0, 0, CtxAllocs::default()),
         }
     };
     // SAFETY: the real function with the caller's argument.
@@ -352,6 +365,8 @@ pub(crate) fn primary_release(real: sig::cuDevicePrimaryCtxRelease_v2, dev: CUde
     if !had {
         return Outcome::from_code(r);
     }
+    // Asked outside the ledger's lock, and only when this was our last reference.
+    let alive = r == 0 && last && primary_active(dev);
     let mut l = LEDGER.lock();
     if r != 0 {
         l.primary.entry(dev).or_insert(Primary { refs: 0, charge: Charge { dev: 0, bytes: 0 }, handle, generation }).refs += 1;
@@ -359,7 +374,16 @@ pub(crate) fn primary_release(real: sig::cuDevicePrimaryCtxRelease_v2, dev: CUde
         restore(owned);
         return Outcome::Error(r);
     }
-    let (gone, destroyed) = match l.primary.get(&dev) {
+    let (gone, destroyed) = match l.primary.get_mut(&dev) {
+        // Our count reached zero but the driver still holds the context: a
+        // reference we do not count outlived it (one retained before a
+        // reset, which the documentation says the reset does not release).
+        // It stays charged, counted as one reference, until a release
+        // leaves the driver without it.
+        Some(p) if p.generation == generation && p.refs == 0 && alive => {
+            p.refs = 1;
+            (None, false)
+        }
         Some(p) if p.generation == generation && p.refs == 0 => (l.primary.remove(&dev).map(|p| p.charge), true),
         // Retained again before the release reached the driver: still alive.
         Some(p) if p.generation == generation => (None, false),

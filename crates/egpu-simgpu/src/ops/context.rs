@@ -1,7 +1,11 @@
 //! Primary and explicit contexts. A context costs `EGPU_SIM_CTX_BYTES` of
-//! device memory from creation (primary: first retain) until destruction
-//! (primary: last release or reset); destroying a context frees the memory
-//! allocated in it, like the real driver.
+//! device memory from creation (primary: first retain, or the first retain
+//! after a reset) until destruction (primary: last release or reset);
+//! destroying a context frees the memory allocated in it, like the real
+//! driver. A reset does not release the primary context: the references
+//! retained before it still count, and the context lives on after the next
+//! retain until all of them are released (the CUDA documentation's words;
+//! `EGPU_SIM_PRIMARY_RESET=drops-retains` drops them at the reset instead).
 
 use crate::cptr::{R, read, write, write_opt};
 use crate::rt::{self, Ctx, Inner, Kind, Proc, cu, new_handle};
@@ -116,10 +120,12 @@ pub fn primary_retain(out: *mut CUcontext, dev: CUdevice) -> R<()> {
         g.primary[ord].handle = new_handle();
     }
     let h = g.primary[ord].handle;
-    if g.primary[ord].refcount == 0 || !g.ctxs.contains_key(&h) {
+    // Not active: never made, last released, or reset. A reset keeps the
+    // references retained before it (unless configured otherwise), and
+    // this retain makes a new context that they share.
+    if !g.ctxs.contains_key(&h) {
         let flags = g.primary[ord].flags;
         make_ctx(p, &mut g, h, ord, flags, true)?;
-        g.primary[ord].refcount = 0;
     }
     g.primary[ord].refcount += 1;
     write(out, h as CUcontext)
@@ -146,7 +152,9 @@ pub fn primary_reset(dev: CUdevice) -> R<()> {
     p.phys(dev)?;
     let mut g = p.lock();
     let h = g.primary[dev as usize].handle;
-    g.primary[dev as usize].refcount = 0;
+    if p.cfg.reset_drops_retains {
+        g.primary[dev as usize].refcount = 0;
+    }
     g.primary[dev as usize].flags = 0;
     destroy_ctx(p, &mut g, h);
     Ok(())
@@ -158,7 +166,7 @@ pub fn primary_get_state(dev: CUdevice, flags: *mut u32, active: *mut i32) -> R<
     let g = p.lock();
     let pr = &g.primary[dev as usize];
     write(flags, pr.flags)?;
-    write(active, (pr.refcount > 0) as i32)
+    write(active, g.ctxs.contains_key(&pr.handle) as i32)
 }
 
 pub fn primary_set_flags(dev: CUdevice, flags: u32) -> R<()> {

@@ -16,6 +16,7 @@ mod loops;
 mod race;
 mod reimport;
 mod reserve;
+mod reset;
 mod sparse;
 
 use clap::{Args, Parser, Subcommand};
@@ -82,6 +83,10 @@ enum Cmd {
     /// Map VMM handles into a sparse array (cuMemMapArrayAsync) and release
     /// them while mapped; unmap or destroy the array on stdin.
     Sparse(sparse::SparseArgs),
+    /// Two users of the primary context, one resets it and retains it again,
+    /// the other then releases its pre-reset reference: what the driver does
+    /// with it (`model`), holding the new context's memory until stdin closes.
+    CtxReset(reset::ResetArgs),
 }
 
 fn main() {
@@ -109,6 +114,7 @@ fn main() {
         Cmd::Reserve(a) => reserve::run(api, &cli.g, a),
         Cmd::RetainRace(a) => race::run(api, &cli.g, a),
         Cmd::SettleRace(a) => race::settle(api, &cli.g, a),
+        Cmd::CtxReset(a) => reset::run(api, &cli.g, a),
         Cmd::VmmReimport(a) => reimport::run(api, &cli.g, a),
         Cmd::Sparse(a) => sparse::run(api, &cli.g, a),
     };
