@@ -65,7 +65,9 @@ pub struct ComputeSnapshot {
     pub ticks: u64,
     /// Per slice name, per slice device.
     pub slices: BTreeMap<String, Vec<DeviceCompute>>,
-    /// Tick durations: counts per [`TICK_BUCKETS`] bucket (cumulative, last = +Inf), sum, count.
+    /// Tick durations: how many ticks fell in each [`TICK_BUCKETS`] bucket (per bucket, not
+    /// cumulative: the metrics encoder makes them cumulative; last = above the last bound, +Inf).
+    /// Their sum is `tick_sum_s`.
     pub tick_buckets: [u64; TICK_BUCKETS.len() + 1],
     pub tick_sum_s: f64,
     /// Moving average of the time between ticks, seconds.
@@ -135,7 +137,7 @@ pub struct ComputeLoop {
     /// (slice id, device index in slice) -> (last sum of attached records' throttled_ns, running total).
     throttled: HashMap<(String, usize), (u64, u64)>,
     usage_bps: HashMap<(String, usize), f64>,
-    /// (slice id, device index in slice) -> the published used time.
+    /// (slice id, device index in slice) -> the published used time (since egpud started).
     used: HashMap<(String, usize), UsedCounter>,
 }
 
@@ -160,6 +162,8 @@ impl ComputeLoop {
     /// One period: sample the devices, tick, publish, record.
     pub fn tick(&mut self, node: &Node, now_ns: u64) -> Vec<Budget> {
         let started = Instant::now();
+        // The slices of the first tick were there when egpud started.
+        let first_tick = self.last_tick.is_none();
         let ndev = node.inventory.devices.len();
         self.truth.last_seen_us.resize(ndev, 0);
         self.truth.supported.resize(ndev, true);
@@ -239,7 +243,8 @@ impl ComputeLoop {
             *rate += (b.used_ns as f64 / period * 10_000.0 - *rate) * 0.02;
             let measured = u.consumed_ns[dev].load(Ordering::Relaxed);
             let truth = trues[i].get(dev).copied().flatten();
-            let used_total = self.used.entry((s.record.id.clone(), dev)).or_default().advance(truth.is_some(), truth.unwrap_or(measured));
+            let used = self.used.entry((s.record.id.clone(), dev)).or_insert_with(|| UsedCounter::new(first_tick));
+            let used_total = used.advance(truth.is_some(), truth.unwrap_or(measured));
             tracing::trace!(slice = names[i], dev, budget_ns = b.budget_ns, used_ns = b.used_ns, scale_ppm = b.scale_ppm, hungry = b.hungry, "compute tick");
             let e = view.entry(names[i].to_string()).or_default();
             e.push(DeviceCompute {
@@ -333,20 +338,34 @@ impl ComputeLoop {
 }
 
 /// A slice device's published GPU time (`egpu_slice_compute_used_seconds_total`,
-/// a counter): the measured time until the device's truth for the slice
-/// starts, then the truth. A switch of source adds nothing that tick and
-/// then follows the new source's increase, so the counter never goes back
-/// (the truth starts near zero where the measured time may be far along).
+/// a counter) since egpud started: the measured time until the device's truth
+/// for the slice starts, then the truth. A switch of source adds nothing that
+/// tick and then follows the new source's increase, so the counter never goes
+/// back (the truth starts near zero where the measured time may be far along).
+///
+/// The truth lives in egpud's memory, the measured time (the hook's
+/// `consumed_ns`) in the slice's usage file, which outlives egpud: a slice
+/// that was there when egpud started counts from 0, not from its measured
+/// time, which holds GPU time from before the start (an earlier egpud may
+/// have published less of it, from the truth). A slice made since counts its
+/// measured time from its creation.
 #[derive(Debug, Default, Clone, Copy)]
 struct UsedCounter {
     total: u64,
     /// The source of the last tick (true: device truth) and its raw value.
     last: Option<(bool, u64)>,
+    /// The slice was there when egpud started: its first raw value is a baseline.
+    from_start: bool,
 }
 
 impl UsedCounter {
+    fn new(from_start: bool) -> UsedCounter {
+        UsedCounter { from_start, ..UsedCounter::default() }
+    }
+
     fn advance(&mut self, truth: bool, raw: u64) -> u64 {
         match self.last {
+            None if self.from_start => {}
             None => self.total = raw,
             Some((was, prev)) if was == truth => self.total = self.total.saturating_add(raw.saturating_sub(prev)),
             Some(_) => {}

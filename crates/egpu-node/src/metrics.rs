@@ -85,7 +85,7 @@ fn families(node: &Node) -> Vec<Family<'static>> {
     let mut share = Family::new("egpu_slice_compute_share_ratio", "Guaranteed compute share of the slice on the device (0-1).", Gauge);
     let mut limit = Family::new("egpu_slice_compute_limit_ratio", "Compute cap of the slice on the device (0-1).", Gauge);
     let mut usage = Family::new("egpu_slice_compute_usage_ratio", "Recent GPU time of the slice as a fraction of the device (moving average over ~0.5 s).", Gauge);
-    let mut used = Family::new("egpu_slice_compute_used_seconds", "GPU time of the slice on the device (device accounting; the hook's measure where there is none).", Counter);
+    let mut used = Family::new("egpu_slice_compute_used_seconds", "GPU time of the slice on the device since egpud started (device accounting; the hook's measure where there is none).", Counter);
     let mut measured = Family::new("egpu_slice_compute_measured_seconds", "GPU time the slice's processes measured for their launches (consumed_ns).", Counter);
     let mut throttled = Family::new("egpu_slice_compute_throttled_seconds", "Time the slice's processes waited for compute budget, since egpud started.", Counter);
     let mut waits = Family::new("egpu_slice_throttle_waits", "Launches that found the slice's allowance spent.", Counter);

@@ -290,3 +290,30 @@ fn a_slice_made_again_by_name_starts_afresh() {
     assert_eq!(new.usage_bps, 0, "the old slice's usage rate is not carried: {new:?}");
     assert!(!new.hungry);
 }
+
+#[test]
+fn the_published_used_time_counts_from_zero_when_egpud_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = agent(dir.path());
+    let node = a.node();
+    let p = ComputeLoop::new(ArbiterConfig::default()).period().as_nanos() as u64;
+    let consumed = |name: &str, ns: u64| node.slices().get(name).unwrap().usage.region().consumed_ns[0].store(ns, Ordering::Relaxed);
+    let used = |name: &str| node.compute.slice(name).unwrap()[0].used_ns_total;
+    create(node, "a", 3000, 10_000);
+    // The hook's measured time survives egpud in the usage file: 50 periods
+    // of it before this egpud started, of which an earlier egpud may have
+    // published less (from the device's truth, which lived in its memory).
+    consumed("a", 50 * p);
+    let mut lp = ComputeLoop::new(ArbiterConfig::default());
+    lp.tick(node, 1_000);
+    assert_eq!(used("a"), 0, "GPU time from before egpud started is not published again");
+    consumed("a", 51 * p);
+    lp.tick(node, 1_000 + p);
+    assert_eq!(used("a"), p);
+    // A slice made since egpud started counts its measured time from its
+    // creation, all of it since the start.
+    create(node, "b", 3000, 10_000);
+    consumed("b", p / 2);
+    lp.tick(node, 1_000 + 2 * p);
+    assert_eq!(used("b"), p / 2);
+}
