@@ -41,16 +41,18 @@ fn decode_within(bytes: &[u8], lenient: bool, max: u64) -> Result<(String, usize
         Err(_) => {
             let mut out = String::with_capacity(bytes.len());
             let mut bad = 0;
-            for (k, line) in bytes.split_inclusive(|&b| b == b'\n').enumerate() {
+            for (k, line) in split_lines(bytes).enumerate() {
                 match std::str::from_utf8(line) {
                     Ok(s) => out.push_str(s),
                     // Without its header no row could be read.
                     Err(_) if k == 0 => return Err((1, "the header line is not UTF-8 text: save the file as UTF-8".to_string())),
+                    // Blanked, with its line end kept, so the lines after
+                    // it keep their numbers.
                     Err(_) => {
                         bad += 1;
-                        if line.ends_with(b"\n") {
-                            out.push('\n');
-                        }
+                        let body = line.strip_suffix(b"\n").unwrap_or(line);
+                        let body = body.strip_suffix(b"\r").unwrap_or(body);
+                        out.push_str(std::str::from_utf8(&line[body.len()..]).unwrap_or_default());
                     }
                 }
             }
@@ -104,6 +106,26 @@ fn line_at(bytes: &[u8], at: usize) -> u64 {
 /// and editors take them).
 fn line_ends(bytes: &[u8]) -> u64 {
     bytes.iter().enumerate().filter(|&(i, &b)| b == b'\n' || (b == b'\r' && bytes.get(i + 1) != Some(&b'\n'))).count() as u64
+}
+
+/// `bytes` cut into lines, each with its line end (`\n`, `\r\n` or a lone
+/// `\r`, as [`line_ends`] counts them); the last may have none. A line end
+/// is never inside a UTF-8 character (its bytes are all above 0x7f).
+fn split_lines(bytes: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = bytes;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let end = match rest.iter().position(|&b| b == b'\n' || b == b'\r') {
+            Some(i) if rest[i] == b'\r' && rest.get(i + 1) == Some(&b'\n') => i + 2,
+            Some(i) => i + 1,
+            None => rest.len(),
+        };
+        let (line, tail) = rest.split_at(end);
+        rest = tail;
+        Some(line)
+    })
 }
 
 /// Lines of a text by byte offset, for readers whose own line count is off
@@ -168,6 +190,16 @@ mod tests {
         let (text, bad) = decode(bytes, true).unwrap();
         assert_eq!((text.as_str(), bad), ("h\nok\n\nok\n", 1));
         assert_eq!(decode(b"h\xff\nok\n", true).unwrap_err().0, 1, "no file without its header");
+        // Every line end the line count knows: a lone `\r` too, and a
+        // `\r\n` kept whole.
+        let bytes = b"h\rok\rb\xffd\rok\r";
+        assert_eq!(decode(bytes, false).unwrap_err().0, 3);
+        let (text, bad) = decode(bytes, true).unwrap();
+        assert_eq!((text.as_str(), bad), ("h\rok\r\rok\r", 1));
+        let (text, bad) = decode(b"h\r\nb\xff\r\nok\nb\xff\rc\xff", true).unwrap();
+        assert_eq!((text.as_str(), bad), ("h\r\n\r\nok\n\r", 3));
+        assert_eq!(line_ends(text.as_bytes()), 4, "the lines keep their numbers");
+        assert_eq!(split_lines(b"a\r\r\nb\n\nc").collect::<Vec<_>>(), [&b"a\r"[..], b"\r\n", b"b\n", b"\n", b"c"]);
         let (text, bad) = decode("\u{feff}x,y\n".as_bytes(), false).unwrap();
         assert_eq!((text.as_str(), bad), ("x,y\n", 0));
     }
