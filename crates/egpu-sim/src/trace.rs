@@ -84,14 +84,20 @@ impl<'a> Table<'a> {
             return Err(err(format!("the file is empty: it needs a header naming the columns {}", required.join(","))));
         }
         let headers = reader.headers().map_err(|e| err(format!("cannot read the header: {e}")))?.clone();
-        let find = |name: &str| headers.iter().position(|h| h.eq_ignore_ascii_case(name));
+        // A column named twice would be read from its first field only,
+        // whichever the file meant: refused, as the usage loader refuses it.
+        let find = |name: &str| match headers.iter().enumerate().filter(|(_, h)| h.eq_ignore_ascii_case(name)).map(|(i, _)| i).collect::<Vec<_>>()[..] {
+            [] => Ok(None),
+            [i] => Ok(Some(i)),
+            ref all => Err(err(format!("column '{name}' appears {} (fields {}): keep one", times(all.len()), fields(all)))),
+        };
         let mut columns = Vec::new();
         for &name in required {
-            let idx = find(name).ok_or_else(|| err(format!("missing column '{name}' (header is: {})", headers.iter().collect::<Vec<_>>().join(","))))?;
+            let idx = find(name)?.ok_or_else(|| err(format!("missing column '{name}' (header is: {})", headers.iter().collect::<Vec<_>>().join(","))))?;
             columns.push((name, Some(idx)));
         }
         for &name in optional {
-            columns.push((name, find(name)));
+            columns.push((name, find(name)?));
         }
         Ok(Table { file, reader, columns, header_len: headers.len(), last_error_byte: None, lines: crate::text::Lines::new(text) })
     }
@@ -142,17 +148,46 @@ impl<'a> Table<'a> {
     }
 }
 
+/// "twice", "3 times", …
+pub(crate) fn times(n: usize) -> String {
+    if n == 2 { "twice".to_string() } else { format!("{n} times") }
+}
+
+/// 0-based field indices as 1-based positions: "2 and 5", "1, 2 and 5".
+pub(crate) fn fields(idx: &[usize]) -> String {
+    let n: Vec<String> = idx.iter().map(|i| (i + 1).to_string()).collect();
+    match n.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{} and {last}", rest.join(", ")),
+        _ => n.join(""),
+    }
+}
+
 fn int(t: &Table, line: u64, col: &str, v: &str) -> Result<u64, TraceError> {
     let v = v.trim();
     if let Ok(n) = v.parse::<u64>() {
         return Ok(n);
     }
-    // Some exports write integers as floats ("1000.0").
-    match v.parse::<f64>() {
-        Ok(f) if f.is_finite() && f >= 0.0 && f.fract() == 0.0 && f < 1e15 => Ok(f as u64),
-        _ => Err(t.err(line, format!("column '{col}': '{v}' is not a non-negative integer"))),
-    }
+    // Some exports write integers as floats ("1000.0"), exact up to 2^53.
+    let whole = "write a whole number of at least 0";
+    let digits = v.strip_prefix('+').unwrap_or(v);
+    let why = match v.parse::<f64>() {
+        Ok(f) if f.is_finite() && f >= 0.0 && f.fract() == 0.0 && f <= FLOAT_MAX => return Ok(f as u64),
+        // Digits only, so past u64.
+        _ if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) => format!("is too large: at most {}; check the value and its unit", u64::MAX),
+        // "nan", "inf", "infinity"; "1e999" is a number too large.
+        Ok(f) if f.is_nan() || (f.is_infinite() && !v.bytes().any(|b| b.is_ascii_digit())) => format!("is not a number: {whole}"),
+        Ok(f) if f < 0.0 => format!("is negative: {whole}"),
+        Ok(f) if f > FLOAT_MAX => format!("is too large for a number with a decimal point or an exponent (at most {FLOAT_MAX:e}); check the value and its unit, and write it in digits alone (at most {})", u64::MAX),
+        Ok(_) => format!("is not a whole number: {whole}"),
+        Err(_) if v.is_empty() => format!("is empty: {whole}"),
+        Err(_) => format!("is not a number: {whole}"),
+    };
+    Err(t.err(line, format!("column '{col}': '{v}' {why}")))
 }
+
+/// Largest integer accepted in float form ("1e15", "1000.0"): well within
+/// the integers an `f64` holds exactly.
+const FLOAT_MAX: f64 = 1e15;
 
 /// Load a node list into a new cluster. GPU nodes need a model; nodes
 /// without GPUs are kept (CPU-only pods may use them).

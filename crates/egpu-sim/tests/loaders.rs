@@ -68,6 +68,52 @@ fn rows_that_would_silently_change_the_cluster_are_refused() {
 }
 
 #[test]
+fn a_column_named_twice_is_refused_not_read_from_its_first_field() {
+    // Read from its first field, this node would have 0 GPUs, and a pod
+    // would then be blamed for fitting no node.
+    let e = load_nodes("n.csv", "sn,cpu_milli,memory_mib,gpu,model,gpu\na,64000,262144,0,P100,8\n", false).unwrap_err();
+    assert_eq!(e.to_string(), "n.csv:1: column 'gpu' appears twice (fields 4 and 6): keep one");
+    // Without regard to case, an optional column too, even with --lenient.
+    let e = load_nodes("n.csv", "sn,cpu_milli,memory_mib,gpu,Model,MODEL,model\na,1,1,1,P100,T4,A10\n", true).unwrap_err();
+    assert_eq!(e.to_string(), "n.csv:1: column 'model' appears 3 times (fields 5, 6 and 7): keep one");
+    let (c, _) = load_nodes("nodes.csv", NODES, false).unwrap();
+    let e = load_pods("p.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli,QOS,qos\np0,1,1,1,500,LS,BE\n", &c, false).unwrap_err();
+    assert_eq!(e.to_string(), "p.csv:1: column 'qos' appears twice (fields 6 and 7): keep one");
+    // A column the loader does not read may repeat.
+    assert_eq!(load_nodes("n.csv", "sn,cpu_milli,memory_mib,gpu,model,note,note\na,1,1,1,P100,x,y\n", false).unwrap().0.gpu_count(), 1);
+    // The usage files too.
+    let e = usage::parse_metric("d.csv", "pod,timestamp,value,Value\na,0,10,20\n", false).unwrap_err();
+    assert_eq!(e.to_string(), "d.csv:1: column 'value' appears twice (fields 3 and 4): keep one");
+    let e = usage::parse_metric("d.csv", "pod,timestamp,value,pod\na,0,10,b\n", false).unwrap_err();
+    assert_eq!(e.to_string(), "d.csv:1: column 'pod' appears twice (fields 1 and 4): keep one");
+}
+
+#[test]
+fn a_bad_number_is_told_apart_from_one_too_large() {
+    let err = |v: &str| pod_err(&format!("p1,{v},100,1,500,"));
+    for (v, why) in [
+        ("99999999999999999999999", "'99999999999999999999999' is too large: at most 18446744073709551615; check the value and its unit"),
+        ("+99999999999999999999999", "is too large: at most 18446744073709551615"),
+        ("1e16", "'1e16' is too large for a number with a decimal point or an exponent (at most 1e15); check the value and its unit, and write it in digits alone (at most 18446744073709551615)"),
+        ("1e999", "is too large for a number with a decimal point"),
+        ("-5", "'-5' is negative: write a whole number of at least 0"),
+        ("-1e999", "is negative"),
+        ("1.5", "'1.5' is not a whole number: write a whole number of at least 0"),
+        ("abc", "'abc' is not a number: write a whole number of at least 0"),
+        ("nan", "'nan' is not a number"),
+        ("inf", "'inf' is not a number"),
+        ("", "'' is empty: write a whole number of at least 0"),
+    ] {
+        let e = err(v);
+        assert!(e.starts_with("pods.csv:3: column 'cpu_milli': ") && e.contains(why), "{v}: {e}");
+    }
+    // What is accepted stays so: digits up to u64, and floats that are
+    // whole numbers up to 1e15.
+    let (c, _) = load_nodes("n.csv", "sn,cpu_milli,memory_mib,gpu,model\nn0,18446744073709551615,1e15,1,T4\nn1,1000.0,+100,1,T4\n", false).unwrap();
+    assert_eq!(c.nodes().len(), 2);
+}
+
+#[test]
 fn lenient_mode_counts_what_it_skips() {
     let (c, _) = load_nodes("nodes.csv", NODES, false).unwrap();
     let text = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1,1,1,500\np1,x,1,1,500\np2,1,1\np3,1,1,0,0\n";

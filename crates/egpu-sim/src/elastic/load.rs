@@ -103,12 +103,18 @@ pub fn parse_metric(file: &str, text: &str, lenient: bool) -> Result<(Vec<Sample
         return Err(err(1, "the file is empty: it needs a header (value, timestamp, pod) and one row per sample".into()));
     }
     let headers = rd.headers().map_err(|e| err(1, format!("cannot read the header: {e}")))?.clone();
-    let col = |name: &str| headers.iter().position(|h| h.eq_ignore_ascii_case(name)).ok_or_else(|| err(1, format!("missing column '{name}'")));
+    // A column named twice would be read from its first field only.
+    let find = |name: &str| match headers.iter().enumerate().filter(|(_, h)| h.eq_ignore_ascii_case(name)).map(|(i, _)| i).collect::<Vec<_>>()[..] {
+        [] => Ok(None),
+        [i] => Ok(Some(i)),
+        ref all => Err(err(1, format!("column '{name}' appears {} (fields {}): keep one", crate::trace::times(all.len()), crate::trace::fields(all)))),
+    };
+    let col = |name: &str| find(name)?.ok_or_else(|| err(1, format!("missing column '{name}'")));
     // genai-2026 names, or the plain ones of a trace of your own.
-    let either = |a: &str, b: &str| match (col(a), col(b)) {
-        (Ok(_), Ok(_)) => Err(err(1, format!("both a '{a}' and a '{b}' column: keep one, so that it is clear which is meant"))),
-        (Ok(i), _) | (_, Ok(i)) => Ok(i),
-        _ => Err(err(1, format!("missing column '{b}' (or '{a}'): the header needs value, timestamp and pod"))),
+    let either = |a: &str, b: &str| match (find(a)?, find(b)?) {
+        (Some(_), Some(_)) => Err(err(1, format!("both a '{a}' and a '{b}' column: keep one, so that it is clear which is meant"))),
+        (Some(i), None) | (None, Some(i)) => Ok(i),
+        (None, None) => Err(err(1, format!("missing column '{b}' (or '{a}'): the header needs value, timestamp and pod"))),
     };
     let (vi, ti, pi) = (col("value")?, either("timestamp_anon", "timestamp")?, either("container_ip", "pod")?);
     let mut out = Vec::new();
