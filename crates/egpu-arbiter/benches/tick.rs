@@ -5,6 +5,10 @@
 //! - `tick_tables/64x2`: one period of `egpud`'s work for 64 slices on one
 //!   device, each with 2 attached processes, on real slice-table files. The
 //!   Scale figure is this time divided by the period (10 ms).
+//! - `tick/N`: [`Arbiter::tick`] alone for N slice devices spread over 8
+//!   physical devices, every one hungry. Its time must stay linear in N: at
+//!   10,000 slice devices it was 42–53 ms (the period is 10 ms) while
+//!   forgetting absent slices and finding active high slices were O(N²).
 //! - `gate/fast_path`: `before_launch` + `launched` + `completed` when the
 //!   allowance is not exhausted — the hook's added work per launch, apart
 //!   from the event record/query it also makes.
@@ -13,7 +17,8 @@ use criterion::{Criterion, criterion_group, criterion_main};
 use egpu_abi::limits::DeviceInit;
 use egpu_abi::{DeviceLimitsSnapshot, LimitsWriter, UsageFile};
 use egpu_arbiter::gate::GateWords;
-use egpu_arbiter::{Arbiter, ArbiterConfig, GateView, ProcGate, TableRef};
+use egpu_arbiter::{Arbiter, ArbiterConfig, GateView, ProcGate, SliceInput, SliceKey, TableRef};
+use egpu_core::Priority;
 use std::hint::black_box;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -58,6 +63,45 @@ fn tick_tables(c: &mut Criterion) {
     });
 }
 
+fn tick_many(c: &mut Criterion) {
+    let mut g = c.benchmark_group("tick");
+    g.sample_size(10);
+    for n in [1_000usize, 10_000] {
+        let mut arb = Arbiter::new(ArbiterConfig::default());
+        let mut t = 0u64;
+        // One high slice in sixteen, so that best-effort queue bounds look them up.
+        let priority = |i: usize| match i % 16 {
+            0 => Priority::High,
+            1..=7 => Priority::BestEffort,
+            _ => Priority::Normal,
+        };
+        let mut inputs: Vec<SliceInput> = (0..n)
+            .map(|i| SliceInput {
+                key: SliceKey { slice: i as u64, dev: 0 },
+                device: (i % 8) as u32,
+                share_bps: 10,
+                limit_bps: 10_000,
+                priority: priority(i),
+                consumed_ns: 0,
+                throttle_waits: 0,
+                true_ns: Some(0),
+            })
+            .collect();
+        g.bench_function(format!("{n}"), |bch| {
+            bch.iter(|| {
+                t += 1;
+                for (i, inp) in inputs.iter_mut().enumerate() {
+                    inp.consumed_ns += 1000 + i as u64;
+                    inp.throttle_waits = t;
+                    inp.true_ns = Some(t * 900);
+                }
+                black_box(arb.tick(black_box(&inputs)))
+            })
+        });
+    }
+    g.finish();
+}
+
 fn gate_fast_path(c: &mut Criterion) {
     let w = GateWords::default();
     w.period_ns.store(10_000_000, Relaxed);
@@ -75,5 +119,5 @@ fn gate_fast_path(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, tick_tables, gate_fast_path);
+criterion_group!(benches, tick_tables, tick_many, gate_fast_path);
 criterion_main!(benches);
