@@ -21,7 +21,12 @@
 //!
 //! If `egpud` stops ticking (the epoch is more than [`STALE_PERIODS`] periods
 //! old) the hook extends the allowance itself at the slice's compute limit,
-//! so a dead agent neither freezes nor unleashes a slice.
+//! so a dead agent neither freezes nor unleashes a slice: the slice-wide
+//! extension `allowance + (now − due)·limit`, and a per-process bucket that
+//! refills at the limit and holds at most one period at the limit beyond
+//! the slice's consumption, so time spent idle while the agent is silent
+//! is not banked (without it a 10% slice idle for 100 s then ran the whole
+//! device for 5 s).
 //!
 //! Everything here is atomics on borrowed memory: no allocation, no lock, no
 //! system call; safe to call from any thread.
@@ -92,16 +97,21 @@ impl<'a> GateView<'a> {
         }
     }
 
-    /// The allowance, extended at the compute limit if the agent went silent.
-    fn allowance(&self, period: u64, now_ns: u64) -> u64 {
+    /// The allowance, extended at the compute limit if the agent went
+    /// silent, and whether it did (then [`ProcGate`]'s bucket bounds it too).
+    fn allowance(&self, period: u64, now_ns: u64) -> (u64, bool) {
         let a = self.allowance_ns.load(Relaxed);
         let due = self.epoch_start_ns.load(Relaxed).saturating_add(period);
         let stale_after = due.saturating_add(period.saturating_mul(STALE_PERIODS - 1));
         if now_ns <= stale_after {
-            return a;
+            return (a, false);
         }
-        let late = now_ns - due;
-        a.saturating_add((u128::from(late) * u128::from(self.limit_bps) / 10_000) as u64)
+        (a.saturating_add(self.at_limit(now_ns - due)), true)
+    }
+
+    /// `ns` at the slice's compute limit.
+    fn at_limit(&self, ns: u64) -> u64 {
+        (u128::from(ns) * u128::from(self.limit_bps) / 10_000) as u64
     }
 
     fn next_period(&self, period: u64, now_ns: u64) -> u64 {
@@ -118,11 +128,24 @@ pub struct ProcGate {
     inflight_ns: AtomicU64,
     /// Exponentially weighted mean measured cost of a launch, ns (0: unknown).
     mean_ns: AtomicU64,
+    /// The bucket while the agent is silent: the `epoch_start_ns` it was
+    /// filled under, when it was last refilled (0: never), and the
+    /// allowance it grants (slice-wide measured ns, like `consumed_ns`).
+    stale_epoch: AtomicU64,
+    stale_at: AtomicU64,
+    stale_allowance: AtomicU64,
 }
 
 impl ProcGate {
     pub const fn new() -> ProcGate {
-        ProcGate { inflight: AtomicU64::new(0), inflight_ns: AtomicU64::new(0), mean_ns: AtomicU64::new(0) }
+        ProcGate {
+            inflight: AtomicU64::new(0),
+            inflight_ns: AtomicU64::new(0),
+            mean_ns: AtomicU64::new(0),
+            stale_epoch: AtomicU64::new(0),
+            stale_at: AtomicU64::new(0),
+            stale_allowance: AtomicU64::new(0),
+        }
     }
 
     /// Decides one launch. Fast path (budget left, queue short): seven
@@ -150,12 +173,42 @@ impl ProcGate {
 
     #[cold]
     fn slow_path(&self, v: &GateView<'_>, period: u64, now_ns: u64, consumed: u64, inflight: u64, inflight_ns: u64) -> Decision {
-        if consumed.saturating_add(inflight_ns) < v.allowance(period, now_ns) {
+        let (mut allowance, stale) = v.allowance(period, now_ns);
+        if stale {
+            allowance = allowance.min(self.stale_bucket(v, period, now_ns, consumed));
+        }
+        if consumed.saturating_add(inflight_ns) < allowance {
             Decision::Go
         } else if inflight > 0 {
             Decision::Drain
         } else {
             Decision::WaitUntil(v.next_period(period, now_ns))
+        }
+    }
+
+    /// The allowance this process may use while the agent is silent: a
+    /// bucket refilled at the slice's limit since its last refill, never
+    /// more than one period at the limit beyond `consumed`. Full when the
+    /// process first finds the agent silent (per epoch: a tick in between
+    /// starts a new bucket at the next silence). Concurrent callers each
+    /// add a disjoint interval (`fetch_max` on the refill time).
+    #[cold]
+    fn stale_bucket(&self, v: &GateView<'_>, period: u64, now_ns: u64, consumed: u64) -> u64 {
+        let full = consumed.saturating_add(v.at_limit(period));
+        let epoch = v.epoch_start_ns.load(Relaxed);
+        if self.stale_epoch.swap(epoch, Relaxed) != epoch || self.stale_at.load(Relaxed) == 0 {
+            self.stale_at.store(now_ns.max(1), Relaxed);
+            self.stale_allowance.store(full, Relaxed);
+            return full;
+        }
+        let last = self.stale_at.fetch_max(now_ns, Relaxed);
+        let add = v.at_limit(now_ns.saturating_sub(last));
+        let b = self.stale_allowance.fetch_add(add, Relaxed).saturating_add(add);
+        if b > full {
+            self.stale_allowance.fetch_min(full, Relaxed);
+            full
+        } else {
+            b
         }
     }
 
@@ -216,6 +269,7 @@ impl ProcGate {
         self.inflight.store(0, Relaxed);
         self.inflight_ns.store(0, Relaxed);
         self.mean_ns.store(0, Relaxed);
+        self.stale_at.store(0, Relaxed);
     }
 
     /// Estimated unfinished work of this process on this device, ns.
@@ -416,6 +470,47 @@ mod tests {
         assert_eq!(g.before_launch(&v, 5001), Decision::Go);
         w.consumed_ns.store(100 + 2001, Relaxed);
         assert_eq!(g.before_launch(&v, 5001), Decision::WaitUntil(5251));
+    }
+
+    /// Saturates a process with `kernel_ns` launches (each finishing at once)
+    /// from `from` to `to`; returns the GPU time it ran.
+    fn saturate(g: &ProcGate, v: &GateView<'_>, from: u64, to: u64, kernel_ns: u64) -> u64 {
+        let (mut now, mut ran) = (from, 0);
+        while now < to {
+            match g.before_launch(v, now) {
+                Decision::Go => {
+                    let e = g.launched();
+                    now += kernel_ns;
+                    g.completed(v, e, kernel_ns, None);
+                    ran += kernel_ns;
+                }
+                Decision::WaitUntil(t) => now = t.max(now + 1),
+                Decision::Drain => panic!("nothing is left unfinished"),
+            }
+        }
+        ran
+    }
+
+    #[test]
+    fn a_silent_agent_does_not_bank_idle_time() {
+        // egpud's last tick at 0 (10 ms period) granted 1 ms to a slice
+        // capped at 10%, then egpud died. The slice idles for 100 s, then
+        // saturates the device with 1 ms kernels for 5 s. The extension at
+        // the limit alone had banked 10 s of idle time: it ran all 5 s.
+        const MS: u64 = 1_000_000;
+        let w = words(10 * MS, MS, 0);
+        let v = w.view(1000);
+        let g = ProcGate::new();
+        let ran = saturate(&g, &v, 100_000 * MS, 105_000 * MS, MS);
+        assert!((490 * MS..=502 * MS).contains(&ran), "ran {} ms of 5 s at a 10% cap", ran / MS);
+        // A tick, then silence again: a new bucket of one period, not a debt or a bank from before
+        // (1 ms granted, a wait for the 40 ms of grace, 96 ms at the limit, 1 ms of bucket).
+        w.allowance_ns.store(w.consumed_ns.load(Relaxed) + MS, Relaxed);
+        w.epoch_start_ns.store(105_000 * MS, Relaxed);
+        let ran = saturate(&g, &v, 105_000 * MS, 106_000 * MS, MS);
+        assert!((97 * MS..=99 * MS).contains(&ran), "ran {} ms of 1 s at a 10% cap", ran / MS);
+        let ran = saturate(&g, &v, 200_000 * MS, 201_000 * MS, MS);
+        assert!((100 * MS..=102 * MS).contains(&ran), "ran {} ms of 1 s after 94 s idle", ran / MS);
     }
 
     #[test]
