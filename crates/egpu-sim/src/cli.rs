@@ -373,6 +373,10 @@ fn check_modes(m: &clap::ArgMatches) -> Result<(), clap::Error> {
             return Err(clap::Error::raw(ErrorKind::MissingRequiredArgument, format!("{} is a flag of the elastic evaluation: add --elastic, or leave it out to run the placement simulator", flag(a))));
         }
     }
+    // --pod-list names the file itself, so --trace would be dropped unseen.
+    if given("trace") && given("pod_list") {
+        return Err(clap::Error::raw(ErrorKind::ArgumentConflict, "--trace names a pod list inside --trace-dir, and --pod-list names the file itself: give one of them"));
+    }
     for (id, file) in USAGE_FILE_FLAGS {
         if given(id) && !given(file) {
             return Err(clap::Error::raw(ErrorKind::MissingRequiredArgument, format!("{} reads your own usage files: it needs {} (with --genai-dir, or neither, it has nothing to apply to)", flag(id), flag(file))));
@@ -426,6 +430,9 @@ pub fn run(args: SimulateArgs) -> Result<()> {
     let Some(last_seed) = args.first_seed.checked_add(args.seeds - 1) else {
         usage!("--first-seed {} with --seeds {} runs past the largest seed ({}): start lower", args.first_seed, args.seeds, u64::MAX);
     };
+    if args.trace_dir.is_none() && args.pod_list.is_none() && args.trace != "default" {
+        usage!("--trace {} needs --trace-dir: only the default trace is embedded (pass the directory holding openb_pod_list_{}.csv, or --pod-list with the file)", args.trace, args.trace);
+    }
     let (t, source, left_out) = load_trace(&args)?;
     let inputs: Vec<PathBuf> = [node_file(&args), pod_file(&args)].into_iter().flatten().collect();
     prepare_out(&args.out, &inputs.iter().map(PathBuf::as_path).collect::<Vec<_>>(), &report::FILES.map(String::from))?;
@@ -493,9 +500,8 @@ fn load_trace(args: &SimulateFlags) -> Result<(Trace, String, report::LeftOut)> 
             (p.display().to_string(), text, name)
         }
         None => {
-            if args.trace != "default" {
-                bail!("only the default trace is embedded; pass --trace-dir for '{}'", args.trace);
-            }
+            // `run` refuses another --trace without --trace-dir.
+            debug_assert_eq!(args.trace, "default");
             ("embedded openb_pod_list_default.csv".to_string(), data::OPENB_DEFAULT_PODS.to_string(), "default".to_string())
         }
     };

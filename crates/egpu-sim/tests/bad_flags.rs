@@ -173,7 +173,18 @@ fn placement_flags_that_make_no_sense_are_usage_errors() {
     assert!(e.contains("unknown policy 'fgdd'"), "{e}");
     let e = usage_error(run(&d, &["--first-seed", "18446744073709551610", "--seeds", "10"]));
     assert!(e.contains("runs past the largest seed"), "{e}");
+    // Another trace than the embedded one needs its directory.
+    let out = d.join("report");
+    let e = usage_error(egpu_sim::cli::run(parse(&["--trace", "gpushare40", "--seeds", "1", "--no-progress", "--out", out.to_str().unwrap()]).unwrap()));
+    assert!(e.contains("--trace gpushare40 needs --trace-dir"), "{e}");
     assert!(!d.join("report").exists(), "nothing written");
+    // --trace beside --pod-list (the file itself) would be dropped unseen.
+    for trace in ["gpushare40", "default"] {
+        let e = parse(&["--pod-list", "p.csv", "--trace", trace]).map(|_| ()).expect_err("refused");
+        assert!(e.to_string().contains("--trace names a pod list inside --trace-dir, and --pod-list names the file itself"), "{e}");
+        assert_eq!(e.exit_code(), 2);
+    }
+    parse(&["--trace-dir", "d", "--trace", "gpushare40"]).expect("a trace in its directory");
     // The last seed that fits is fine.
     run(&d, &["--first-seed", "18446744073709551615", "--policies", "fgd"]).expect("seed u64::MAX");
 }
@@ -279,6 +290,14 @@ fn trace_files_may_be_gzip_and_a_bad_byte_names_its_line() {
     assert_eq!(j["left_out"], serde_json::json!({"node_rows": 0, "pod_rows": 0, "non_utf8_lines": 1}), "{}", j["left_out"]);
     let md = std::fs::read_to_string(out.join("summary.md")).unwrap();
     assert!(md.contains("left out** (`--lenient`): 0 node rows, 0 pod rows and 1 lines that are not UTF-8 skipped"), "{md}");
+    // Lone `\r` line ends: the bad line is skipped, not taken for the header.
+    let cr = d.join("cr.csv");
+    std::fs::write(&cr, b"name,cpu_milli,memory_mib,num_gpu,gpu_milli\rp0,4000,8192,1,500\rp\xff1,4000,8192,1,500\rp2,4000,8192,1,300\r").unwrap();
+    let e = run(&d, &["--pod-list", cr.to_str().unwrap()]).expect_err("refused").to_string();
+    assert!(e.contains("cr.csv:3: not UTF-8 text"), "{e}");
+    run(&d, &["--pod-list", cr.to_str().unwrap(), "--lenient", "--policies", "fgd", "--out", out.to_str().unwrap()]).expect("the line skipped");
+    let j: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(out.join("results.json")).unwrap()).unwrap();
+    assert_eq!(j["left_out"]["non_utf8_lines"], 1, "{}", j["left_out"]);
     let bad_row = d.join("bad-row.csv");
     std::fs::write(&bad_row, "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,4000,8192,1,500\np1,x,8192,1,500\n").unwrap();
     run(&d, &["--pod-list", bad_row.to_str().unwrap(), "--lenient", "--policies", "fgd", "--out", out.to_str().unwrap()]).expect("the row skipped");
