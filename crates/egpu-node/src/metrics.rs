@@ -194,19 +194,22 @@ pub fn render(registry: &Registry) -> String {
     s
 }
 
-/// Serves `GET /metrics` on `listener` until `shutdown` completes.
+/// Serves `GET /metrics` (OpenMetrics text, whatever `Accept` asks for) and
+/// `GET /healthz` (`ok`) on `listener` until `shutdown` completes.
 pub async fn serve(node: Arc<Node>, listener: tokio::net::TcpListener, shutdown: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), MetricsError> {
     use axum::http::header::CONTENT_TYPE;
     let reg = Arc::new(registry(node));
-    let app = axum::Router::new().route(
-        "/metrics",
-        axum::routing::get(move || {
-            let reg = reg.clone();
-            async move {
-                let body = tokio::task::spawn_blocking(move || render(&reg)).await.unwrap_or_default();
-                ([(CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
-            }
-        }),
-    );
+    let app = axum::Router::new()
+        .route(
+            "/metrics",
+            axum::routing::get(move || {
+                let reg = reg.clone();
+                async move {
+                    let body = tokio::task::spawn_blocking(move || render(&reg)).await.unwrap_or_default();
+                    ([(CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], body)
+                }
+            }),
+        )
+        .route("/healthz", axum::routing::get(|| async { "ok" }));
     axum::serve(listener, app).with_graceful_shutdown(shutdown).await.map_err(MetricsError::Serve)
 }

@@ -84,3 +84,24 @@ fn metrics_are_served_over_http_and_follow_slices_resizes_and_workloads() {
     assert!(d["compute_used_seconds"].as_f64().unwrap() > 0.0, "{d}");
     assert!(d["compute_usage_percent"].as_f64().is_some() && d["compute_throttled_seconds"].as_f64().is_some(), "{d}");
 }
+
+#[test]
+fn healthz_answers_and_metrics_addr_names_only_a_running_egpud() {
+    let (mut n, addr) = start_with_metrics();
+    let (status, _, body) = http_get(&addr, "/healthz");
+    assert_eq!((status, body.trim()), (200, "ok"));
+    let addr_file = n.run_dir().join("metrics.addr");
+    assert!(!n.run_dir().join("metrics.addr.tmp").exists(), "written through a temporary file, renamed into place");
+    // A clean stop removes it.
+    assert!(n.terminate().success(), "log:\n{}", n.log());
+    assert!(!addr_file.exists(), "a stopped egpud's metrics.addr is left behind");
+    // A crash leaves it; the next egpud, without --metrics-addr, removes it.
+    n.extra = vec!["--metrics-addr".into(), "127.0.0.1:0".into()];
+    n.restart();
+    assert!(wait_until(Duration::from_secs(10), || addr_file.exists()), "log:\n{}", n.log());
+    n.kill9();
+    assert!(addr_file.exists());
+    n.extra.clear();
+    n.restart();
+    assert!(!addr_file.exists(), "metrics.addr of a crashed egpud names no server");
+}

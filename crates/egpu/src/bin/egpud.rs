@@ -30,14 +30,23 @@ fn main() -> ExitCode {
 
 fn run(config: egpu_node::NodeConfig, metrics_addr: Option<std::net::SocketAddr>) -> anyhow::Result<()> {
     let agent = Agent::start(config)?;
+    // <run-dir>/metrics.addr names the address of a running egpud's metrics:
+    // one a crashed egpud left names nothing (this one holds the run
+    // directory's lock), and a stopping one removes its own while it still
+    // holds the lock (so never the file of an egpud started after it).
+    let file = agent.node().config.run_dir.join("metrics.addr");
+    let _ = std::fs::remove_file(&file);
+    let mut written = None;
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
-    rt.block_on(async {
+    let r = rt.block_on(async {
         let (stop_metrics, stopped) = tokio::sync::oneshot::channel::<()>();
         if let Some(addr) = metrics_addr {
             let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("cannot listen on --metrics-addr {addr}"))?;
             let bound = listener.local_addr()?;
-            let file = agent.node().config.run_dir.join("metrics.addr");
-            std::fs::write(&file, format!("{bound}\n")).with_context(|| format!("writing {}", file.display()))?;
+            // Written whole or not at all: a reader that sees the file reads the address.
+            let tmp = file.with_extension("addr.tmp");
+            std::fs::write(&tmp, format!("{bound}\n")).and_then(|()| std::fs::rename(&tmp, &file)).with_context(|| format!("writing {}", file.display()))?;
+            written = Some(format!("{bound}\n"));
             tracing::info!(addr = %bound, "serving metrics at http://{bound}/metrics");
             let node = agent.node().clone();
             tokio::spawn(async move {
@@ -46,9 +55,17 @@ fn run(config: egpu_node::NodeConfig, metrics_addr: Option<std::net::SocketAddr>
                 }
             });
         }
-        let r = agent.serve(shutdown_signal()).await;
+        let shutdown = async {
+            shutdown_signal().await;
+            let _ = std::fs::remove_file(&file);
+        };
+        let r = agent.serve(shutdown).await;
         let _ = stop_metrics.send(());
         anyhow::Ok(r?)
-    })?;
-    Ok(())
+    });
+    // Stopped otherwise than by a signal (serving failed): the file, if it is still ours.
+    if written.is_some() && std::fs::read_to_string(&file).ok() == written {
+        let _ = std::fs::remove_file(&file);
+    }
+    r
 }
