@@ -124,7 +124,8 @@ pub enum Command {
     Simulate(Box<egpu_sim::cli::SimulateArgs>),
     /// Live view of devices and slices: memory, compute use vs share/limit, processes.
     Top(crate::top::TopArgs),
-    /// Start a simulated node, run two workloads, hit a limit, resize live, split compute 30/70 then 60/40, and clean up.
+    /// Start a throw-away node (simulated GPUs unless there is a real one), run two workloads, hit a limit, resize live,
+    /// burst past a memory guarantee, split compute 30/70 then 60/40, and clean up.
     Demo(crate::demo::DemoArgs),
     /// Benchmarks against a live egpud.
     #[command(subcommand)]

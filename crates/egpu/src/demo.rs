@@ -1,8 +1,9 @@
 //! `egpu demo`: a guided tour on a throw-away node. Two workloads in two
 //! slices; one hits its memory limit and is refused cleanly; its limit is
-//! raised live and it continues; then two compute-bound workloads share one
-//! GPU 30/70, are resized live to 60/40, and their kernels/s follow; a
-//! summary; everything cleaned up.
+//! raised live and it continues; a third grows past its slice's memory
+//! guarantee into its burst cap with no resize; the memory summary; then two
+//! compute-bound workloads share one GPU 30/70, are resized live to 60/40,
+//! and their kernels/s follow; everything cleaned up.
 
 use crate::cmd;
 use crate::localnode::{LocalNode, Workload, real_gpu_present};

@@ -46,3 +46,13 @@ fn resize_bench_measures_every_resize() {
     // Issued-to-seen can never be shorter than returned-to-seen.
     assert!(v["from_call"]["median_ns"].as_u64().unwrap() >= v["from_return"]["median_ns"].as_u64().unwrap());
 }
+
+#[test]
+fn demo_help_names_every_step_of_the_tour() {
+    let o = std::process::Command::new(EGPU).args(["demo", "--help"]).output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}");
+    for needle in ["limit", "resize live", "burst", "30/70 then 60/40", "clean up"] {
+        assert!(out.contains(needle), "`egpu demo --help` lacks {needle:?}:\n{out}");
+    }
+}
