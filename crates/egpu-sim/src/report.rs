@@ -6,7 +6,8 @@ use crate::sim::{MAX_ARRIVED_PCT, RunResult};
 use plotters::prelude::*;
 use serde::Serialize;
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Errors writing a report.
 #[derive(Debug, thiserror::Error)]
@@ -114,6 +115,75 @@ fn write(path: &Path, text: &str) -> Result<(), ReportError> {
     std::fs::write(path, text).map_err(|source| ReportError::Io { path: path.display().to_string(), source })
 }
 
+/// The files of one report, each written first under a hidden name beside
+/// it and renamed into place only once all are written, so that a run
+/// that fails part-way leaves the directory's earlier report whole, never
+/// new files beside old ones. The first file staged (the summary) is
+/// renamed last, and its earlier copy removed before anything moves: a
+/// summary is only ever beside the files of its own run. The hidden files
+/// of a failed run are removed.
+#[derive(Default)]
+pub(crate) struct Staged {
+    /// (hidden name, final name), in the order staged.
+    files: Vec<(PathBuf, PathBuf)>,
+}
+
+impl Staged {
+    /// Where to write `path` for now.
+    pub(crate) fn stage(&mut self, path: &Path) -> PathBuf {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let name = path.file_name().map_or_else(String::new, |n| n.to_string_lossy().into_owned());
+        let tmp = path.with_file_name(format!(".{name}.egpu-tmp-{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed)));
+        self.files.push((tmp.clone(), path.to_path_buf()));
+        tmp
+    }
+
+    /// Write `text` as `path`, for now under its hidden name.
+    pub(crate) fn write(&mut self, path: &Path, text: &str) -> Result<(), ReportError> {
+        let tmp = self.stage(path);
+        write(&tmp, text).map_err(|e| named(e, path))
+    }
+
+    /// Put every file in place, the first staged last.
+    pub(crate) fn commit(mut self) -> Result<(), ReportError> {
+        let io = |path: &Path, source| ReportError::Io { path: path.display().to_string(), source };
+        // A directory cannot be replaced by a file: found before anything moves.
+        if let Some((_, to)) = self.files.iter().find(|(_, to)| to.symlink_metadata().is_ok_and(|m| m.is_dir())) {
+            return Err(io(to, std::io::Error::new(std::io::ErrorKind::IsADirectory, "a directory is where the report writes this file")));
+        }
+        // The earlier summary goes first, the new one comes last.
+        if let Some((_, summary)) = self.files.first() {
+            match std::fs::remove_file(summary) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(summary, e)),
+                _ => self.files.rotate_left(1),
+            }
+        }
+        while let Some((tmp, to)) = self.files.first() {
+            std::fs::rename(tmp, to).map_err(|e| io(to, e))?;
+            self.files.remove(0);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        for (tmp, _) in &self.files {
+            let _ = std::fs::remove_file(tmp);
+        }
+    }
+}
+
+/// The error `e` about a hidden file, told of the file it stands for.
+pub(crate) fn named(e: ReportError, path: &Path) -> ReportError {
+    let path = path.display().to_string();
+    match e {
+        ReportError::Io { source, .. } => ReportError::Io { path, source },
+        ReportError::Chart { msg, .. } => ReportError::Chart { path, msg },
+        e => e,
+    }
+}
+
 /// Everything in the JSON report.
 #[derive(Serialize)]
 struct JsonReport<'a> {
@@ -140,7 +210,9 @@ pub struct LeftOut {
 /// The files [`write_all`] writes into its directory.
 pub const FILES: [&str; 4] = ["summary.md", "results.json", "curves.csv", "allocation.svg"];
 
-/// Write `summary.md`, `results.json`, `curves.csv` and `allocation.svg` into `dir`.
+/// Write `summary.md`, `results.json`, `curves.csv` and `allocation.svg`
+/// into `dir`: all of them, or (on an error) none, leaving an earlier
+/// report there as it was.
 pub fn write_all(dir: &Path, trace: &str, source: &str, inflation: f64, elapsed_s: f64, left_out: LeftOut, runs: &[RunResult]) -> Result<Vec<PolicySummary>, ReportError> {
     std::fs::create_dir_all(dir).map_err(|source| ReportError::Io { path: dir.display().to_string(), source })?;
     let summary = summarize(runs);
@@ -149,14 +221,18 @@ pub fn write_all(dir: &Path, trace: &str, source: &str, inflation: f64, elapsed_
     if left_out != LeftOut::default() {
         let _ = write!(md, "\n**Part of the input was left out** (`--lenient`): {} node rows, {} pod rows and {} lines that are not UTF-8 skipped.\n", left_out.node_rows, left_out.pod_rows, left_out.non_utf8_lines);
     }
-    write(&dir.join("summary.md"), &md)?;
+    // Into place together once all are written (the summary last).
+    let mut staged = Staged::default();
+    staged.write(&dir.join("summary.md"), &md)?;
     let json = serde_json::to_string_pretty(&JsonReport { trace, source, inflation, elapsed_s, left_out, summary: &summary, runs })?;
-    write(&dir.join("results.json"), &json)?;
-    write(&dir.join("curves.csv"), &curves_csv(runs))?;
+    staged.write(&dir.join("results.json"), &json)?;
+    staged.write(&dir.join("curves.csv"), &curves_csv(runs))?;
     let names: Vec<String> = summary.iter().map(|s| s.policy.clone()).collect();
     let series: Vec<(String, Vec<(f64, f64)>)> = names.iter().map(|n| (n.clone(), mean_curve(runs, n))).collect();
     let caption = format!("GPU allocation vs arrived workload ({trace})");
-    line_chart(&dir.join("allocation.svg"), &caption, "arrived workload (% of GPU capacity)", "allocated GPU (%)", (0.0, 130.0), (0.0, 100.0), &series, true)?;
+    let svg = dir.join("allocation.svg");
+    line_chart(&staged.stage(&svg), &caption, "arrived workload (% of GPU capacity)", "allocated GPU (%)", (0.0, 130.0), (0.0, 100.0), &series, true).map_err(|e| named(e, &svg))?;
+    staged.commit()?;
     Ok(summary)
 }
 

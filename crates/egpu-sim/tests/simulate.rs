@@ -260,3 +260,54 @@ fn best_fit_inside_the_node_keeps_every_placement_valid_and_says_so() {
     // The GPU choice matters on this trace: the curves differ.
     assert_ne!(own[0].alloc_pct, live[0].alloc_pct);
 }
+
+/// Names in `dir`, sorted.
+fn names(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn a_report_that_fails_part_way_leaves_the_earlier_one_whole() {
+    let t = small_trace();
+    let runs = sweep::run(&Sweep { trace: &t, policies: &[PolicyKind::Fgd], seeds: &[1], inflation: 1.3, threads: 1, shuffle_nodes: false, best_fit_inside: false }, &|_| {});
+    let dir = std::env::temp_dir().join(format!("egpu-sim-partial-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("curves.csv")).unwrap();
+    for f in ["summary.md", "results.json", "allocation.svg"] {
+        std::fs::write(dir.join(f), "earlier run").unwrap();
+    }
+    // curves.csv cannot be written (a directory holds its name): none of
+    // the new files is, so no new summary sits beside the earlier results.
+    let e = report::write_all(&dir, "default/8", "test", 1.3, 0.0, report::LeftOut::default(), &runs).unwrap_err();
+    assert!(e.to_string().contains("curves.csv"), "{e}");
+    for f in ["summary.md", "results.json", "allocation.svg"] {
+        assert_eq!(std::fs::read_to_string(dir.join(f)).unwrap(), "earlier run", "{f}");
+    }
+    assert_eq!(names(&dir), ["allocation.svg", "curves.csv", "results.json", "summary.md"], "no file of the failed run is left");
+    std::fs::remove_dir(dir.join("curves.csv")).unwrap();
+    report::write_all(&dir, "default/8", "test", 1.3, 0.0, report::LeftOut::default(), &runs).unwrap();
+    assert_eq!(names(&dir), ["allocation.svg", "curves.csv", "results.json", "summary.md"]);
+    assert!(std::fs::read_to_string(dir.join("summary.md")).unwrap().contains("| fgd |"));
+    assert!(std::fs::read_to_string(dir.join("allocation.svg")).unwrap().starts_with("<svg"));
+
+    // The elastic report likewise.
+    let series: Vec<(f64, f64)> = (0..10).map(|_| (10.0, 10.0)).collect();
+    let e = elastic::evaluate(&usage(&[("a", series)]), elastic::ElasticConfig { gpu_mem_gib: 80.0, resize_every: 1, window: 5, ..Default::default() });
+    for f in ["elastic.md", "elastic.json"] {
+        std::fs::write(dir.join(f), "earlier run").unwrap();
+    }
+    std::fs::create_dir(dir.join(elastic::chart_file(80.0))).unwrap();
+    let err = elastic::write_report(&dir, "test", std::slice::from_ref(&e)).unwrap_err();
+    assert!(err.to_string().contains(&elastic::chart_file(80.0)), "{err}");
+    for f in ["elastic.md", "elastic.json"] {
+        assert_eq!(std::fs::read_to_string(dir.join(f)).unwrap(), "earlier run", "{f}");
+    }
+    assert!(names(&dir).iter().all(|n| !n.starts_with('.')), "{:?}", names(&dir));
+    std::fs::remove_dir(dir.join(elastic::chart_file(80.0))).unwrap();
+    elastic::write_report(&dir, "test", &[e]).unwrap();
+    assert!(std::fs::read_to_string(dir.join("elastic.md")).unwrap().starts_with("# Elastic sharing on test"));
+    assert!(names(&dir).iter().all(|n| !n.starts_with('.')), "{:?}", names(&dir));
+    let _ = std::fs::remove_dir_all(&dir);
+}

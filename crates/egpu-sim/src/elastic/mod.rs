@@ -14,7 +14,7 @@ pub use eval::{ElasticConfig, Evaluation, GpuRisk, Moves, Outcome, evaluate, eva
 pub use fleet::{FleetConfig, FleetRun, FleetSearch, Share, run_fleet, run_fleet_foresight, run_fleet_hindsight, search_fleet};
 pub use load::{LeftOut, Usage, UsageError};
 
-use crate::report::{ReportError, line_chart};
+use crate::report::{ReportError, Staged, line_chart, named};
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -130,7 +130,8 @@ fn whole_label(x: &f64) -> String {
 }
 
 /// Write `elastic.md`, `elastic.json`, one `elastic-<size>GiB.svg` per GPU
-/// size and, with the fleet, one `elastic-fleet-<size>GiB.svg`.
+/// size and, with the fleet, one `elastic-fleet-<size>GiB.svg`: all of
+/// them, or (on an error) none, leaving an earlier report as it was.
 pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<String, ReportError> {
     std::fs::create_dir_all(dir).map_err(|e| ReportError::Io { path: dir.display().to_string(), source: e })?;
     let mut md = format!("# Elastic sharing on {source}\n\n");
@@ -187,9 +188,11 @@ pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<St
     // left others in the directory.
     let charts: Vec<String> = evals.iter().flat_map(|e| std::iter::once(chart_file(e.config.gpu_mem_gib)).chain(e.fleet.as_ref().map(|_| fleet_chart_file(e.config.gpu_mem_gib)))).collect();
     let _ = write!(md, "\nCharts of this run: {}\n", charts.join(", "));
-    let w = |p: &Path, t: &str| std::fs::write(p, t).map_err(|e| ReportError::Io { path: p.display().to_string(), source: e });
-    w(&dir.join("elastic.md"), &md)?;
-    w(&dir.join("elastic.json"), &serde_json::to_string_pretty(evals)?)?;
+    // Into place together once all are written (elastic.md last), so that
+    // a failure part-way leaves an earlier report whole.
+    let mut staged = Staged::default();
+    staged.write(&dir.join("elastic.md"), &md)?;
+    staged.write(&dir.join("elastic.json"), &serde_json::to_string_pretty(evals)?)?;
     for e in evals {
         // Hours of trace time: a period lasts the trace's own step.
         let hours = |t: usize| t as f64 * e.step_s / 3600.0;
@@ -197,11 +200,13 @@ pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<St
         series.push(("lower bound".into(), envelope(e.lower_bound_series.iter().copied(), hours)));
         let ymax = e.outcomes.iter().map(|o| o.gpus).max().unwrap_or(1) as f64 * 1.1;
         let path = dir.join(chart_file(e.config.gpu_mem_gib));
-        line_chart(&path, &format!("GPUs in use, {} GiB GPUs", e.config.gpu_mem_gib), "hours", "GPUs", (0.0, hours(e.minutes)), (0.0, ymax.max(1.0)), &series, false)?;
+        line_chart(&staged.stage(&path), &format!("GPUs in use, {} GiB GPUs", e.config.gpu_mem_gib), "hours", "GPUs", (0.0, hours(e.minutes)), (0.0, ymax.max(1.0)), &series, false).map_err(|err| named(err, &path))?;
         if let (Some(f), Some(c)) = (&e.fleet, e.config.fleet) {
-            fleet_chart(&dir.join(fleet_chart_file(e.config.gpu_mem_gib)), e.config.gpu_mem_gib, c.budget, f)?;
+            let path = dir.join(fleet_chart_file(e.config.gpu_mem_gib));
+            fleet_chart(&staged.stage(&path), e.config.gpu_mem_gib, c.budget, f).map_err(|err| named(err, &path))?;
         }
     }
+    staged.commit()?;
     Ok(md)
 }
 
