@@ -69,6 +69,14 @@ pub const CU_MEM_LOCATION_TYPE_DEVICE: c_uint = 0x1;
 pub const CU_MEM_LOCATION_TYPE_HOST: c_uint = 0x2;
 pub const CU_MEM_LOCATION_TYPE_HOST_NUMA: c_uint = 0x3;
 pub const CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: c_uint = 0x4;
+/// CUDA 13.2: what the driver reports for memory that is "not visible but
+/// device is accessible" (id `CU_DEVICE_INVALID`).
+pub const CU_MEM_LOCATION_TYPE_INVISIBLE: c_uint = 0x5;
+/// CUDA 13.4: a portion of a device's memory, one locality domain: the
+/// location's `id` word is then `{ deviceId: u8, localityDomainId: u8, .. }`
+/// ([`CUmemLocation::localized_device`]). On a device with one locality
+/// domain, domain 0 is the whole device.
+pub const CU_MEM_LOCATION_TYPE_DEVICE_LOCALITY_DOMAIN: c_uint = 0x6;
 
 // --- CUmemAllocationHandleType (bit set) -----------------------------------
 pub const CU_MEM_HANDLE_TYPE_NONE: c_uint = 0x0;

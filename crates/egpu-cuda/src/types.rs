@@ -96,6 +96,21 @@ pub struct CUmemLocation {
 }
 const _: () = assert!(size_of::<CUmemLocation>() == 8);
 
+impl CUmemLocation {
+    /// A `CU_MEM_LOCATION_TYPE_DEVICE_LOCALITY_DOMAIN` location (CUDA 13.4):
+    /// device `dev`, locality domain `domain`.
+    pub fn localized(dev: u8, domain: u8) -> Self {
+        CUmemLocation { type_: crate::CU_MEM_LOCATION_TYPE_DEVICE_LOCALITY_DOMAIN, id: c_int::from_ne_bytes([dev, domain, 0, 0]) }
+    }
+
+    /// The device ordinal of a `CU_MEM_LOCATION_TYPE_DEVICE_LOCALITY_DOMAIN`
+    /// location: the first byte of the `id` union (`localized.deviceId`);
+    /// the bytes after the domain are not part of it.
+    pub fn localized_device(&self) -> CUdevice {
+        CUdevice::from(self.id.to_ne_bytes()[0])
+    }
+}
+
 /// The `allocFlags` member of [`CUmemAllocationProp`].
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

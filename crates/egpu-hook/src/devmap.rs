@@ -9,7 +9,10 @@
 
 use crate::cuda::drv::real;
 use crate::util::say;
-use egpu_cuda::{CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_NOT_SUPPORTED, CUdevice, CUresult, CUuuid};
+use egpu_cuda::{
+    CU_MEM_LOCATION_TYPE_DEVICE, CU_MEM_LOCATION_TYPE_DEVICE_LOCALITY_DOMAIN, CU_MEM_LOCATION_TYPE_HOST, CU_MEM_LOCATION_TYPE_HOST_NUMA, CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT,
+    CU_MEM_LOCATION_TYPE_NONE, CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_NOT_SUPPORTED, CUdevice, CUmemLocation, CUresult, CUuuid,
+};
 use std::sync::atomic::{AtomicI32, Ordering};
 
 const MAX_ORDINALS: usize = 256;
@@ -69,6 +72,33 @@ pub fn slice_dev(ordinal: CUdevice) -> Result<usize, CUresult> {
 pub fn ordinal_of(dev: usize) -> Option<CUdevice> {
     let k = i32::try_from(dev).ok()?.checked_add(1)?;
     ORDINALS.iter().position(|c| c.load(Ordering::Relaxed) == k).and_then(|o| CUdevice::try_from(o).ok())
+}
+
+/// Where memory at a `CUmemLocation` lives, for charging.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placed {
+    /// On this slice device.
+    Device(usize),
+    /// Host memory (the host, a host NUMA node): never charged.
+    Host,
+    /// `CU_MEM_LOCATION_TYPE_NONE`: no location (a managed pool's "no
+    /// preference"; refused elsewhere).
+    Unspecified,
+}
+
+/// Where memory at `loc` lives: a device location (`DEVICE`, or CUDA 13.4's
+/// `DEVICE_LOCALITY_DOMAIN`, part of one device's memory) on its slice
+/// device; the host kinds on the host. A location type this hook does not
+/// know (a newer driver's) is taken as device memory on the current device:
+/// an unknown kind is charged, never free.
+pub fn placed(loc: CUmemLocation) -> Result<Placed, CUresult> {
+    match loc.type_ {
+        CU_MEM_LOCATION_TYPE_DEVICE => slice_dev(loc.id).map(Placed::Device),
+        CU_MEM_LOCATION_TYPE_DEVICE_LOCALITY_DOMAIN => slice_dev(loc.localized_device()).map(Placed::Device),
+        CU_MEM_LOCATION_TYPE_HOST | CU_MEM_LOCATION_TYPE_HOST_NUMA | CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT => Ok(Placed::Host),
+        CU_MEM_LOCATION_TYPE_NONE => Ok(Placed::Unspecified),
+        _ => current().map(|(_, d)| Placed::Device(d)),
+    }
 }
 
 /// The current context's device: (CUDA ordinal, slice device index).

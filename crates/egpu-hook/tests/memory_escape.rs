@@ -141,9 +141,16 @@ fn a_pool_allocation_captured_into_a_graph_is_charged_as_the_graphs() {
     let w = World::new("1x4GiB");
     let limit = 512 * MIB;
     let s = w.slice("captured", &[(0, limit)]);
-    for way in WAYS {
-        let d = run(w.probe(&s, &["--via", way, "alloc", "--family", "capturedpool", "--size", "256MiB", "--hold", "--destroy-pool-first", "--after", "mem"]));
-        assert_eq!(d.code, 0, "{way}: {}", d.stderr);
+    // --ptds: captured on stream 0 of the _ptsz entry points, the per-thread
+    // default stream (not the legacy stream, which is not capturing).
+    for (way, ptds) in WAYS.iter().flat_map(|w| [(*w, false), (*w, true)]) {
+        let mut a = vec!["--via", way, "alloc", "--family", "capturedpool", "--size", "256MiB", "--hold", "--destroy-pool-first", "--after", "mem"];
+        if ptds {
+            a.insert(2, "--ptds");
+        }
+        let way = if ptds { format!("{way} --ptds") } else { way.to_string() };
+        let d = run(w.probe(&s, &a));
+        assert_eq!(d.code, 0, "{way}: {} {:?}", d.stderr, d.lines);
         assert_eq!(d.event("holding")["mem"]["free"], limit - CTX - 256 * MIB, "{way}: charged once, with the graph: {:?}", d.lines);
         assert_eq!(d.event("pool-destroyed")["mem"]["free"], limit - CTX - 256 * MIB, "{way}: {:?}", d.lines);
         let after = d.event("after");
@@ -338,6 +345,31 @@ fn per_thread_stream_variants_are_charged_too() {
             assert!(w.sim_used(0) <= limit);
             assert_eq!(p.finish().0, 0);
             assert_eq!(s.used(0), pool_kept(family, 64 * MIB, 0), "{family}/{way} --ptds");
+            s.usage.sweep(None);
+        }
+    }
+}
+
+/// CUDA 13.4's `DEVICE_LOCALITY_DOMAIN` location (domain 0: the whole device
+/// on a device with one domain) is device memory: `cuMemCreate`, pools and
+/// graph allocation nodes placed with it are charged like `DEVICE` ones.
+#[test]
+fn device_memory_placed_by_locality_domain_stays_within_the_limit() {
+    let w = World::new("1x4GiB");
+    let limit = 512 * MIB;
+    let s = w.slice("domain", &[(0, limit)]);
+    for family in ["vmm", "pool", "graph"] {
+        for way in WAYS {
+            let mut a = vec!["--locality-domain"];
+            a.extend(alloc_args(way, family, "64MiB"));
+            let mut p = Running::start(w.probe(&s, &a));
+            let n = p.wait_for("holding")["allocated"].as_u64().unwrap();
+            let used = s.used(0);
+            assert!(used <= limit && w.sim_used(0) <= limit, "{family}/{way}: charged {used}, driver {}", w.sim_used(0));
+            assert!(used + 64 * MIB > limit, "{family}/{way}: refused early: charged {used}, {n} allocations");
+            let (code, rest) = p.finish();
+            assert_eq!(code, 0, "{family}/{way}: {rest:?}");
+            assert_eq!(s.used(0), pool_kept(family, 64 * MIB, n), "{family}/{way}: after exit: {rest:?}");
             s.usage.sweep(None);
         }
     }

@@ -350,6 +350,9 @@ pub struct Inner {
     pub sparse: BTreeMap<(u64, egpu_cuda::SparseTiles), u64>,
     /// IPC imports: (exporter pid, buffer id) -> (base, refcount).
     pub ipc_imports: HashMap<(u32, u64), (u64, u32)>,
+    /// Captures of per-thread default streams: (context, thread) -> capture
+    /// (a user stream keeps its own in [`Stream::capture`]).
+    pub ptds_captures: HashMap<(u64, std::thread::ThreadId), Capture>,
     pub next_buffer_id: u64,
 }
 
@@ -378,6 +381,7 @@ impl Inner {
             mipmaps: HashMap::new(),
             sparse: BTreeMap::new(),
             ipc_imports: HashMap::new(),
+            ptds_captures: HashMap::new(),
             next_buffer_id: 1,
         }
     }

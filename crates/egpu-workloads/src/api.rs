@@ -127,7 +127,8 @@ api! {
 }
 
 /// Symbols that have a `_ptsz` per-thread-default-stream variant the probe uses with `--ptds`.
-pub const PTSZ: &[&str] = &["cuStreamSynchronize", "cuMemAllocAsync", "cuMemFreeAsync", "cuMemAllocFromPoolAsync", "cuGraphLaunch", "cuLaunchKernel"];
+pub const PTSZ: &[&str] =
+    &["cuStreamSynchronize", "cuMemAllocAsync", "cuMemFreeAsync", "cuMemAllocFromPoolAsync", "cuGraphLaunch", "cuLaunchKernel", "cuStreamBeginCapture_v2", "cuStreamEndCapture"];
 
 /// A driver call failed: which one and its status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

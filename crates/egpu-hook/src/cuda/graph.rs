@@ -29,14 +29,17 @@ use crate::devmap;
 use crate::ledger::{Charge, LEDGER};
 use crate::state::{charge, uncharge};
 use egpu_cuda::{
-    CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, CU_GRAPH_NODE_TYPE_GRAPH, CU_GRAPH_NODE_TYPE_MEM_ALLOC, CU_MEM_LOCATION_TYPE_DEVICE, CUDA_MEM_ALLOC_NODE_PARAMS, CUdevice, CUgraph, CUgraphExec,
+    CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, CU_GRAPH_MEM_ATTR_USED_MEM_CURRENT, CU_GRAPH_NODE_TYPE_GRAPH, CU_GRAPH_NODE_TYPE_MEM_ALLOC, CUDA_MEM_ALLOC_NODE_PARAMS, CUdevice, CUgraph, CUgraphExec,
     CUgraphNode, CUresult,
 };
 use std::ffi::{c_char, c_void};
 
 fn node_charge(p: &CUDA_MEM_ALLOC_NODE_PARAMS) -> Result<Charge, CUresult> {
     let loc = p.poolProps.location;
-    let dev = if loc.type_ == CU_MEM_LOCATION_TYPE_DEVICE { devmap::slice_dev(loc.id)? } else { devmap::current()?.1 };
+    let dev = match devmap::placed(loc)? {
+        devmap::Placed::Device(d) => d,
+        _ => devmap::current()?.1,
+    };
     Ok(Charge { dev, bytes: p.bytesize as u64 })
 }
 

@@ -40,17 +40,18 @@ crate::detour::hooks! {
     fn cuMipmappedArrayDestroy(handle: CUmipmappedArray) => array::destroy_mipmapped;
     // Stream-ordered allocator and pools.
     fn cuMemAllocAsync(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) => pool::alloc_async;
-    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) => pool::alloc_async;
+    fn cuMemAllocAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, stream: CUstream) => pool::alloc_async_ptsz;
     fn cuMemAllocFromPoolAsync(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) => pool::alloc_from_pool;
-    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) => pool::alloc_from_pool;
+    fn cuMemAllocFromPoolAsync_ptsz(dptr: *mut CUdeviceptr, bytesize: usize, pool: CUmemoryPool, stream: CUstream) => pool::alloc_from_pool_ptsz;
     fn cuMemFreeAsync(dptr: CUdeviceptr, stream: CUstream) => pool::free_async;
-    fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => pool::free_async;
+    fn cuMemFreeAsync_ptsz(dptr: CUdeviceptr, stream: CUstream) => pool::free_async_ptsz;
     fn cuMemPoolCreate(pool: *mut CUmemoryPool, props: *const CUmemPoolProps) => pool::create;
     fn cuMemPoolDestroy(pool: CUmemoryPool) => pool::destroy;
     fn cuMemPoolTrimTo(pool: CUmemoryPool, keep: usize) => pool::trim_to;
     fn cuStreamSynchronize(stream: CUstream) => pool::synchronize_stream;
     fn cuStreamSynchronize_ptsz(stream: CUstream) => pool::synchronize_stream;
     fn cuCtxSynchronize() => pool::synchronize_ctx;
+    fn cuCtxSynchronize_v2(ctx: CUcontext) => pool::synchronize_ctx_v2;
     // Virtual memory management and multicast.
     fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) => vmm::create;
     fn cuMemRelease(handle: CUmemGenericAllocationHandle) => vmm::release;

@@ -30,7 +30,7 @@ use crate::detour::Outcome;
 use crate::devmap;
 use crate::ledger::{Charge, LEDGER, PoolAcct, Ptr};
 use crate::state::{charge, uncharge};
-use egpu_cuda::{CU_MEM_ALLOCATION_TYPE_MANAGED, CU_MEM_LOCATION_TYPE_DEVICE, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY, CUdeviceptr, CUmemPoolProps, CUmemoryPool, CUresult, CUstream};
+use egpu_cuda::{CU_MEM_ALLOCATION_TYPE_MANAGED, CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT, CU_MEMPOOL_ATTR_USED_MEM_CURRENT, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY, CUdeviceptr, CUmemPoolProps, CUmemoryPool, CUresult, CUstream};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Device index marking a host-located pool (never charged).
@@ -194,8 +194,34 @@ fn capturing(stream: CUstream) -> bool {
     crate::compute::drv::capture_status(stream as usize).is_some_and(|s| s != egpu_cuda::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
-/// `cuMemAllocAsync` / `_ptsz`: from the current pool of the *stream's*
-/// device (which may not be the current one).
+/// The stream a `_ptsz` entry point means: its stream 0 is the calling
+/// thread's per-thread default stream, not the legacy one. Whether that
+/// stream is capturing, whose context it is in, and the stream a refused
+/// allocation is given back on all follow from it.
+fn per_thread(stream: CUstream) -> CUstream {
+    if stream.is_null() { egpu_cuda::CU_STREAM_PER_THREAD as CUstream } else { stream }
+}
+
+/// `cuMemAllocAsync_ptsz`: [`alloc_async`] on the stream it means.
+#[doc(alias = "cuMemAllocAsync_ptsz")]
+pub(crate) fn alloc_async_ptsz(real: sig::cuMemAllocAsync_ptsz, dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> Outcome {
+    alloc_async(real, dptr, size, per_thread(stream))
+}
+
+/// `cuMemAllocFromPoolAsync_ptsz`: [`alloc_from_pool`] on the stream it means.
+#[doc(alias = "cuMemAllocFromPoolAsync_ptsz")]
+pub(crate) fn alloc_from_pool_ptsz(real: sig::cuMemAllocFromPoolAsync_ptsz, dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream) -> Outcome {
+    alloc_from_pool(real, dptr, size, pool, per_thread(stream))
+}
+
+/// `cuMemFreeAsync_ptsz`: [`free_async`] on the stream it means.
+#[doc(alias = "cuMemFreeAsync_ptsz")]
+pub(crate) fn free_async_ptsz(real: sig::cuMemFreeAsync_ptsz, dptr: CUdeviceptr, stream: CUstream) -> Outcome {
+    free_async(real, dptr, per_thread(stream))
+}
+
+/// `cuMemAllocAsync`: from the current pool of the *stream's* device (which
+/// may not be the current one).
 #[doc(alias = "cuMemAllocAsync")]
 pub(crate) fn alloc_async(real: sig::cuMemAllocAsync, dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> Outcome {
     if capturing(stream) {
@@ -240,7 +266,7 @@ fn owner_of_unknown_pool(pool: CUmemoryPool, stream: CUstream) -> Result<usize, 
     stream_device(stream).map(|(_, d)| d)
 }
 
-/// `cuMemAllocFromPoolAsync` / `_ptsz`.
+/// `cuMemAllocFromPoolAsync`.
 #[doc(alias = "cuMemAllocFromPoolAsync")]
 pub(crate) fn alloc_from_pool(real: sig::cuMemAllocFromPoolAsync, dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream) -> Outcome {
     if capturing(stream) {
@@ -260,7 +286,7 @@ pub(crate) fn alloc_from_pool(real: sig::cuMemAllocFromPoolAsync, dptr: *mut CUd
     alloc_in_pool(dptr, size, pool as usize, dev, stream, || unsafe { real(dptr, size, pool, stream) })
 }
 
-/// `cuMemFreeAsync` / `_ptsz`.
+/// `cuMemFreeAsync`.
 #[doc(alias = "cuMemFreeAsync")]
 pub(crate) fn free_async(real: sig::cuMemFreeAsync, dptr: CUdeviceptr, stream: CUstream) -> Outcome {
     // Out of the ledger before the real call, as in `mem::free`: once freed,
@@ -291,14 +317,19 @@ pub(crate) fn free_async(real: sig::cuMemFreeAsync, dptr: CUdeviceptr, stream: C
 pub(crate) fn create(real: sig::cuMemPoolCreate, pool: *mut CUmemoryPool, props: *const CUmemPoolProps) -> Outcome {
     // SAFETY: the caller's props, read once (null checked).
     let props_in = if props.is_null() { None } else { Some(unsafe { *props }) };
-    let dev = match props_in {
-        Some(p) if p.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE => devmap::slice_dev(p.location.id),
+    let placed = props_in.map(|p| (p, devmap::placed(p.location)));
+    let dev = match placed {
+        Some((_, Ok(devmap::Placed::Device(d)))) => Ok(d),
+        Some((_, Err(e))) => Err(e),
         // With no context current, a one-device slice still knows where.
-        Some(p) if p.allocType == CU_MEM_ALLOCATION_TYPE_MANAGED => devmap::current().map(|(_, d)| d).or_else(|e| match crate::state::slice() {
+        Some((p, Ok(_))) if p.allocType == CU_MEM_ALLOCATION_TYPE_MANAGED => devmap::current().map(|(_, d)| d).or_else(|e| match crate::state::slice() {
             Ok(s) if s.usage.n_devices() == 1 => Ok(0),
             _ => Err(e),
         }),
-        Some(_) => Ok(HOST),
+        Some((_, Ok(devmap::Placed::Host))) => Ok(HOST),
+        // No location for a pool of device memory: the driver refuses it;
+        // should one accept it, the memory is the current device's.
+        Some((_, Ok(devmap::Placed::Unspecified))) => devmap::current().map(|(_, d)| d).or(Ok(HOST)),
         None => return Outcome::Passthrough,
     };
     let dev = match dev {
@@ -394,7 +425,20 @@ pub(crate) fn synchronize_stream(real: sig::cuStreamSynchronize, stream: CUstrea
 #[doc(alias = "cuCtxSynchronize")]
 pub(crate) fn synchronize_ctx(real: sig::cuCtxSynchronize) -> Outcome {
     // SAFETY: the real function, no arguments.
-    let r = unsafe { real() };
+    synchronized(unsafe { real() })
+}
+
+/// `cuCtxSynchronize_v2` (CUDA 13, what `cuCtxSynchronize` resolves to
+/// there: the context to wait for is an argument, null for the current
+/// one): as [`synchronize_ctx`].
+#[doc(alias = "cuCtxSynchronize_v2")]
+pub(crate) fn synchronize_ctx_v2(real: sig::cuCtxSynchronize_v2, ctx: egpu_cuda::CUcontext) -> Outcome {
+    // SAFETY: the real function with the caller's argument.
+    synchronized(unsafe { real(ctx) })
+}
+
+/// After a context-wide wait: pools release memory, finished launches are reaped.
+fn synchronized(r: CUresult) -> Outcome {
     if ANY_POOLS.load(Ordering::Acquire) {
         release_unused();
     }

@@ -17,7 +17,7 @@ use crate::detour::Outcome;
 use crate::devmap;
 use crate::ledger::{Charge, LEDGER, Physical};
 use crate::state::{charge, uncharge};
-use egpu_cuda::{CU_MEM_LOCATION_TYPE_DEVICE, CUDA_ERROR_INVALID_VALUE, CUdeviceptr, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmulticastObjectProp};
+use egpu_cuda::{CUDA_ERROR_INVALID_VALUE, CUdeviceptr, CUmemAllocationProp, CUmemGenericAllocationHandle, CUmulticastObjectProp};
 use std::ffi::c_void;
 
 fn created(handle: *mut CUmemGenericAllocationHandle, c: Charge, create: impl FnOnce() -> u32) -> Outcome {
@@ -64,11 +64,14 @@ pub(crate) fn create(real: sig::cuMemCreate, handle: *mut CUmemGenericAllocation
     }
     // SAFETY: the caller's property struct (null checked), read once.
     let loc = unsafe { (*prop).location };
-    if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE {
-        return Outcome::Passthrough; // host memory: never charged
-    }
-    let dev = match devmap::slice_dev(loc.id) {
-        Ok(d) => d,
+    let dev = match devmap::placed(loc) {
+        Ok(devmap::Placed::Host) => return Outcome::Passthrough, // host memory: never charged
+        Ok(devmap::Placed::Device(d)) => d,
+        // No location: the driver refuses it; should one accept it, the memory is the current device's.
+        Ok(devmap::Placed::Unspecified) => match devmap::current() {
+            Ok((_, d)) => d,
+            Err(_) => return Outcome::Passthrough,
+        },
         Err(e) => return Outcome::Error(e),
     };
     // SAFETY: the real function with the caller's arguments.

@@ -72,6 +72,7 @@ cu_exports! {
     cuCtxPopCurrent_v2(c: P<CUcontext>) => ctx::pop_current(c);
     cuCtxGetDevice(d: P<CUdevice>) => ctx::get_device(d);
     cuCtxSynchronize() => ctx::synchronize();
+    cuCtxSynchronize_v2(c: CUcontext) => ctx::synchronize_v2(c);
     cuCtxGetApiVersion(c: CUcontext, v: P<u32>) => ctx::get_api_version(c, v);
     cuCtxGetFlags(f: P<u32>) => ctx::get_flags(f);
     cuCtxSetFlags(f: u32) => ctx::set_flags(f);

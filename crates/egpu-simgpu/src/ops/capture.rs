@@ -55,13 +55,31 @@ fn forbids(c: &Capture, mode: u32, me: ThreadId) -> bool {
     }
 }
 
+/// The capture of a resolved stream: a user stream's own, or the calling
+/// thread's per-thread default stream's (one per context and thread). The
+/// legacy stream cannot be captured.
+pub fn of(g: &Inner, r: SRef) -> Option<&Capture> {
+    match r {
+        SRef::User(h) => g.streams.get(&h)?.capture.as_ref(),
+        SRef::PerThread(c) => g.ptds_captures.get(&(c, me())),
+        SRef::Legacy(_) => None,
+    }
+}
+
+fn slot(g: &mut Inner, r: SRef) -> R<&mut Option<Capture>> {
+    match r {
+        SRef::User(h) => Ok(&mut g.streams.get_mut(&h).ok_or(CUDA_ERROR_INVALID_HANDLE)?.capture),
+        SRef::PerThread(_) | SRef::Legacy(_) => Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED),
+    }
+}
+
 /// Before a potentially unsafe call: fails it, and invalidates the captures
 /// that forbid it, when the thread's mode and the captures in progress say so.
 pub fn unsafe_call(g: &mut Inner) -> R<()> {
     let mode = THREAD_MODE.with(Cell::get);
     let me = me();
     let mut refused = false;
-    for c in g.streams.values_mut().filter_map(|s| s.capture.as_mut()) {
+    for c in g.streams.values_mut().filter_map(|s| s.capture.as_mut()).chain(g.ptds_captures.values_mut()) {
         if forbids(c, mode, me) {
             c.invalid = true;
             refused = true;
@@ -74,14 +92,17 @@ fn begin(g: &mut Inner, s: CUstream, graph: u64, owned: bool, mode: u32, ptsz: b
     if mode > CU_STREAM_CAPTURE_MODE_RELAXED {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let SRef::User(h) = stream::resolve(g, s, ptsz)? else {
-        return Err(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
-    };
-    let st = g.streams.get_mut(&h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    if st.capture.is_some() {
+    let r = stream::resolve(g, s, ptsz)?;
+    if of(g, r).is_some() {
         return Err(CUDA_ERROR_ILLEGAL_STATE);
     }
-    st.capture = Some(Capture { graph, owned, mode, thread: me(), invalid: false });
+    let c = Capture { graph, owned, mode, thread: me(), invalid: false };
+    match r {
+        SRef::PerThread(ctx) => {
+            g.ptds_captures.insert((ctx, me()), c);
+        }
+        _ => *slot(g, r)? = Some(c),
+    }
     if owned {
         g.graphs.insert(graph, Graph::default());
     }
@@ -112,15 +133,16 @@ pub fn begin_capture_to_graph(s: CUstream, graph: CUgraph, mode: u32, ptsz: bool
 pub fn end_capture(s: CUstream, out: *mut CUgraph, ptsz: bool) -> R<()> {
     let p = cu()?;
     let mut g = p.lock();
-    let SRef::User(h) = stream::resolve(&g, s, ptsz)? else {
-        return Err(CUDA_ERROR_ILLEGAL_STATE);
-    };
-    let st = g.streams.get_mut(&h).ok_or(CUDA_ERROR_INVALID_HANDLE)?;
-    let c = st.capture.as_ref().ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+    let r = stream::resolve(&g, s, ptsz)?;
+    let c = of(&g, r).ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
     if c.mode != CU_STREAM_CAPTURE_MODE_RELAXED && c.thread != me() {
         return Err(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD);
     }
-    let c = st.capture.take().ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+    let c = match r {
+        SRef::PerThread(ctx) => g.ptds_captures.remove(&(ctx, me())),
+        _ => slot(&mut g, r)?.take(),
+    }
+    .ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
     if c.invalid {
         if c.owned {
             g.graphs.remove(&c.graph);
@@ -133,13 +155,10 @@ pub fn end_capture(s: CUstream, out: *mut CUgraph, ptsz: bool) -> R<()> {
 
 /// `CUstreamCaptureStatus` of a resolved stream: 0 none, 1 active, 2 invalidated.
 pub fn status(g: &Inner, r: SRef) -> u32 {
-    match r {
-        SRef::User(h) => match &g.streams[&h].capture {
-            None => CU_STREAM_CAPTURE_STATUS_NONE,
-            Some(c) if c.invalid => CU_STREAM_CAPTURE_STATUS_INVALIDATED,
-            Some(_) => CU_STREAM_CAPTURE_STATUS_ACTIVE,
-        },
-        _ => CU_STREAM_CAPTURE_STATUS_NONE,
+    match of(g, r) {
+        None => CU_STREAM_CAPTURE_STATUS_NONE,
+        Some(c) if c.invalid => CU_STREAM_CAPTURE_STATUS_INVALIDATED,
+        Some(_) => CU_STREAM_CAPTURE_STATUS_ACTIVE,
     }
 }
 

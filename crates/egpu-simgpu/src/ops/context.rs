@@ -64,6 +64,7 @@ fn destroy_ctx(p: &Proc, g: &mut Inner, h: u64) {
         let _ = crate::ops::memory::free_locked(p, g, base);
     }
     g.streams.retain(|_, s| s.ctx != h);
+    g.ptds_captures.retain(|(c, _), _| *c != h);
     rt::ctx_forget(h);
 }
 
@@ -265,11 +266,19 @@ pub fn ctx_tail(g: &Inner, h: u64) -> u64 {
 }
 
 pub fn synchronize() -> R<()> {
+    synchronize_v2(std::ptr::null_mut())
+}
+
+/// `cuCtxSynchronize_v2` (CUDA 13): waits for `ctx`, or the current context when null.
+pub fn synchronize_v2(ctx: CUcontext) -> R<()> {
     let p = cu()?;
     let (deadline, ord) = {
         let mut g = p.lock();
         crate::ops::capture::unsafe_call(&mut g)?;
-        let h = current(&g)?;
+        let h = if ctx.is_null() { current(&g)? } else { ctx as u64 };
+        if !g.ctxs.contains_key(&h) {
+            return Err(CUDA_ERROR_INVALID_CONTEXT);
+        }
         (ctx_tail(&g, h), g.ctxs[&h].ord)
     };
     timing::sleep_until(deadline);

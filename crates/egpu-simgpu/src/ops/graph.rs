@@ -54,7 +54,7 @@ pub fn add_empty_node(out: *mut CUgraphNode, graph: CUgraph) -> R<()> {
 pub fn add_mem_alloc_node(out: *mut CUgraphNode, graph: CUgraph, params: *mut CUDA_MEM_ALLOC_NODE_PARAMS) -> R<()> {
     let p = cu()?;
     let mut pr = read(params)?;
-    let loc = pr.poolProps.location;
+    let loc = super::whole_device(pr.poolProps.location)?;
     if loc.type_ != CU_MEM_LOCATION_TYPE_DEVICE || pr.bytesize == 0 {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
@@ -81,8 +81,7 @@ pub fn add_mem_free_node(out: *mut CUgraphNode, graph: CUgraph, dptr: CUdevicept
 /// The graph a call on stream `r` is captured into: `None` when the stream
 /// is not capturing, `Err` when its capture was invalidated (the call fails).
 pub fn capture_graph(g: &Inner, r: stream::SRef) -> Option<R<u64>> {
-    let stream::SRef::User(h) = r else { return None };
-    let c = g.streams[&h].capture.as_ref()?;
+    let c = crate::ops::capture::of(g, r)?;
     Some(if c.invalid { Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) } else { Ok(c.graph) })
 }
 

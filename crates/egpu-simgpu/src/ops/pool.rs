@@ -154,7 +154,10 @@ pub fn mem_free_async(d: CUdeviceptr, s: CUstream, ptsz: bool) -> R<()> {
 
 pub fn pool_create(out: *mut CUmemoryPool, props: *const CUmemPoolProps) -> R<()> {
     let p = cu()?;
-    let pr = read(props)?;
+    let mut pr = read(props)?;
+    if pr.allocType != CU_MEM_ALLOCATION_TYPE_MANAGED {
+        pr.location = super::whole_device(pr.location)?;
+    }
     let device = pr.location.type_ == CU_MEM_LOCATION_TYPE_DEVICE;
     // A managed pool (CUDA 13) takes any preferred location; the simulated
     // GPU keeps its memory on the preferred device, or on the current

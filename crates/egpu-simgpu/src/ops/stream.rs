@@ -286,10 +286,7 @@ pub fn get_capture_info(
     let p = cu()?;
     let g = p.lock();
     let r = resolve(&g, s, ptsz)?;
-    let cap = match r {
-        SRef::User(h) => g.streams[&h].capture.as_ref().map(|c| c.graph),
-        _ => None,
-    };
+    let cap = capture::of(&g, r).map(|c| c.graph);
     write(status, capture::status(&g, r))?;
     write_opt(id, cap.unwrap_or(0));
     write_opt(graph, cap.unwrap_or(0) as CUgraph);

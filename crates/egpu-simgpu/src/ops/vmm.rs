@@ -58,13 +58,14 @@ fn location_charge(p: &Proc, loc: CUmemLocation) -> R<Option<usize>> {
 pub fn get_granularity(out: *mut usize, prop: *const CUmemAllocationProp, _option: u32) -> R<()> {
     let p = cu()?;
     let pr = read(prop)?;
-    location_charge(p, pr.location)?;
+    location_charge(p, super::whole_device(pr.location)?)?;
     write(out, GRANULARITY as usize)
 }
 
 pub fn create(out: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: u64) -> R<()> {
     let p = cu()?;
-    let pr = read(prop)?;
+    let mut pr = read(prop)?;
+    pr.location = super::whole_device(pr.location)?;
     let size = size as u64;
     if out.is_null() || flags != 0 || size == 0 || !size.is_multiple_of(GRANULARITY) || pr.type_ != CU_MEM_ALLOCATION_TYPE_PINNED {
         return Err(CUDA_ERROR_INVALID_VALUE);

@@ -100,7 +100,7 @@ pub fn spawn_racer(g: &Global) -> std::thread::JoinHandle<bool> {
 
 pub fn run(api: Api, g: &Global, a: AllocArgs, racer: Option<std::thread::JoinHandle<bool>>) -> i32 {
     let cu = setup(api, g.device, g.own_ctx);
-    let mut st = family::Ctx { pool_device: a.pool_device, ..Default::default() };
+    let mut st = family::Ctx { pool_device: a.pool_device, per_thread: g.ptds, ..Default::default() };
     if let Some(n) = a.current_device {
         use egpu_workloads::call;
         let die = |e| crate::common::die(e, exit::FAILED);

@@ -115,15 +115,30 @@ pub struct Ctx {
     pub stream: CUstream,
     /// `alloc --pool-device`: whose default pool `defaultpool` uses.
     pub pool_device: Option<CUdevice>,
+    /// `--ptds`: stream 0 is the per-thread default stream (`capturedpool`
+    /// captures on it).
+    pub per_thread: bool,
 }
 
 const ARRAY_WIDTH: usize = 4096;
+
+/// `--locality-domain`: device memory locations are written as CUDA 13.4's
+/// `DEVICE_LOCALITY_DOMAIN`, domain 0 (the whole device on a device with one
+/// domain), instead of `DEVICE`.
+pub static LOCALITY_DOMAIN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn device_location(dev: CUdevice) -> CUmemLocation {
+    match u8::try_from(dev) {
+        Ok(d) if LOCALITY_DOMAIN.load(std::sync::atomic::Ordering::Relaxed) => CUmemLocation::localized(d, 0),
+        _ => CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: dev },
+    }
+}
 
 fn device_prop(dev: CUdevice, host: bool) -> CUmemAllocationProp {
     CUmemAllocationProp {
         type_: CU_MEM_ALLOCATION_TYPE_PINNED,
         requestedHandleTypes: CU_MEM_HANDLE_TYPE_NONE,
-        location: if host { CUmemLocation { type_: CU_MEM_LOCATION_TYPE_HOST, id: 0 } } else { CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: dev } },
+        location: if host { CUmemLocation { type_: CU_MEM_LOCATION_TYPE_HOST, id: 0 } } else { device_location(dev) },
         win32HandleMetaData: std::ptr::null_mut(),
         allocFlags: Default::default(),
     }
@@ -133,7 +148,7 @@ fn pool_props(dev: CUdevice) -> CUmemPoolProps {
     CUmemPoolProps {
         allocType: CU_MEM_ALLOCATION_TYPE_PINNED,
         handleTypes: CU_MEM_HANDLE_TYPE_NONE,
-        location: CUmemLocation { type_: CU_MEM_LOCATION_TYPE_DEVICE, id: dev },
+        location: device_location(dev),
         win32SecurityAttributes: std::ptr::null_mut(),
         maxSize: 0,
         usage: 0,
@@ -306,14 +321,19 @@ fn captured(cu: &Cuda, st: &Ctx, pool: CUmemoryPool, size: usize) -> Result<Held
     let a = &cu.api;
     let mut p: CUdeviceptr = 0;
     let mut graph: CUgraph = std::ptr::null_mut();
-    // A stream of its own: the legacy default stream cannot be captured.
+    // A stream of its own: the legacy default stream cannot be captured. With
+    // --ptds, stream 0: the per-thread default stream, which can.
     let mut s: CUstream = std::ptr::null_mut();
-    call!(a, cuStreamCreate(&mut s, CU_STREAM_NON_BLOCKING))?;
+    if !st.per_thread {
+        call!(a, cuStreamCreate(&mut s, CU_STREAM_NON_BLOCKING))?;
+    }
     let made = call!(a, cuStreamBeginCapture_v2(s, CU_STREAM_CAPTURE_MODE_RELAXED)).and_then(|_| {
         let made = call!(a, cuMemAllocFromPoolAsync(&mut p, size, pool, s));
         call!(a, cuStreamEndCapture(s, &mut graph)).and(made)
     });
-    let _ = call!(a, cuStreamDestroy_v2(s));
+    if !st.per_thread {
+        let _ = call!(a, cuStreamDestroy_v2(s));
+    }
     if let Err(e) = made {
         if !graph.is_null() {
             let _ = call!(a, cuGraphDestroy(graph));

@@ -46,6 +46,10 @@ pub struct Global {
     /// Create an own context (cuCtxCreate) instead of retaining the primary one.
     #[arg(long, global = true)]
     own_ctx: bool,
+    /// Write device memory locations (vmm, pool and graph families) as CUDA
+    /// 13.4's DEVICE_LOCALITY_DOMAIN, domain 0, instead of DEVICE.
+    #[arg(long, global = true)]
+    locality_domain: bool,
 }
 
 #[derive(Subcommand)]
@@ -91,6 +95,7 @@ enum Cmd {
 
 fn main() {
     let cli = Cli::parse();
+    family::LOCALITY_DOMAIN.store(cli.g.locality_domain, std::sync::atomic::Ordering::Relaxed);
     let direct = if cli.g.via == Via::Direct { direct::table() } else { Vec::new() };
     let load = || via::load(cli.g.via, cli.g.ptds, &direct);
     // `fork --during-init` must make its process's first driver call itself.
