@@ -19,6 +19,15 @@
 //!   (their estimate may have been pessimistic), else wait until the next
 //!   period ([`Decision::WaitUntil`]).
 //!
+//! In a process of several threads each thread can only wait for (and reap)
+//! its own launches, so [`ProcGate::before_launch_by`] takes the caller's
+//! own unfinished launches: `Drain` only when it has some. A thread with
+//! none, held back by other threads' unfinished launches, passes the queue
+//! bound (one launch at a time, as a process with nothing unfinished) and
+//! is held to the allowance less those launches' estimate (another thread
+//! may keep its unreaped launches for ever: it stopped calling CUDA), so it
+//! gets `Go` or `WaitUntil`, never an endless `Drain`.
+//!
 //! If `egpud` stops ticking (the epoch is more than [`STALE_PERIODS`] periods
 //! old) the hook extends the allowance itself at the slice's compute limit,
 //! so a dead agent neither freezes nor unleashes a slice: the slice-wide
@@ -148,10 +157,19 @@ impl ProcGate {
         }
     }
 
-    /// Decides one launch. Fast path (budget left, queue short): seven
-    /// relaxed loads and a few compares.
+    /// Decides one launch of a caller that can drain every unfinished
+    /// launch of the process (one thread, or the model).
     #[inline]
     pub fn before_launch(&self, v: &GateView<'_>, now_ns: u64) -> Decision {
+        self.before_launch_by(v, now_ns, u64::MAX)
+    }
+
+    /// Decides one launch of a caller with `own` unfinished launches of its
+    /// own on this device (those it can drain; `u64::MAX`: all of them).
+    /// Fast path (budget left, queue short): seven relaxed loads and a few
+    /// compares.
+    #[inline]
+    pub fn before_launch_by(&self, v: &GateView<'_>, now_ns: u64, own: u64) -> Decision {
         let period = v.period_ns.load(Relaxed);
         if period == 0 {
             return Decision::Go;
@@ -161,26 +179,34 @@ impl ProcGate {
         let ql = v.queue_launches.load(Relaxed);
         let qns = v.queue_ns.load(Relaxed);
         let mean = self.mean_ns.load(Relaxed);
-        if inflight > 0 && ((ql != 0 && inflight >= ql && !tiny(mean)) || (qns != 0 && inflight_ns.saturating_add(mean) > qns)) {
+        let queue_full = inflight > 0 && ((ql != 0 && inflight >= ql && !tiny(mean)) || (qns != 0 && inflight_ns.saturating_add(mean) > qns));
+        if queue_full && own > 0 {
             return Decision::Drain;
         }
         let consumed = v.consumed_ns.load(Relaxed);
-        if consumed.saturating_add(inflight_ns) < v.allowance_ns.load(Relaxed) {
+        if !queue_full && consumed.saturating_add(inflight_ns) < v.allowance_ns.load(Relaxed) {
             return Decision::Go;
         }
-        self.slow_path(v, period, now_ns, consumed, inflight, inflight_ns)
+        self.slow_path(v, period, now_ns, consumed, inflight, inflight_ns, own)
     }
 
     #[cold]
-    fn slow_path(&self, v: &GateView<'_>, period: u64, now_ns: u64, consumed: u64, inflight: u64, inflight_ns: u64) -> Decision {
+    #[allow(clippy::too_many_arguments)]
+    fn slow_path(&self, v: &GateView<'_>, period: u64, now_ns: u64, consumed: u64, inflight: u64, inflight_ns: u64, own: u64) -> Decision {
         let (mut allowance, stale) = v.allowance(period, now_ns);
         if stale {
             allowance = allowance.min(self.stale_bucket(v, period, now_ns, consumed));
         }
         if consumed.saturating_add(inflight_ns) < allowance {
             Decision::Go
-        } else if inflight > 0 {
+        } else if inflight > 0 && own > 0 {
             Decision::Drain
+        } else if inflight > 0 && consumed < allowance {
+            // Only other threads' launches are unfinished, and they may
+            // never be reaped: one launch of this thread, which it then
+            // drains itself (the allowance less their estimate would stall
+            // it for good while they stay unreaped).
+            Decision::Go
         } else {
             Decision::WaitUntil(v.next_period(period, now_ns))
         }
@@ -511,6 +537,38 @@ mod tests {
         assert!((97 * MS..=99 * MS).contains(&ran), "ran {} ms of 1 s at a 10% cap", ran / MS);
         let ran = saturate(&g, &v, 200_000 * MS, 201_000 * MS, MS);
         assert!((100 * MS..=102 * MS).contains(&ran), "ran {} ms of 1 s after 94 s idle", ran / MS);
+    }
+
+    #[test]
+    fn a_thread_never_drains_what_only_other_threads_can_reap() {
+        // Another thread of the process launched four and went quiet (it
+        // reaps them at its next CUDA call, maybe never). This thread has
+        // nothing of its own: it used to get Drain, wait a whole period
+        // for nothing, then launch past both the bound and the allowance.
+        let w = words(1000, 500, 0);
+        w.queue_launches.store(4, Relaxed);
+        let v = w.view(10_000);
+        let g = ProcGate::new();
+        g.completed(&v, 0, 100, None); // mean 100, consumed 100
+        let other: Vec<u64> = (0..4).map(|_| g.launched()).collect();
+        assert_eq!(g.before_launch(&v, 1), Decision::Drain, "the process as a whole drains");
+        // This thread: the queue bound yields, the allowance less the others' estimate holds.
+        assert_eq!(g.before_launch_by(&v, 1, 0), Decision::Go);
+        let mine = g.launched();
+        assert_eq!(g.before_launch_by(&v, 1, 1), Decision::Drain, "its own launch: it drains that");
+        g.completed(&v, mine, 100, None); // consumed 200
+        assert_eq!(g.before_launch_by(&v, 1, 0), Decision::Go);
+        let mine = g.launched();
+        g.completed(&v, mine, 300, None); // consumed 500: the allowance is spent
+        assert_eq!(g.before_launch_by(&v, 1, 0), Decision::WaitUntil(1000), "never past the allowance");
+        // A new period: it goes again, the others' launches still unreaped.
+        w.allowance_ns.store(1000, Relaxed);
+        w.epoch_start_ns.store(1000, Relaxed);
+        assert_eq!(g.before_launch_by(&v, 1001, 0), Decision::Go);
+        for e in other {
+            g.completed(&v, e, 100, None);
+        }
+        assert_eq!(g.inflight(), 0);
     }
 
     #[test]

@@ -6,9 +6,15 @@
 //!
 //! - **Gate.** [`admit`] runs `egpu_arbiter::ProcGate::before_launch` for the
 //!   launch's slice device against the limits region's allowance and queue
-//!   bounds: `Go` launches; `Drain` waits for this process's oldest launch
+//!   bounds: `Go` launches; `Drain` waits for this thread's oldest launch
 //!   on that device (its completion event); `WaitUntil` sleeps to the next
-//!   period and counts the wait (`throttle_waits`, `throttled_ns`).
+//!   period and counts the wait (`throttle_waits`, `throttled_ns`). A thread
+//!   can only reap its own launches (its event rings), so the gate is told
+//!   how many of the process's unfinished launches are the thread's own
+//!   (`ProcGate::before_launch_by`, counted in [`OWN`]) and never asks it to
+//!   drain another thread's: one that stopped calling CUDA keeps its
+//!   launches unreaped, and the thread waiting on them used to launch one
+//!   kernel per period.
 //! - **No arbiter** (`arbiter_period_ns == 0`): nothing is gated or
 //!   measured; the launch costs one extra atomic load.
 //! - **Stream capture.** A launch on a stream that is being captured into a
@@ -90,6 +96,10 @@ impl Drop for Local {
 
 thread_local! {
     static TABLE: Local = const { Local(RefCell::new(Table::new())) };
+    /// This thread's unfinished gated launches per slice device: those it
+    /// can drain. Counted at [`after`], discounted by [`complete`] (which
+    /// only the owning thread's table calls).
+    static OWN: [Cell<u64>; MAX_DEVICES] = const { [const { Cell::new(0) }; MAX_DEVICES] };
     /// Whether a [`CaptureSafe`] has this thread in the relaxed capture mode now.
     static RELAXED_NOW: Cell<bool> = const { Cell::new(false) };
 }
@@ -136,6 +146,8 @@ fn complete(d: Done) {
     if d.dev >= s.uuids.len() {
         return;
     }
+    // A thread-local destructor (thread exit) may run after OWN's.
+    let _ = OWN.try_with(|o| o[d.dev].set(o[d.dev].get().saturating_sub(u64::from(d.n.max(1)))));
     let v = view(s, d.dev);
     let rec = record_of(s).map(|r| &r.gpu_time_ns[d.dev]);
     GATES[d.dev].completed_n(&v, u64::from(d.n.max(1)), d.est, d.measured, rec);
@@ -264,10 +276,12 @@ pub fn admit(stream: CUstream, ptsz: bool) -> Result<Option<Ticket>, CUresult> {
     with_table(|t| {
         let i = t.entry(key, dev, &monotonic_ns, &mut complete)?;
         t.entries[i].reap(now, false, &mut complete);
-        let mut drained_since: Option<u64> = None;
         let mut polled = false;
+        // Set if the count of own launches disagrees with the table (there is nothing to drain).
+        let mut none_own = false;
         loop {
-            match g.before_launch(&v, now) {
+            let own = if none_own { 0 } else { OWN.with(|o| o[dev].get()) };
+            match g.before_launch_by(&v, now, own) {
                 Decision::Go => break,
                 Decision::Drain if !polled => {
                     // First look without blocking: short kernels are often
@@ -279,17 +293,10 @@ pub fn admit(stream: CUstream, ptsz: bool) -> Result<Option<Ticket>, CUresult> {
                 }
                 Decision::Drain => {
                     polled = false;
-                    if !t.drain(dev, now, &mut complete) {
-                        // Another thread of this process holds the unfinished
-                        // launches; it reaps them at its next launch or
-                        // synchronisation. Do not wait for it forever.
-                        let since = *drained_since.get_or_insert(now);
-                        let period = v.period_ns.load(Relaxed);
-                        if now.saturating_sub(since) > period {
-                            break;
-                        }
-                        sleep_until(now + (period / 50).max(50_000));
-                    }
+                    // The gate drains only a thread with launches of its own,
+                    // so this finds one; if not, the count is off and the
+                    // thread is gated as one with nothing to drain.
+                    none_own |= !t.drain(dev, now, &mut complete);
                 }
                 Decision::WaitUntil(at) => {
                     // Wake at least every 1/20 period: a tick that comes late
@@ -318,6 +325,7 @@ pub fn after(t: Ticket, ok: bool) {
     let Ok(s) = crate::state::slice() else { return };
     let g = &GATES[t.dev];
     let est = g.launched();
+    OWN.with(|o| o[t.dev].set(o[t.dev].get() + 1));
     if let Some(r) = record_of(s) {
         r.launches[t.dev].fetch_add(1, Relaxed);
     }
@@ -401,6 +409,7 @@ pub fn reset_after_fork() {
     FORK_GEN.fetch_add(1, Relaxed);
     CAPTURES.store(0, Relaxed);
     UNGUARDED.store(0, Relaxed);
+    let _ = OWN.try_with(|o| o.iter().for_each(|c| c.set(0)));
     for g in &GATES {
         g.reset();
     }
