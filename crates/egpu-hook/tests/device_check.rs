@@ -27,7 +27,13 @@ fn device_check_passes_on_the_simulated_gpu() {
     assert!(out.status.success(), "device-check failed: {:?}\nfailed checks:\n{}\n{stderr}", doc["failed"], failed.join("\n"));
     assert_eq!(doc["ok"], true);
     assert_eq!(doc["simulate"], true);
-    for name in ["egpud-up", "view-direct", "view-dlopen", "view-procaddr", "alloc-vmm-procaddr", "alloc-graph-direct", "alloc-capturedpool-procaddr", "witness-holding", "ctx-reset-retains", "fail-closed", "resize-probe", "burst-probe", "hook-overhead", "sparse-array"] {
+    // The records and the logs archive beside the result, kept up to date as
+    // the run goes (a killed run still leaves them); this run ended normally.
+    assert_eq!(doc["complete"], true, "stopped: {}", doc["stopped"]);
+    for f in ["device-check.jsonl", "device-check-logs.tar.gz"] {
+        assert!(tmp.path().join(f).metadata().is_ok_and(|m| m.len() > 0), "{f} missing beside the result");
+    }
+    for name in ["egpud-up", "preflight", "view-direct", "view-dlopen", "view-procaddr", "alloc-vmm-procaddr", "alloc-graph-direct", "alloc-capturedpool-procaddr", "witness-holding", "ctx-reset-retains", "fail-closed", "resize-probe", "burst-probe", "hook-overhead", "sparse-array"] {
         let c = check(name);
         assert_eq!(c["status"], "pass", "{c}");
     }
