@@ -78,6 +78,11 @@ pub const CU_MEM_LOCATION_TYPE_INVISIBLE: c_uint = 0x5;
 /// domain, domain 0 is the whole device.
 pub const CU_MEM_LOCATION_TYPE_DEVICE_LOCALITY_DOMAIN: c_uint = 0x6;
 
+// --- Green contexts (CUDA 12.4+) ----------------------------------------------
+pub const CU_DEV_RESOURCE_TYPE_SM: c_uint = 1;
+/// `cuGreenCtxCreate` flag: the green context gets a default stream.
+pub const CU_GREEN_CTX_DEFAULT_STREAM: c_uint = 0x1;
+
 // --- CUmemAllocationHandleType (bit set) -----------------------------------
 pub const CU_MEM_HANDLE_TYPE_NONE: c_uint = 0x0;
 pub const CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR: c_uint = 0x1;

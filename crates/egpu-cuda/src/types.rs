@@ -34,6 +34,11 @@ pub type CUlibrary = *mut c_void;
 pub type CUkernel = *mut c_void;
 pub type CUtexref = *mut c_void;
 pub type CUsurfref = *mut c_void;
+/// A green context (CUDA 12.4+): a context on part of a device's SMs, which
+/// retains the device's primary context while it lives.
+pub type CUgreenCtx = *mut c_void;
+/// A resource descriptor for `cuGreenCtxCreate` (`cuDevResourceGenerateDesc`).
+pub type CUdevResourceDesc = *mut c_void;
 pub type CUhostFn = Option<unsafe extern "C" fn(user_data: *mut c_void)>;
 /// A physical allocation made by `cuMemCreate` (a 64-bit token, not a pointer).
 pub type CUmemGenericAllocationHandle = u64;
@@ -605,3 +610,26 @@ const _: () = assert!(core::mem::offset_of!(CUarrayMapInfo, subresource) == 24);
 const _: () = assert!(core::mem::offset_of!(CUarrayMapInfo, memOperationType) == 56);
 const _: () = assert!(core::mem::offset_of!(CUarrayMapInfo, memHandle) == 64);
 const _: () = assert!(core::mem::offset_of!(CUarrayMapInfo, deviceBitMask) == 80);
+
+/// `CUdevResource` (CUDA 12.4+), as far as anyone outside the driver reads
+/// it: the type, and for `CU_DEV_RESOURCE_TYPE_SM` the SM count, which
+/// begins the union after 92 bytes of the driver's own. 144 bytes in CUDA
+/// 12.4 to 13.5 (13.x ends with a `nextResource` pointer where 12.x's union
+/// was 8 bytes longer).
+#[repr(C)]
+#[derive(Debug, Clone, Copy)]
+pub struct CUdevResource {
+    pub type_: c_uint,
+    pub _internal_padding: [u8; 92],
+    /// `sm.smCount` for an SM resource.
+    pub sm_count: c_uint,
+    pub _union_rest: [u8; 36],
+    pub next_resource: *mut c_void,
+}
+const _: () = assert!(size_of::<CUdevResource>() == 144);
+
+impl Default for CUdevResource {
+    fn default() -> Self {
+        CUdevResource { type_: 0, _internal_padding: [0; 92], sm_count: 0, _union_rest: [0; 36], next_resource: core::ptr::null_mut() }
+    }
+}

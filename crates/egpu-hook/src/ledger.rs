@@ -114,6 +114,8 @@ pub struct Ledger {
     pub pools: BTreeMap<usize, PoolAcct>,
     pub ctxs: BTreeMap<usize, Charge>,
     pub primary: BTreeMap<i32, Primary>,
+    /// Green context → the device whose primary context the hook retained for it.
+    pub greens: BTreeMap<usize, i32>,
     /// Graph exec → what its instantiation charged.
     pub graph_execs: BTreeMap<usize, Vec<Charge>>,
     /// Graph → memory-alloc nodes added with cuGraphAddMemAllocNode.
@@ -188,6 +190,7 @@ impl Ledger {
             pools: BTreeMap::new(),
             ctxs: BTreeMap::new(),
             primary: BTreeMap::new(),
+            greens: BTreeMap::new(),
             graph_execs: BTreeMap::new(),
             graph_nodes: BTreeMap::new(),
             graph_mem: BTreeMap::new(),

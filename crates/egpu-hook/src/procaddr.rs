@@ -55,6 +55,7 @@ const GUARDED: &[&str] = &[
     "cuMemMapArrayAsync",
     "cuGraphAddMemAllocNode", "cuGraphInstantiate", "cuGraphInstantiateWithFlags", "cuGraphInstantiateWithParams", "cuGraphExecDestroy",
     "cuCtxCreate", "cuCtxDestroy", "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxReset",
+    "cuGreenCtxCreate", "cuGreenCtxDestroy",
     "cuGetProcAddress",
     // Launches: an unknown pointer would escape the compute gate.
     "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernelMultiDevice", "cuGraphLaunch",

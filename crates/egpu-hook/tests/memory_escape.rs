@@ -446,6 +446,27 @@ fn a_release_from_before_a_reset_leaves_the_new_context_charged() {
     }
 }
 
+/// A green context made before anything else touched the device retains the
+/// primary context in the driver; the primary retain after it finds the
+/// context active. The slice is charged for it all the same, and for
+/// nothing once the green context is destroyed.
+#[test]
+fn a_green_context_charges_the_primary_context_it_retains() {
+    let w = World::new("1x4GiB");
+    let s = w.slice("green", &[(0, 1024 * MIB)]);
+    for way in WAYS {
+        let mut p = Running::start(w.probe(&s, &["--via", way, "green-ctx", "--size", "64MiB", "--count", "2"]));
+        let h = p.wait_for("holding");
+        let held = CTX + 2 * 64 * MIB;
+        assert_eq!(w.sim_used(0), held, "{way}: simulated driver: {h}");
+        assert_eq!(s.used(0), held, "{way}: the slice's charge: {h}");
+        assert_eq!(h["mem"]["free"], 1024 * MIB - held, "{way}: cuMemGetInfo: {h}");
+        let (code, lines) = p.finish();
+        assert_eq!(code, 0, "{way}: {lines:?}");
+        assert_eq!((s.used(0), w.sim_used(0)), (0, 0), "{way}: after exit: {lines:?}");
+    }
+}
+
 /// A context destroy the driver refuses (cuCtxDestroy of a primary context)
 /// frees nothing, so nothing is uncharged.
 #[test]

@@ -353,6 +353,9 @@ pub struct Inner {
     /// Captures of per-thread default streams: (context, thread) -> capture
     /// (a user stream keeps its own in [`Stream::capture`]).
     pub ptds_captures: HashMap<(u64, std::thread::ThreadId), Capture>,
+    /// Green contexts: handle -> device ordinal (each holds a reference to
+    /// that device's primary context).
+    pub greens: HashMap<u64, usize>,
     pub next_buffer_id: u64,
 }
 
@@ -382,6 +385,7 @@ impl Inner {
             sparse: BTreeMap::new(),
             ipc_imports: HashMap::new(),
             ptds_captures: HashMap::new(),
+            greens: HashMap::new(),
             next_buffer_id: 1,
         }
     }

@@ -50,6 +50,11 @@ api! {
     cuDevicePrimaryCtxRelease_v2 = "cuDevicePrimaryCtxRelease" @ 11000: fn(CUdevice);
     cuDevicePrimaryCtxReset_v2 = "cuDevicePrimaryCtxReset" @ 11000: fn(CUdevice);
     cuDevicePrimaryCtxGetState = "cuDevicePrimaryCtxGetState" @ 7000: fn(CUdevice, *mut c_uint, *mut c_int);
+    cuDeviceGetDevResource = "cuDeviceGetDevResource" @ 12040: fn(CUdevice, *mut CUdevResource, c_uint);
+    cuDevResourceGenerateDesc = "cuDevResourceGenerateDesc" @ 12040: fn(*mut CUdevResourceDesc, *mut CUdevResource, c_uint);
+    cuGreenCtxCreate = "cuGreenCtxCreate" @ 12040: fn(*mut CUgreenCtx, CUdevResourceDesc, CUdevice, c_uint);
+    cuGreenCtxDestroy = "cuGreenCtxDestroy" @ 12040: fn(CUgreenCtx);
+    cuCtxFromGreenCtx = "cuCtxFromGreenCtx" @ 12040: fn(*mut CUcontext, CUgreenCtx);
     cuCtxSetCurrent = "cuCtxSetCurrent" @ 4000: fn(CUcontext);
     cuCtxCreate_v2 = "cuCtxCreate" @ 3020: fn(*mut CUcontext, c_uint, CUdevice);
     cuCtxDestroy_v2 = "cuCtxDestroy" @ 4000: fn(CUcontext);

@@ -39,7 +39,9 @@ use crate::devmap;
 use crate::ledger::{Charge, CtxAllocs, LEDGER, Primary};
 use crate::state::{charge, uncharge};
 use egpu_abi::MAX_DEVICES;
-use egpu_cuda::{CUDA_ERROR_OUT_OF_MEMORY, CUcontext, CUctxCreateParams, CUdevice, CUexecAffinityParam, CUresult, CUstream};
+use egpu_cuda::{
+    CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_OUT_OF_MEMORY, CUcontext, CUctxCreateParams, CUdevResourceDesc, CUdevice, CUexecAffinityParam, CUgreenCtx, CUresult, CUstream,
+};
 use std::ffi::{c_int, c_uint};
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -453,6 +455,56 @@ pub(crate) fn primary_reset(real: sig::cuDevicePrimaryCtxReset_v2, dev: CUdevice
         None => {}
     }
     Outcome::from_code(r)
+}
+
+/// `cuGreenCtxCreate` (CUDA 12.4+). The driver retains the device's primary
+/// context for the green context (making it if it is not active) and
+/// releases it when the green context is destroyed; a later
+/// `cuDevicePrimaryCtxRetain` then finds it active and is charged nothing.
+/// So the hook takes a primary reference of its own first, through
+/// [`primary_retain`] (charged as a first retain is), and the green context
+/// holds it until [`green_destroy`]. A green context's own resources beyond
+/// its primary context are not measured.
+#[doc(alias = "cuGreenCtxCreate")]
+pub(crate) fn green_create(real: sig::cuGreenCtxCreate, green: *mut CUgreenCtx, desc: CUdevResourceDesc, dev: CUdevice, flags: c_uint) -> Outcome {
+    let (Some(retain), Some(release)) = (hooked::cuDevicePrimaryCtxRetain.get(), hooked::cuDevicePrimaryCtxRelease_v2.get()) else {
+        return Outcome::Error(CUDA_ERROR_NOT_SUPPORTED);
+    };
+    if green.is_null() {
+        return Outcome::Error(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    match primary_retain(retain, &mut ctx, dev) {
+        Outcome::Success => {}
+        Outcome::Error(e) => return Outcome::Error(e),
+        Outcome::Passthrough => unreachable!("primary_retain always decides"),
+    }
+    // SAFETY: the real function with the caller's arguments.
+    let r = unsafe { real(green, desc, dev, flags) };
+    if r != 0 {
+        let _ = primary_release(release, dev);
+        return Outcome::Error(r);
+    }
+    // SAFETY: on success the driver wrote the handle.
+    let g = unsafe { *green } as usize;
+    LEDGER.lock().greens.insert(g, dev);
+    Outcome::Success
+}
+
+/// `cuGreenCtxDestroy`: the driver releases its primary reference, and the
+/// hook then its own ([`green_create`]).
+#[doc(alias = "cuGreenCtxDestroy")]
+pub(crate) fn green_destroy(real: sig::cuGreenCtxDestroy, green: CUgreenCtx) -> Outcome {
+    // SAFETY: the real function with the caller's argument.
+    let r = unsafe { real(green) };
+    if r != 0 {
+        return Outcome::Error(r);
+    }
+    let dev = LEDGER.lock().greens.remove(&(green as usize));
+    if let (Some(dev), Some(release)) = (dev, hooked::cuDevicePrimaryCtxRelease_v2.get()) {
+        let _ = primary_release(release, dev);
+    }
+    Outcome::Success
 }
 
 /// Runs `f` with the context of `stream` current.

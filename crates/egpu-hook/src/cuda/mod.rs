@@ -85,6 +85,8 @@ crate::detour::hooks! {
     fn cuDevicePrimaryCtxRelease(dev: CUdevice) => ctx::primary_release;
     fn cuDevicePrimaryCtxReset_v2(dev: CUdevice) => ctx::primary_reset;
     fn cuDevicePrimaryCtxReset(dev: CUdevice) => ctx::primary_reset;
+    fn cuGreenCtxCreate(green: *mut CUgreenCtx, desc: CUdevResourceDesc, dev: CUdevice, flags: c_uint) => ctx::green_create;
+    fn cuGreenCtxDestroy(green: CUgreenCtx) => ctx::green_destroy;
     // Launches: gated against the slice's compute allowance (see `compute`).
     fn cuLaunchKernel(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel;
     fn cuLaunchKernel_ptsz(f: CUfunction, gx: c_uint, gy: c_uint, gz: c_uint, bx: c_uint, by: c_uint, bz: c_uint, shmem: c_uint, stream: CUstream, params: *mut *mut c_void, extra: *mut *mut c_void) => launch::launch_kernel_ptsz;

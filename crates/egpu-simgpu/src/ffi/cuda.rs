@@ -51,6 +51,11 @@ cu_exports! {
 
     // --- primary and explicit contexts ---------------------------------------
     cuDevicePrimaryCtxRetain(c: P<CUcontext>, d: CUdevice) => ctx::primary_retain(c, d);
+    cuDeviceGetDevResource(d: CUdevice, r: P<CUdevResource>, t: u32) => ctx::dev_resource(d, r, t);
+    cuDevResourceGenerateDesc(o: P<CUdevResourceDesc>, r: P<CUdevResource>, n: u32) => ctx::resource_desc(o, r, n);
+    cuGreenCtxCreate(o: P<CUgreenCtx>, desc: CUdevResourceDesc, d: CUdevice, f: u32) => ctx::green_create(o, desc, d, f);
+    cuGreenCtxDestroy(g: CUgreenCtx) => ctx::green_destroy(g);
+    cuCtxFromGreenCtx(o: P<CUcontext>, g: CUgreenCtx) => ctx::ctx_from_green(o, g);
     cuDevicePrimaryCtxRelease(d: CUdevice) => ctx::primary_release(d);
     cuDevicePrimaryCtxRelease_v2(d: CUdevice) => ctx::primary_release(d);
     cuDevicePrimaryCtxGetState(d: CUdevice, f: P<u32>, a: P<i32>) => ctx::primary_get_state(d, f, a);

@@ -115,8 +115,13 @@ pub fn primary_retain(out: *mut CUcontext, dev: CUdevice) -> R<()> {
     if out.is_null() {
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
-    let ord = dev as usize;
-    let mut g = p.lock();
+    let h = retain_locked(p, &mut p.lock(), dev as usize)?;
+    write(out, h as CUcontext)
+}
+
+/// One reference more to the primary context of ordinal `ord`, made if it
+/// is not active; its handle.
+fn retain_locked(p: &Proc, g: &mut Inner, ord: usize) -> R<u64> {
     if g.primary[ord].handle == 0 {
         g.primary[ord].handle = new_handle();
     }
@@ -126,24 +131,29 @@ pub fn primary_retain(out: *mut CUcontext, dev: CUdevice) -> R<()> {
     // this retain makes a new context that they share.
     if !g.ctxs.contains_key(&h) {
         let flags = g.primary[ord].flags;
-        make_ctx(p, &mut g, h, ord, flags, true)?;
+        make_ctx(p, g, h, ord, flags, true)?;
     }
     g.primary[ord].refcount += 1;
-    write(out, h as CUcontext)
+    Ok(h)
 }
 
 pub fn primary_release(dev: CUdevice) -> R<()> {
     let p = cu()?;
     p.phys(dev)?;
-    let mut g = p.lock();
-    let pr = &mut g.primary[dev as usize];
+    release_locked(p, &mut p.lock(), dev as usize)
+}
+
+/// One reference less to the primary context of ordinal `ord`; the last
+/// destroys it.
+fn release_locked(p: &Proc, g: &mut Inner, ord: usize) -> R<()> {
+    let pr = &mut g.primary[ord];
     if pr.refcount == 0 {
         return Err(CUDA_ERROR_INVALID_CONTEXT);
     }
     pr.refcount -= 1;
     if pr.refcount == 0 {
         let h = pr.handle;
-        destroy_ctx(p, &mut g, h);
+        destroy_ctx(p, g, h);
     }
     Ok(())
 }
@@ -159,6 +169,58 @@ pub fn primary_reset(dev: CUdevice) -> R<()> {
     g.primary[dev as usize].flags = 0;
     destroy_ctx(p, &mut g, h);
     Ok(())
+}
+
+/// `cuDeviceGetDevResource`: the device's SMs (the only resource type here).
+pub fn dev_resource(dev: CUdevice, out: *mut CUdevResource, kind: u32) -> R<()> {
+    let p = cu()?;
+    let phys = p.phys(dev)?;
+    if kind != CU_DEV_RESOURCE_TYPE_SM {
+        return Err(CUDA_ERROR_INVALID_RESOURCE_TYPE);
+    }
+    write(out, CUdevResource { type_: kind, sm_count: p.cfg.spec.devices[phys].sm_count, ..Default::default() })
+}
+
+/// `cuDevResourceGenerateDesc`: a descriptor token for SM resources.
+pub fn resource_desc(out: *mut CUdevResourceDesc, res: *mut CUdevResource, n: u32) -> R<()> {
+    cu()?;
+    if n == 0 || read(res)?.type_ != CU_DEV_RESOURCE_TYPE_SM {
+        return Err(CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION);
+    }
+    write(out, new_handle() as CUdevResourceDesc)
+}
+
+/// `cuGreenCtxCreate`: as the driver documents, it retains the device's
+/// primary context (made now if not active), released when the green
+/// context is destroyed.
+pub fn green_create(out: *mut CUgreenCtx, desc: CUdevResourceDesc, dev: CUdevice, flags: u32) -> R<()> {
+    let p = cu()?;
+    p.phys(dev)?;
+    if out.is_null() || desc.is_null() || flags & !CU_GREEN_CTX_DEFAULT_STREAM != 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let mut g = p.lock();
+    retain_locked(p, &mut g, dev as usize)?;
+    let h = new_handle();
+    g.greens.insert(h, dev as usize);
+    write(out, h as CUgreenCtx)
+}
+
+/// `cuGreenCtxDestroy`: releases the primary context it retained.
+pub fn green_destroy(green: CUgreenCtx) -> R<()> {
+    let p = cu()?;
+    let mut g = p.lock();
+    let ord = g.greens.remove(&(green as u64)).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+    release_locked(p, &mut g, ord)
+}
+
+/// `cuCtxFromGreenCtx`: a context handle for the green context, which acts
+/// as the device's primary context here (no SM partitioning is simulated).
+pub fn ctx_from_green(out: *mut CUcontext, green: CUgreenCtx) -> R<()> {
+    let p = cu()?;
+    let g = p.lock();
+    let ord = *g.greens.get(&(green as u64)).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+    write(out, g.primary[ord].handle as CUcontext)
 }
 
 pub fn primary_get_state(dev: CUdevice, flags: *mut u32, active: *mut i32) -> R<()> {

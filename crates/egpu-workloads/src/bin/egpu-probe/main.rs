@@ -10,6 +10,7 @@ mod bench;
 mod common;
 mod direct;
 mod family;
+mod green;
 mod info;
 mod ipc;
 mod loops;
@@ -91,6 +92,9 @@ enum Cmd {
     /// the other then releases its pre-reset reference: what the driver does
     /// with it (`model`), holding the new context's memory until stdin closes.
     CtxReset(reset::ResetArgs),
+    /// A green context made first (the driver retains the primary context
+    /// for it), allocations in it, then a primary retain; holds until stdin closes.
+    GreenCtx(green::GreenArgs),
 }
 
 fn main() {
@@ -120,6 +124,7 @@ fn main() {
         Cmd::RetainRace(a) => race::run(api, &cli.g, a),
         Cmd::SettleRace(a) => race::settle(api, &cli.g, a),
         Cmd::CtxReset(a) => reset::run(api, &cli.g, a),
+        Cmd::GreenCtx(a) => green::run(api, &cli.g, a),
         Cmd::VmmReimport(a) => reimport::run(api, &cli.g, a),
         Cmd::Sparse(a) => sparse::run(api, &cli.g, a),
     };
