@@ -75,7 +75,8 @@ FAMILIES="mem pitch managed array mipmap async pool managedpool vmm multicast gr
 CHECKS="environment egpud-up preflight"
 for way in direct dlopen procaddr; do CHECKS="$CHECKS view-$way"; done
 for fam in $FAMILIES; do for way in direct dlopen procaddr; do CHECKS="$CHECKS alloc-$fam-$way"; done; done
-CHECKS="$CHECKS witness-holding ctx-reset-retains driver-reservations fail-closed resize-probe burst-probe audit-reimport sparse-array audit-ipc-import"
+CHECKS="$CHECKS alloc-vmm-locality-procaddr alloc-pool-locality-procaddr"
+CHECKS="$CHECKS witness-holding ctx-reset-retains green-ctx driver-reservations fail-closed resize-probe burst-probe audit-reimport sparse-array audit-ipc-import"
 CHECKS="$CHECKS pytorch torch-mem-get-info torch-oom-at-limit torch-fill torch-fill-expandable torch-live-resize hook-overhead host-wakeup"
 CHECKS="$CHECKS compute-share-30-70 compute-work-conservation compute-limit-40 compute-open-capture-global compute-open-capture-to-graph compute-capture-churn compute-priority-latency compute-resize-convergence torch-gemm-overhead"
 export DC_RES=$RES DC_RESULT=$RESULT DC_LOGS=$LOGS DC_SIM=$SIM DC_START=$START DC_DIST=$DIST DC_HERE=$HERE DC_DEADLINE=$DEADLINE DC_CHECKS=$CHECKS
@@ -383,6 +384,22 @@ else: print('fail')" 2>/dev/null || echo fail)
       record "alloc-$fam-$way" "$verdict" "$v"
     done
   done
+  # Device memory placed by CUDA 13.4's DEVICE_LOCALITY_DOMAIN (domain 0):
+  # charged like DEVICE. A driver older than 13.4 refuses the location type
+  # (CUDA_ERROR_INVALID_VALUE, 1): skip then.
+  for fam in vmm pool; do
+    out=$(T=30 X dc "$DIST/egpu-probe" --via procaddr --locality-domain alloc --family "$fam" --size 256MiB --count "$ACOUNT" 2>"$W/alloc-$fam-locality.err")
+    rc=$?
+    v=$(printf '%s\n' "$out" | pyj "json.dumps({'rc': $rc, 'summary': ev('summary'), 'stop': ev('oom') or ev('error'), 'count': $ACOUNT, 'rule': 'as alloc-*; skip when the driver refuses the location type (1 or 801) with nothing allocated'})")
+    verdict=$(printf '%s' "$v" | python3 -c "
+import json,sys
+d=json.load(sys.stdin); s=d['summary']; stop=d['stop']
+if stop.get('code') in (1, 801) and s.get('allocated',0)==0: print('skip')
+elif s.get('stopped')=='oom' and d['rc']==3 and 0 < s['allocated']*256*2**20 <= $LIMIT and s.get('mem_after_free',{}).get('total')==$LIMIT: print('pass')
+else: print('fail')" 2>/dev/null || echo fail)
+    [ "$verdict" = pass ] || v=$(with_err "$v" "alloc-$fam-locality")
+    record "alloc-$fam-locality-procaddr" "$verdict" "$v"
+  done
 
   # --- independent witness: the driver's own view of a holding process --------
   # nvidia-smi names processes by host pid; in a container the probe's own
@@ -432,6 +449,23 @@ else: print('fail')" 2>/dev/null || echo fail)
     record ctx-reset-retains fail "$(python3 -c 'import json,sys; print(json.dumps({"error": "probe did not reach holding", "stdout": open(sys.argv[1]).read()[-1000:], "stderr": open(sys.argv[2]).read()[-1000:]}))' "$W/cr.out" "$W/cr.err")"
   fi
   finish cr
+
+  # --- a green context made first retains the primary context ----------------
+  # The driver retains the device's primary context for a green context;
+  # the primary retain after it finds the context active. The slice must be
+  # charged for that context: more than the allocations alone.
+  bg gc X dc "$DIST/egpu-probe" green-ctx --size 256MiB --count 2
+  if gc_line=$(wait_line gc '"holding"' 60); then
+    used=$(E get dc -o json 2>/dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['devices'][0]['used_bytes'])" 2>/dev/null || echo null)
+    v=$(printf '%s\n' "$gc_line" | pyj "json.dumps(dict(ev('holding'), slice_used=$used, rule='slice_used > allocated (the primary context the green context retained is charged)'))")
+    ok=$(printf '%s' "$v" | python3 -c "import json,sys; d=json.load(sys.stdin); print(isinstance(d.get('slice_used'), int) and d['slice_used'] > d.get('allocated', 0))")
+    [ "$ok" = True ] && record green-ctx pass "$v" || record green-ctx fail "$v"
+  else
+    code=$(pyj "ev('error').get('code')" <"$W/gc.out" 2>/dev/null)
+    v=$(python3 -c 'import json,sys; print(json.dumps({"error": "probe did not reach holding", "stdout": open(sys.argv[1]).read()[-1000:], "stderr": open(sys.argv[2]).read()[-1000:]}))' "$W/gc.out" "$W/gc.err")
+    [ "$code" = 801 ] && record green-ctx skip "$v" || record green-ctx fail "$v"
+  fi
+  finish gc
 
   # --- what the driver commits outside allocation calls (known gaps) ----------
   # The malloc heap and stack sizes of cuCtxSetLimit and a module's

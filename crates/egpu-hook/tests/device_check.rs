@@ -33,7 +33,7 @@ fn device_check_passes_on_the_simulated_gpu() {
     for f in ["device-check.jsonl", "device-check-logs.tar.gz"] {
         assert!(tmp.path().join(f).metadata().is_ok_and(|m| m.len() > 0), "{f} missing beside the result");
     }
-    for name in ["egpud-up", "preflight", "view-direct", "view-dlopen", "view-procaddr", "alloc-vmm-procaddr", "alloc-graph-direct", "alloc-capturedpool-procaddr", "witness-holding", "ctx-reset-retains", "fail-closed", "resize-probe", "burst-probe", "hook-overhead", "sparse-array"] {
+    for name in ["egpud-up", "preflight", "view-direct", "view-dlopen", "view-procaddr", "alloc-vmm-procaddr", "alloc-graph-direct", "alloc-capturedpool-procaddr", "alloc-vmm-locality-procaddr", "alloc-pool-locality-procaddr", "witness-holding", "ctx-reset-retains", "green-ctx", "fail-closed", "resize-probe", "burst-probe", "hook-overhead", "sparse-array"] {
         let c = check(name);
         assert_eq!(c["status"], "pass", "{c}");
     }
