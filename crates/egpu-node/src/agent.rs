@@ -109,6 +109,21 @@ impl NodeTask for Sweeper {
     }
 }
 
+/// nvidia_uvm's HMM switch, under the sysfs root.
+const HMM_PARAM: &str = "module/nvidia_uvm/parameters/uvm_disable_hmm";
+
+/// Whether nvidia_uvm leaves HMM (GPU access to pageable host memory, which
+/// can migrate it into GPU memory) enabled: its `uvm_disable_hmm`
+/// parameter under the sysfs root `sysfs`. `None`: no such module or
+/// parameter (the module is not loaded, or predates HMM).
+pub fn hmm_enabled(sysfs: &Path) -> Option<bool> {
+    match crate::devices::read_small(&sysfs.join(HMM_PARAM))?.trim() {
+        "N" | "0" => Some(true),
+        "Y" | "1" => Some(false),
+        _ => None,
+    }
+}
+
 pub struct Agent {
     node: Arc<Node>,
     _lock: RunDirLock,
@@ -148,6 +163,13 @@ impl Agent {
             }
             (_, e) => AgentError::Devices(Box::new(e)),
         })?;
+        if config.simulate.is_none()
+            && let Some(root) = &config.sysfs
+            && hmm_enabled(root) == Some(true)
+        {
+            tracing::warn!(param = HMM_PARAM,
+                "nvidia_uvm does not disable HMM: where the kernel supports it, a GPU kernel can fault a workload's pageable host memory (malloc, mmap) into GPU memory, which no allocation call charges to its slice; load nvidia_uvm with uvm_disable_hmm=1 on shared nodes (docs/threat-model.md)");
+        }
         Self::start_locked(config, Box::new(gpus), lock)
     }
 
@@ -285,6 +307,23 @@ pub fn shutdown_signal() -> impl std::future::Future<Output = ()> + Send + 'stat
         tokio::select! {
             _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
             _ = int.recv() => tracing::info!("SIGINT: shutting down"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hmm_is_read_from_nvidia_uvms_parameter() {
+        let root = tempfile::tempdir().unwrap();
+        assert_eq!(hmm_enabled(root.path()), None, "no nvidia_uvm module");
+        let p = root.path().join(HMM_PARAM);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        for (text, want) in [("N\n", Some(true)), ("Y\n", Some(false)), ("1", Some(false)), ("maybe", None)] {
+            std::fs::write(&p, text).unwrap();
+            assert_eq!(hmm_enabled(root.path()), want, "{text:?}");
         }
     }
 }

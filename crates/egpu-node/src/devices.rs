@@ -134,7 +134,7 @@ impl NvmlGpus {
 
 /// `path`'s text if it is a regular file (not a FIFO, whose open would
 /// block, nor a device) of at most 64 bytes.
-fn read_small(path: &std::path::Path) -> Option<String> {
+pub(crate) fn read_small(path: &std::path::Path) -> Option<String> {
     use std::io::Read;
     if !std::fs::metadata(path).ok()?.is_file() {
         return None;
