@@ -434,38 +434,39 @@ else: print('fail')" 2>/dev/null || echo fail)
   fi
   finish hold
 
+  # held_charge NAME BG OP RULE PROBE-ARGS...: runs egpu-probe PROBE-ARGS in
+  # slice dc until it prints "holding", then compares the slice's
+  # used_bytes with what the probe says it holds (`allocated`): pass when
+  # `slice_used OP allocated`; skip when the probe stopped at 801 (not
+  # supported) before holding.
+  held_charge() {
+    local name=$1 b=$2 op=$3 rule=$4 line used v ok code; shift 4
+    bg "$b" X dc "$DIST/egpu-probe" "$@"
+    if line=$(wait_line "$b" '"holding"' 60); then
+      used=$(E get dc -o json 2>/dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['devices'][0]['used_bytes'])" 2>/dev/null || echo null)
+      v=$(printf '%s\n' "$line" | pyj "json.dumps(dict(ev('holding'), slice_used=$used, rule='slice_used $op allocated ($rule)'))")
+      ok=$(printf '%s' "$v" | python3 -c "import json,sys; d=json.load(sys.stdin); u=d.get('slice_used'); print(isinstance(u, int) and u $op d.get('allocated', 0))")
+      [ "$ok" = True ] && record "$name" pass "$v" || record "$name" fail "$v"
+    else
+      code=$(pyj "ev('error').get('code')" <"$W/$b.out" 2>/dev/null)
+      v=$(python3 -c 'import json,sys; print(json.dumps({"error": "probe did not reach holding", "stdout": open(sys.argv[1]).read()[-1000:], "stderr": open(sys.argv[2]).read()[-1000:]}))' "$W/$b.out" "$W/$b.err")
+      [ "$code" = 801 ] && record "$name" skip "$v" || record "$name" fail "$v"
+    fi
+    finish "$b"
+  }
+
   # --- a primary-context reset and the references retained before it ---------
   # The CUDA documentation says a reset does not release the context: one
   # user's pre-reset reference then outlives the other's new context. The
   # probe reports which way the driver went (model), and holds the new
   # context's memory: the slice must stay charged for it.
-  bg cr X dc "$DIST/egpu-probe" ctx-reset --size 256MiB --count 2
-  if cr_line=$(wait_line cr '"holding"' 60); then
-    used=$(E get dc -o json 2>/dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['devices'][0]['used_bytes'])" 2>/dev/null || echo null)
-    v=$(printf '%s\n' "$cr_line" | pyj "json.dumps(dict(ev('holding'), slice_used=$used, rule='slice_used >= allocated (what the new context still holds)'))")
-    ok=$(printf '%s' "$v" | python3 -c "import json,sys; d=json.load(sys.stdin); print(isinstance(d.get('slice_used'), int) and d['slice_used'] >= d.get('allocated', 0))")
-    [ "$ok" = True ] && record ctx-reset-retains pass "$v" || record ctx-reset-retains fail "$v"
-  else
-    record ctx-reset-retains fail "$(python3 -c 'import json,sys; print(json.dumps({"error": "probe did not reach holding", "stdout": open(sys.argv[1]).read()[-1000:], "stderr": open(sys.argv[2]).read()[-1000:]}))' "$W/cr.out" "$W/cr.err")"
-  fi
-  finish cr
+  held_charge ctx-reset-retains cr '>=' 'what the new context still holds' ctx-reset --size 256MiB --count 2
 
   # --- a green context made first retains the primary context ----------------
   # The driver retains the device's primary context for a green context;
   # the primary retain after it finds the context active. The slice must be
   # charged for that context: more than the allocations alone.
-  bg gc X dc "$DIST/egpu-probe" green-ctx --size 256MiB --count 2
-  if gc_line=$(wait_line gc '"holding"' 60); then
-    used=$(E get dc -o json 2>/dev/null | python3 -c "import json,sys; print(json.load(sys.stdin)['devices'][0]['used_bytes'])" 2>/dev/null || echo null)
-    v=$(printf '%s\n' "$gc_line" | pyj "json.dumps(dict(ev('holding'), slice_used=$used, rule='slice_used > allocated (the primary context the green context retained is charged)'))")
-    ok=$(printf '%s' "$v" | python3 -c "import json,sys; d=json.load(sys.stdin); print(isinstance(d.get('slice_used'), int) and d['slice_used'] > d.get('allocated', 0))")
-    [ "$ok" = True ] && record green-ctx pass "$v" || record green-ctx fail "$v"
-  else
-    code=$(pyj "ev('error').get('code')" <"$W/gc.out" 2>/dev/null)
-    v=$(python3 -c 'import json,sys; print(json.dumps({"error": "probe did not reach holding", "stdout": open(sys.argv[1]).read()[-1000:], "stderr": open(sys.argv[2]).read()[-1000:]}))' "$W/gc.out" "$W/gc.err")
-    [ "$code" = 801 ] && record green-ctx skip "$v" || record green-ctx fail "$v"
-  fi
-  finish gc
+  held_charge green-ctx gc '>' 'the primary context the green context retained is charged' green-ctx --size 256MiB --count 2
 
   # --- what the driver commits outside allocation calls (known gaps) ----------
   # The malloc heap and stack sizes of cuCtxSetLimit and a module's

@@ -178,16 +178,10 @@ fn two_threads(test: &str, share: u32, limit: u32, grid: u32) -> f64 {
     let m = Machine::new("1x16GiB");
     let s = m.slice("threads", 0, share, limit, Priority::Normal);
     let egpud = Egpud::start(&m, std::slice::from_ref(&s));
-    let child = Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", test, "--nocapture"])
-        .env(WORKER, format!("{grid},4"))
-        .env("LD_LIBRARY_PATH", &m.lib)
-        .env("EGPU_SIM_GPUS", &m.gpus)
-        .env("EGPU_SIM_STATE", &m.state)
-        .env("EGPU_SIM_NS_PER_THREAD", NS_PER_THREAD)
-        .env("LD_PRELOAD", m.bin.join("libegpu.so"))
-        .env("EGPU_SLICE_DIR", &s.dir)
-        .env("CUDA_VISIBLE_DEVICES", &s.uuid)
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args(["--exact", test, "--nocapture"]).env(WORKER, format!("{grid},4"));
+    let child = m
+        .in_slice(&mut c, &s)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()

@@ -102,17 +102,21 @@ impl Machine {
     }
 
     /// `egpu-burn ARGS -o json` in `slice` under the hook; registered as the slice's process.
-    pub fn burn(&self, slice: &TestSlice, args: &[&str]) -> Burn {
-        let mut c = Command::new(self.bin.join("egpu-burn"));
-        c.args(args)
-            .args(["-o", "json"])
-            .env("LD_LIBRARY_PATH", &self.lib)
+    /// `c` set up to run in `slice` on this machine's simulated GPU, hooked.
+    pub fn in_slice<'c>(&self, c: &'c mut Command, slice: &TestSlice) -> &'c mut Command {
+        c.env("LD_LIBRARY_PATH", &self.lib)
             .env("EGPU_SIM_GPUS", &self.gpus)
             .env("EGPU_SIM_STATE", &self.state)
             .env("EGPU_SIM_NS_PER_THREAD", NS_PER_THREAD)
             .env("LD_PRELOAD", self.bin.join("libegpu.so"))
             .env("EGPU_SLICE_DIR", &slice.dir)
             .env("CUDA_VISIBLE_DEVICES", &slice.uuid)
+    }
+
+    pub fn burn(&self, slice: &TestSlice, args: &[&str]) -> Burn {
+        let mut c = Command::new(self.bin.join("egpu-burn"));
+        c.args(args).args(["-o", "json"]);
+        self.in_slice(&mut c, slice)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         let child = c.spawn().expect("spawn egpu-burn");
