@@ -376,11 +376,21 @@ impl UsedCounter {
 }
 
 impl Truth {
+    /// Integrates one batch of NVML samples of device `dev`. A batch may hold
+    /// several samples of a pid, in any order: each is counted over the time
+    /// since the newest one before it, and one no newer than what was
+    /// already counted for its pid adds nothing (counted once, never twice).
     fn add(&mut self, dev: u32, samples: &[crate::devices::ProcSample]) {
         let last = &mut self.last_seen_us[dev as usize];
         let base = *last;
-        for s in samples {
-            let prev = self.prev_us.insert((dev, s.pid), s.timestamp_us).unwrap_or(base);
+        let mut ordered: Vec<&crate::devices::ProcSample> = samples.iter().collect();
+        ordered.sort_by_key(|s| s.timestamp_us);
+        for s in ordered {
+            let prev = self.prev_us.get(&(dev, s.pid)).copied().unwrap_or(base);
+            if prev != 0 && s.timestamp_us <= prev {
+                continue;
+            }
+            self.prev_us.insert((dev, s.pid), s.timestamp_us);
             *last = (*last).max(s.timestamp_us);
             if prev == 0 {
                 continue; // first sample ever: a baseline

@@ -164,6 +164,24 @@ fn samples_integrate_into_monotonic_per_slice_time() {
     assert_eq!(t.totals["b"][&0], 7_000_000 + 20_000_000, "20 ms since its last sample, at most 100%");
 }
 
+/// NVML may hand several samples of one pid in a batch, in any order, and
+/// repeat one it gave before: each interval is counted once.
+#[test]
+fn samples_out_of_order_or_repeated_count_each_interval_once() {
+    let mut t = Truth { last_seen_us: vec![0], supported: vec![true], ..Truth::default() };
+    t.pids.insert(10, "a".into());
+    t.add(0, &[sample(10, 1_000, 100)]);
+    // Two samples in one batch, newest first: 10 ms at 50%, then 10 ms at 100%.
+    t.add(0, &[sample(10, 21_000, 100), sample(10, 11_000, 50)]);
+    assert_eq!(t.totals["a"][&0], 5_000_000 + 10_000_000);
+    // The newest again, and an old one: nothing more.
+    t.add(0, &[sample(10, 21_000, 100), sample(10, 11_000, 50)]);
+    assert_eq!(t.totals["a"][&0], 15_000_000);
+    // Then 10 ms more at 100%: counted from 21 ms, not from the old 11 ms.
+    t.add(0, &[sample(10, 31_000, 100)]);
+    assert_eq!(t.totals["a"][&0], 25_000_000);
+}
+
 /// The usage file is the workloads' to write (mode 0666; `docs/threat-model.md`).
 /// Whatever a hostile process of slice `a` writes there, anywhere and at any
 /// alignment, `egpud`'s readers of it (sweep, orphan collection, the burst
