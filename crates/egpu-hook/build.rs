@@ -1,6 +1,7 @@
 //! Links `libegpu.so` with a version script that defines the glibc version
-//! nodes our exported `dlsym` is bound to (`dlsym@GLIBC_2.2.5` and the
-//! default `dlsym@@GLIBC_2.34`; see `src/dlsym.rs`), and sets the soname.
+//! nodes our exported `dlsym` and `dlopen` are bound to (`dlsym@GLIBC_2.2.5`
+//! and the default `dlsym@@GLIBC_2.34`, the same for `dlopen`; see
+//! `src/dlsym.rs`, `src/dlopen.rs`), and sets the soname.
 //!
 //! rustc passes its own anonymous version script for the cdylib's exports;
 //! lld (rustc's default linker on x86_64-unknown-linux-gnu since 1.90)

@@ -30,6 +30,7 @@ pub mod compute;
 pub mod cuda;
 pub mod detour;
 pub mod devmap;
+pub mod dlopen;
 pub mod dlsym;
 pub mod ledger;
 pub mod nvml;

@@ -64,8 +64,9 @@ static CUDA: OnceBox<Handle> = OnceBox::new();
 static NVML: OnceBox<Handle> = OnceBox::new();
 
 fn open(name: &CStr) -> Handle {
-    // SAFETY: dlopen with a NUL-terminated soname. This is glibc's dlopen: the
-    // hook does not intercept dlopen.
+    // SAFETY: dlopen with a NUL-terminated soname. This reaches glibc's dlopen
+    // through the hook's own export (`crate::dlopen`), which passes these
+    // flags through unchanged.
     Handle(unsafe { libc::dlopen(name.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) })
 }
 

@@ -467,6 +467,73 @@ fn a_green_context_charges_the_primary_context_it_retains() {
     }
 }
 
+/// A plugin that opens the driver itself and looks it up with its own
+/// `dlsym`, loaded by a host with `RTLD_DEEPBIND`.
+const DEEPBIND_PLUGIN: &str = r#"
+#include <dlfcn.h>
+#include <stddef.h>
+typedef int (*init_f)(unsigned);
+typedef int (*get_f)(int *, int);
+typedef int (*retain_f)(void **, int);
+typedef int (*current_f)(void *);
+typedef int (*alloc_f)(unsigned long long *, size_t);
+int egpu_plugin_alloc(int ordinal, size_t size, int max, int *last) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!h) { *last = -1; return 0; }
+    init_f init = (init_f)dlsym(h, "cuInit");
+    get_f get = (get_f)dlsym(h, "cuDeviceGet");
+    retain_f retain = (retain_f)dlsym(h, "cuDevicePrimaryCtxRetain");
+    current_f current = (current_f)dlsym(h, "cuCtxSetCurrent");
+    alloc_f alloc = (alloc_f)dlsym(h, "cuMemAlloc_v2");
+    if (!init || !get || !retain || !current || !alloc) { *last = -2; return 0; }
+    int dev, r, n = 0;
+    void *ctx;
+    unsigned long long p;
+    if ((r = init(0)) || (r = get(&dev, ordinal)) || (r = retain(&ctx, dev)) || (r = current(ctx))) { *last = r; return 0; }
+    while (n < max && (r = alloc(&p, size)) == 0) n++;
+    *last = r;
+    return n;
+}
+"#;
+
+/// A library opened with `RTLD_DEEPBIND` binds its `dlsym` to glibc's ahead
+/// of the hook's; the hook's `dlopen` drops the flag, so such a plugin is
+/// refused at the limit like any caller. With `EGPU_KEEP_DEEPBIND=1` (the
+/// control) the flag stays and the plugin escapes: the setup does deep-bind.
+#[test]
+fn a_deep_bound_plugin_that_opens_the_driver_itself_stays_within_the_limit() {
+    let w = World::new("1x4GiB");
+    let limit = 512 * MIB;
+    let s = w.slice("deepbind", &[(0, limit)]);
+    let src = w.tmp.path().join("plugin.c");
+    let lib = w.tmp.path().join("libplugin.so");
+    std::fs::write(&src, DEEPBIND_PLUGIN).unwrap();
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let st = std::process::Command::new(&cc).args(["-shared", "-fPIC", "-o"]).arg(&lib).arg(&src).arg("-ldl").status().expect("a C compiler");
+    assert!(st.success(), "{cc} failed on the plugin");
+    let fits = (limit - CTX) / (64 * MIB);
+    for keep in [false, true] {
+        let mut c = w.probe(&s, &["deepbind", "--plugin", lib.to_str().unwrap(), "--size", "64MiB", "--max", "32"]);
+        if keep {
+            c.env("EGPU_KEEP_DEEPBIND", "1");
+        }
+        let d = run(c);
+        assert_eq!(d.code, 0, "keep={keep}: {} {:?}", d.stderr, d.lines);
+        let e = d.event("deepbind");
+        let n = e["allocated"].as_u64().unwrap();
+        if keep {
+            assert!(n * 64 * MIB > limit, "the control did not escape ({n} allocations): the plugin is not deep-bound: {e}");
+            assert!(!d.stderr.contains("RTLD_DEEPBIND"), "{}", d.stderr);
+        } else {
+            assert_eq!(n, fits, "refused at the limit, not before or after: {e}");
+            assert_eq!(e["last"], egpu_cuda::CUDA_ERROR_OUT_OF_MEMORY, "{e}");
+            assert!(d.stderr.contains("RTLD_DEEPBIND"), "the process is told: {}", d.stderr);
+        }
+        assert_eq!(w.sim_used(0), 0, "keep={keep}: all given back at exit");
+        s.usage.sweep(None);
+    }
+}
+
 /// A context destroy the driver refuses (cuCtxDestroy of a primary context)
 /// frees nothing, so nothing is uncharged.
 #[test]

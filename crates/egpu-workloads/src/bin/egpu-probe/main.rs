@@ -8,6 +8,7 @@
 mod alloc;
 mod bench;
 mod common;
+mod deepbind;
 mod direct;
 mod family;
 mod green;
@@ -95,6 +96,9 @@ enum Cmd {
     /// A green context made first (the driver retains the primary context
     /// for it), allocations in it, then a primary retain; holds until stdin closes.
     GreenCtx(green::GreenArgs),
+    /// Open --plugin with RTLD_DEEPBIND and let it allocate through its own
+    /// dlopen/dlsym of libcuda.so.1 (event "deepbind": how many it got).
+    Deepbind(deepbind::DeepbindArgs),
 }
 
 fn main() {
@@ -105,6 +109,10 @@ fn main() {
     // `fork --during-init` must make its process's first driver call itself.
     if let Cmd::Fork(a) = cli.cmd {
         std::process::exit(ipc::fork(&load, &cli.g, a));
+    }
+    // The plugin reaches the driver itself; the probe does not.
+    if let Cmd::Deepbind(a) = cli.cmd {
+        std::process::exit(deepbind::run(&cli.g, a));
     }
     let racer = match &cli.cmd {
         Cmd::Alloc(a) if a.racing_init => Some(alloc::spawn_racer(&cli.g)),
@@ -118,7 +126,7 @@ fn main() {
         Cmd::Churn(a) => loops::churn(api, &cli.g, a),
         Cmd::IpcExport(a) => ipc::export(api, &cli.g, a),
         Cmd::IpcImport(a) => ipc::import(api, &cli.g, a),
-        Cmd::Fork(_) => unreachable!("handled above"),
+        Cmd::Fork(_) | Cmd::Deepbind(_) => unreachable!("handled above"),
         Cmd::Bench(a) => bench::run(api, &cli.g, a),
         Cmd::Reserve(a) => reserve::run(api, &cli.g, a),
         Cmd::RetainRace(a) => race::run(api, &cli.g, a),
