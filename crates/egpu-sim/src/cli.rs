@@ -102,6 +102,11 @@ pub struct SimulateFlags {
     /// DCGM_FI_DEV_FB_USED, else bytes).
     #[arg(long, default_value = "auto", value_parser = ["auto", "bytes", "kib", "mib", "gib"], requires = "usage_memory")]
     pub memory_unit: String,
+    /// Elastic: a pod with no sample for more than this many periods is
+    /// taken as gone over the gap, and as a new pod after it (shorter gaps
+    /// repeat its last sample); 0 repeats the last sample over any gap.
+    #[arg(long, default_value_t = 60, requires = "elastic")]
+    pub max_gap: usize,
     /// Elastic: GPU memory sizes to evaluate, GiB (each from 1 to 4096).
     #[arg(long, default_value = "80,96", value_delimiter = ',', value_parser = gpu_gib, allow_negative_numbers = true, requires = "elastic")]
     pub gpu_mem_gib: Vec<f64>,
@@ -667,6 +672,16 @@ fn run_elastic(args: &SimulateFlags) -> Result<()> {
         }
         eprintln!("warning: {what}");
         usage.left_out.samples_past_grid = usage.dropped_samples;
+    }
+    let absences = usage.split_absences(args.max_gap);
+    if absences > 0 && usage.pods.len().saturating_mul(usage.minutes) > elastic::load::MAX_CELLS {
+        usage!(
+            "cutting the pods at their {absences} absences longer than --max-gap {} periods makes {} pods × {} periods, more than {} cells: give a larger --max-gap, or 0 to fill every gap",
+            args.max_gap,
+            usage.pods.len(),
+            usage.minutes,
+            elastic::load::MAX_CELLS
+        );
     }
     // The shuffled foresight holds one copy of the trace per draw: no more
     // cells in all than the grid itself may have.

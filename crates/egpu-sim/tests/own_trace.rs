@@ -213,7 +213,7 @@ fn a_pod_named_differently_in_the_two_files_is_an_error_unless_lenient() {
 #[test]
 fn shuffled_foresight_draws_are_refused_past_the_grid_s_size() {
     // Two pods sampled in minutes 0–2, one of them again at minute 499,999
-    // (gaps repeat the last sample): 2 × 500,000 = 1,000,000 cells.
+    // (--max-gap 0: gaps repeat the last sample): 2 × 500,000 = 1,000,000 cells.
     // 64 draws would hold 64 million cells, past the grid's 50 million.
     let d = dir("draws");
     let (mut duty, mut mem) = (String::from("pod,timestamp,value\n"), String::from("pod,timestamp,value\n"));
@@ -224,7 +224,7 @@ fn shuffled_foresight_draws_are_refused_past_the_grid_s_size() {
         }
     }
     let (dp, mp) = (write(&d, "duty.csv", &duty), write(&d, "mem.csv", &mem));
-    let e = run(&d, &["--usage-duty", &dp, "--usage-memory", &mp, "--fleet-foresight", "15", "--fleet-foresight-shuffled", "--fleet-foresight-draws", "64"]).expect_err("too many draws");
+    let e = run(&d, &["--usage-duty", &dp, "--usage-memory", &mp, "--max-gap", "0", "--fleet-foresight", "15", "--fleet-foresight-shuffled", "--fleet-foresight-draws", "64"]).expect_err("too many draws");
     assert!(e.is::<egpu_sim::cli::UsageError>(), "{e:#}");
     let e = e.to_string();
     assert!(e.contains("2 pods × 500000 periods (1000000 cells)") && e.contains("give at most 50 draws"), "{e}");

@@ -311,3 +311,40 @@ fn a_report_that_fails_part_way_leaves_the_earlier_one_whole() {
     assert!(names(&dir).iter().all(|n| !n.starts_with('.')), "{:?}", names(&dir));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A pod with no sample for longer than `--max-gap` periods is gone over the
+/// gap and a new pod after it; a shorter gap repeats its last sample. Two
+/// pods of 50 GiB that never run at the same time then fit one 80 GiB GPU
+/// at the bound, where filling the absence made them overlap.
+#[test]
+fn a_long_absence_is_not_filled_with_the_last_sample() {
+    let g = (1u64 << 30) as f64;
+    let (mut d, mut m) = (Vec::new(), Vec::new());
+    let mut put = |p: &str, t: usize, gib: f64| {
+        d.push((p.to_string(), 60.0 * t as f64, 10.0));
+        m.push((p.to_string(), 60.0 * t as f64, gib * g));
+    };
+    // a: minutes 0-9, absent 10-89, back at 90-99. b: minutes 20-79.
+    // c: minutes 0-99 with a 5-minute gap (a short one: filled).
+    for t in (0..10).chain(90..100) {
+        put("a", t, 50.0);
+    }
+    for t in 20..80 {
+        put("b", t, 50.0);
+    }
+    for t in (0..40).chain(45..100) {
+        put("c", t, 1.0);
+    }
+    let base = elastic::load::align(&d, &m);
+    let lb = |u: &elastic::Usage| elastic::evaluate(u, elastic::ElasticConfig { gpu_mem_gib: 80.0, resize_every: 1, window: 5, ..Default::default() }).lower_bound;
+    assert_eq!(lb(&base), 2, "filled: a's 50 GiB held through b's life");
+    let mut split = base.clone();
+    assert_eq!(split.split_absences(60), 1, "a's 80-minute absence; c's 5-minute gap is not one");
+    assert_eq!(split.pods, ["a", "b", "c", "a~2"]);
+    assert!(split.duty[0][90].is_nan() && !split.duty[3][90].is_nan() && split.duty[3][5].is_nan());
+    assert_eq!(lb(&split), 1, "a is gone while b runs");
+    let mut kept = base.clone();
+    assert_eq!(kept.split_absences(0), 0, "0: every gap filled");
+    assert_eq!(kept.pods.len(), 3);
+    assert_eq!(lb(&kept), 2);
+}

@@ -246,6 +246,9 @@ pub struct Evaluation {
     pub foresight: Option<FleetSearch>,
     /// What `--lenient` left out of the input files.
     pub left_out: super::load::LeftOut,
+    /// Absences longer than `--max-gap` the pods were cut at (each cut makes
+    /// one pod more: [`super::Usage::split_absences`]).
+    pub absences: usize,
     #[serde(skip)]
     pub lower_bound_series: Vec<f64>,
 }
@@ -733,7 +736,7 @@ pub fn evaluate_with(u: &Usage, cfg: ElasticConfig, note: &dyn Fn(&str)) -> Eval
     for o in &mut outcomes {
         o.saving_vs_exclusive = if o.gpus > 0 { base / o.gpus as f64 } else { 0.0 };
     }
-    Evaluation { config: cfg, pods: n, minutes: u.minutes, step_s: u.step_s, lower_bound: lb, lower_bound_exact: lb_exact, outcomes, fleet: fleet_search, hindsight: hindsight_search, foresight: foresight_search, left_out: u.left_out, lower_bound_series: lb_series }
+    Evaluation { config: cfg, pods: n, minutes: u.minutes, step_s: u.step_s, lower_bound: lb, lower_bound_exact: lb_exact, outcomes, fleet: fleet_search, hindsight: hindsight_search, foresight: foresight_search, left_out: u.left_out, absences: u.absences, lower_bound_series: lb_series }
 }
 
 #[cfg(test)]

@@ -36,6 +36,41 @@ pub struct Usage {
     pub left_out: LeftOut,
     /// Samples past the grid's size bound ([`MAX_CELLS`], [`MAX_PERIODS`]), not used.
     pub dropped_samples: usize,
+    /// Absences [`Usage::split_absences`] cut pods at (each a new pod after it).
+    pub absences: usize,
+}
+
+impl Usage {
+    /// A pod with no sample in either metric for more than `max_gap`
+    /// periods is taken as gone, and as a new pod (`<name>~2`, `~3`, ...)
+    /// when samples come again: its slice is given back over the absence
+    /// instead of holding its last sample's usage, which a shorter gap
+    /// repeats. Returns how many absences were cut. `max_gap` 0 cuts none.
+    pub fn split_absences(&mut self, max_gap: usize) -> usize {
+        if max_gap == 0 {
+            return 0;
+        }
+        let mut cut = 0;
+        for i in 0..self.pods.len() {
+            let seen: Vec<usize> = (0..self.minutes).filter(|&t| !self.duty[i][t].is_nan() || !self.mem[i][t].is_nan()).collect();
+            let starts: Vec<usize> = seen.windows(2).filter(|w| w[1] - w[0] - 1 > max_gap).map(|w| w[1]).collect();
+            for (k, &from) in starts.iter().enumerate() {
+                let to = starts.get(k + 1).copied().unwrap_or(self.minutes);
+                let mut duty = vec![f32::NAN; self.minutes];
+                let mut mem = vec![f32::NAN; self.minutes];
+                duty[from..to].copy_from_slice(&self.duty[i][from..to]);
+                mem[from..to].copy_from_slice(&self.mem[i][from..to]);
+                self.duty[i][from..to].fill(f32::NAN);
+                self.mem[i][from..to].fill(f32::NAN);
+                self.pods.push(format!("{}~{}", self.pods[i], k + 2));
+                self.duty.push(duty);
+                self.mem.push(mem);
+                cut += 1;
+            }
+        }
+        self.absences += cut;
+        cut
+    }
 }
 
 /// What `--lenient` left out of a usage trace, kept in the report
@@ -61,7 +96,7 @@ impl LeftOut {
 
 impl Default for Usage {
     fn default() -> Self {
-        Usage { pods: Vec::new(), minutes: 0, step_s: 60.0, first_s: 0.0, last_s: 0.0, duty: Vec::new(), mem: Vec::new(), left_out: LeftOut::default(), dropped_samples: 0 }
+        Usage { pods: Vec::new(), minutes: 0, step_s: 60.0, first_s: 0.0, last_s: 0.0, duty: Vec::new(), mem: Vec::new(), left_out: LeftOut::default(), dropped_samples: 0, absences: 0 }
     }
 }
 
@@ -371,7 +406,7 @@ pub fn align_with(duty: &[Sample], mem: &[Sample], step: Option<f64>, max_cells:
     let span = ((t1 - t0) / step).round().min(1e15) as usize;
     let minutes = span.min((max_cells / pods.len().max(1)).saturating_sub(1)).min(MAX_PERIODS - 1) + 1;
     let n = pods.len();
-    let mut u = Usage { minutes, step_s: step, first_s: t0, last_s: t1, duty: vec![vec![f32::NAN; minutes]; n], mem: vec![vec![f32::NAN; minutes]; n], pods, left_out: LeftOut::default(), dropped_samples: 0 };
+    let mut u = Usage { minutes, step_s: step, first_s: t0, last_s: t1, duty: vec![vec![f32::NAN; minutes]; n], mem: vec![vec![f32::NAN; minutes]; n], pods, left_out: LeftOut::default(), dropped_samples: 0, absences: 0 };
     // Duty: a running mean per cell (its sample count beside it).
     let mut count = vec![vec![0u32; minutes]; n];
     for (p, t, v) in duty {

@@ -139,6 +139,9 @@ pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<St
         let c = e.config;
         let _ = write!(md, "{} pods, {} sampling periods of {} s (the trace's own step; \"minutes\" below are these periods). Elastic: resize every {} min; memory from the last {} min, headroom {:.0}%, floor {:.1} GiB; compute from the last {} min, headroom {:.0}%, floor {:.2} GPU. Slices decided at minute t see samples up to t − 1. {}\n\nConfig: `{:?}`\n\n", e.pods, e.minutes, e.step_s, c.resize_every, c.window, 100.0 * c.mem_headroom.unwrap_or(c.headroom), c.mem_floor_gib, c.compute_window.unwrap_or(c.window), 100.0 * c.headroom, c.compute_floor, if c.carry_unserved { "Compute work a saturated GPU could not serve in its minute waits for the next minute (--unserved-compute carry)." } else { "Compute work a saturated GPU could not serve in its minute is dropped (--unserved-compute drop: understates the violations)." }, c);
     }
+    if let Some(n) = evals.first().map(|e| e.absences).filter(|&n| n > 0) {
+        let _ = write!(md, "{n} absences longer than `--max-gap` periods cut pods in two: a pod is gone over such an absence and comes back as a new pod (`<name>~2`, counted among the pods above).\n\n");
+    }
     if let Some(l) = evals.first().map(|e| e.left_out).filter(|l| !l.is_empty()) {
         let _ = write!(md, "**Part of the input was left out** (`--lenient`): {} rows or samples skipped, {} pods that only one file names, {} samples past the grid's size bound.\n\n", l.rows_or_samples, l.pods_in_one_file, l.samples_past_grid);
     }
