@@ -55,8 +55,12 @@ fn run(config: egpu_node::NodeConfig, metrics_addr: Option<std::net::SocketAddr>
                 }
             });
         }
+        // The handlers go in now, before egpud serves (shutdown_signal
+        // installs them when called): a SIGTERM as soon as the socket
+        // exists must stop egpud, not kill it.
+        let signal = shutdown_signal();
         let shutdown = async {
-            shutdown_signal().await;
+            signal.await;
             let _ = std::fs::remove_file(&file);
         };
         let r = agent.serve(shutdown).await;
