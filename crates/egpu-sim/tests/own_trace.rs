@@ -137,7 +137,7 @@ fn bad_own_traces_get_errors_that_say_what_to_do() {
     // The report says what was left out, for whoever reads it later.
     assert_eq!(j[0]["left_out"], serde_json::json!({"rows_or_samples": 1, "pods_in_one_file": 0, "samples_past_grid": 0}), "{}", j[0]);
     let md = std::fs::read_to_string(d.join("report/elastic.md")).unwrap();
-    assert!(md.contains("Part of the input was left out** (`--lenient`): 1 rows or samples skipped"), "{md}");
+    assert!(md.contains("Part of the input was left out**: 1 rows or samples skipped (`--lenient`)"), "{md}");
     let j = run(&d, &["--usage-duty", &write(&d, "duty.json", &prom("DCGM_FI_DEV_GPU_UTIL", &[("a", "0", "10")], 5)), "--usage-memory", &mem]).expect("runs");
     assert_eq!(j[0]["left_out"]["rows_or_samples"], 0, "{}", j[0]);
     assert!(!std::fs::read_to_string(d.join("report/elastic.md")).unwrap().contains("left out"));
@@ -254,5 +254,37 @@ fn the_step_can_be_given_and_units_can_be_named() {
     assert_eq!((j[0]["step_s"].as_f64(), j[0]["minutes"].as_u64(), j[0]["lower_bound"].as_u64()), (Some(60.0), Some(20), Some(1)));
     let e = Cli::try_parse_from(["simulate", "--elastic", "--usage-duty", "x", "--usage-memory", "y", "--usage-step", "0.5"]).err().expect("bad step").to_string();
     assert!(e.contains("not a number of seconds of at least 1"), "{e}");
+    let _ = std::fs::remove_dir_all(&d);
+}
+
+/// A genai-2026 layout whose memory file names a pod the duty file does not:
+/// the pod is left out (its duty would count as 0), as for your own files
+/// with --lenient, and the report says so.
+#[test]
+fn a_genai_pod_in_one_file_only_is_left_out() {
+    use std::io::Write;
+    let d = dir("genai-one-file");
+    let gz = |name: &str, text: &str| {
+        let mut e = flate2::write::GzEncoder::new(std::fs::File::create(d.join(name)).unwrap(), flate2::Compression::fast());
+        e.write_all(text.as_bytes()).unwrap();
+        e.finish().unwrap();
+    };
+    let (mut duty, mut mem) = (String::from("value,timestamp_anon,container_ip\n"), String::from("timestamp_anon,value,container_ip\n"));
+    for k in 0..30 {
+        let t = 1_662_858_720 + 57 * k;
+        for pod in ["a", "b"] {
+            duty.push_str(&format!("20.0,{t}.0,{pod}\n"));
+            mem.push_str(&format!("{t}.0,1000000000.0,{pod}\n"));
+        }
+    }
+    mem.push_str("1662859917.0,0.0,only-memory\n");
+    gz("pod_gpu_duty_cycle_anon.csv.gz", &duty);
+    gz("pod_gpu_memory_used_bytes_anon.csv.gz", &mem);
+    let j = run(&d, &["--genai-dir", d.to_str().unwrap()]).expect("runs");
+    let e = &j[0];
+    assert_eq!(e["pods"], 2, "{e}");
+    assert_eq!(e["left_out"]["pods_in_one_file"], 1, "{}", e["left_out"]);
+    let md = std::fs::read_to_string(d.join("report").join("elastic.md")).unwrap();
+    assert!(md.contains("1 pods that only one file names"), "{md}");
     let _ = std::fs::remove_dir_all(&d);
 }

@@ -81,7 +81,8 @@ pub struct LeftOut {
     /// Rows (CSV), samples (Prometheus JSON) and lines that are not UTF-8
     /// skipped, in both files.
     pub rows_or_samples: usize,
-    /// Pods that only one of the two files names.
+    /// Pods that only one of the two files names (with `--lenient`; the
+    /// genai-2026 trace's one such pod always).
     pub pods_in_one_file: usize,
     /// Samples past the grid's size bound ([`Usage::dropped_samples`]).
     pub samples_past_grid: usize,

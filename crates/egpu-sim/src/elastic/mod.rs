@@ -143,7 +143,7 @@ pub fn write_report(dir: &Path, source: &str, evals: &[Evaluation]) -> Result<St
         let _ = write!(md, "{n} absences longer than `--max-gap` periods cut pods in two: a pod is gone over such an absence and comes back as a new pod (`<name>~2`, counted among the pods above).\n\n");
     }
     if let Some(l) = evals.first().map(|e| e.left_out).filter(|l| !l.is_empty()) {
-        let _ = write!(md, "**Part of the input was left out** (`--lenient`): {} rows or samples skipped, {} pods that only one file names, {} samples past the grid's size bound.\n\n", l.rows_or_samples, l.pods_in_one_file, l.samples_past_grid);
+        let _ = write!(md, "**Part of the input was left out**: {} rows or samples skipped (`--lenient`), {} pods that only one file names (skipped with `--lenient`; genai-2026's one such pod always), {} samples past the grid's size bound (`--lenient`).\n\n", l.rows_or_samples, l.pods_in_one_file, l.samples_past_grid);
     }
     md.push_str(&table(evals));
     md.push('\n');
