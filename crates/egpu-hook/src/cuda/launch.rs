@@ -201,8 +201,7 @@ pub(crate) fn end_capture(real: sig::cuStreamEndCapture, s: CUstream, graph: *mu
 
 /// `cuStreamEndCapture_ptsz`: a null stream is the calling thread's default stream.
 pub(crate) fn end_capture_ptsz(real: sig::cuStreamEndCapture, s: CUstream, graph: *mut egpu_cuda::CUgraph) -> Outcome {
-    let asked = if s.is_null() { egpu_cuda::CU_STREAM_PER_THREAD as CUstream } else { s };
-    end_capture_on(real, s, graph, asked)
+    end_capture_on(real, s, graph, super::per_thread(s))
 }
 
 /// Ends the capture on `s`; `asked` is the same stream as `cuStreamIsCapturing` names it.

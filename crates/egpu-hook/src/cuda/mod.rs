@@ -18,6 +18,14 @@ pub mod vmm;
 use egpu_cuda::*;
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
+/// The stream a `_ptsz` entry point means: its stream 0 is the calling
+/// thread's per-thread default stream, not the legacy one (whether it is
+/// capturing, whose context it is in, where a refused allocation is given
+/// back all follow from it).
+pub(crate) fn per_thread(stream: CUstream) -> CUstream {
+    if stream.is_null() { CU_STREAM_PER_THREAD as CUstream } else { stream }
+}
+
 crate::detour::hooks! {
     runner: cuda; ret: CUresult; lib: Cuda;
     // Ways in, and the fail-closed gate.

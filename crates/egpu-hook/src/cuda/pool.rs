@@ -194,30 +194,22 @@ fn capturing(stream: CUstream) -> bool {
     crate::compute::drv::capture_status(stream as usize).is_some_and(|s| s != egpu_cuda::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
-/// The stream a `_ptsz` entry point means: its stream 0 is the calling
-/// thread's per-thread default stream, not the legacy one. Whether that
-/// stream is capturing, whose context it is in, and the stream a refused
-/// allocation is given back on all follow from it.
-fn per_thread(stream: CUstream) -> CUstream {
-    if stream.is_null() { egpu_cuda::CU_STREAM_PER_THREAD as CUstream } else { stream }
-}
-
 /// `cuMemAllocAsync_ptsz`: [`alloc_async`] on the stream it means.
 #[doc(alias = "cuMemAllocAsync_ptsz")]
 pub(crate) fn alloc_async_ptsz(real: sig::cuMemAllocAsync_ptsz, dptr: *mut CUdeviceptr, size: usize, stream: CUstream) -> Outcome {
-    alloc_async(real, dptr, size, per_thread(stream))
+    alloc_async(real, dptr, size, super::per_thread(stream))
 }
 
 /// `cuMemAllocFromPoolAsync_ptsz`: [`alloc_from_pool`] on the stream it means.
 #[doc(alias = "cuMemAllocFromPoolAsync_ptsz")]
 pub(crate) fn alloc_from_pool_ptsz(real: sig::cuMemAllocFromPoolAsync_ptsz, dptr: *mut CUdeviceptr, size: usize, pool: CUmemoryPool, stream: CUstream) -> Outcome {
-    alloc_from_pool(real, dptr, size, pool, per_thread(stream))
+    alloc_from_pool(real, dptr, size, pool, super::per_thread(stream))
 }
 
 /// `cuMemFreeAsync_ptsz`: [`free_async`] on the stream it means.
 #[doc(alias = "cuMemFreeAsync_ptsz")]
 pub(crate) fn free_async_ptsz(real: sig::cuMemFreeAsync_ptsz, dptr: CUdeviceptr, stream: CUstream) -> Outcome {
-    free_async(real, dptr, per_thread(stream))
+    free_async(real, dptr, super::per_thread(stream))
 }
 
 /// `cuMemAllocAsync`: from the current pool of the *stream's* device (which
