@@ -35,14 +35,7 @@ pub struct Route {
 /// `EGPU_KEEP_DEEPBIND` set (non-empty, not 0): leave the flag alone.
 fn keep() -> bool {
     static STATE: AtomicU8 = AtomicU8::new(0);
-    match STATE.load(Ordering::Relaxed) {
-        0 => {
-            let on = std::env::var_os("EGPU_KEEP_DEEPBIND").is_some_and(|v| !v.is_empty() && v != "0");
-            STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
-            on
-        }
-        s => s == 2,
-    }
+    crate::util::env_flag(&STATE, "EGPU_KEEP_DEEPBIND")
 }
 
 /// The flags `dlopen(file, flags)` goes on with.
@@ -66,14 +59,7 @@ fn real_dlopen(default: bool) -> *mut c_void {
     let mut p = cache.load(Ordering::Acquire);
     if p.is_null() {
         let order = if default { [c"GLIBC_2.34", COMPAT] } else { [COMPAT, c"GLIBC_2.34"] };
-        for ver in order {
-            // SAFETY: dlvsym with valid NUL-terminated strings; RTLD_NEXT
-            // searches the objects loaded after libegpu.so, where libc is.
-            p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlopen".as_ptr(), ver.as_ptr()) };
-            if !p.is_null() {
-                break;
-            }
-        }
+        p = crate::real::glibc_versioned(c"dlopen", &order);
         if p.is_null() {
             // SAFETY: glibc's dlsym with a pseudo-handle and a C string.
             p = real_dlsym().map_or(std::ptr::null_mut(), |f| unsafe { f(libc::RTLD_NEXT, c"dlopen".as_ptr()) });

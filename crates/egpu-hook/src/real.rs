@@ -17,18 +17,23 @@ pub type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_vo
 
 static REAL_DLSYM: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
 
+/// glibc's `name` at the first of `versions` it has (null: none), looked up
+/// past `libegpu.so` with `dlvsym(RTLD_NEXT, ...)`: never one of ours.
+pub(crate) fn glibc_versioned(name: &CStr, versions: &[&CStr]) -> *mut c_void {
+    versions
+        .iter()
+        // SAFETY: dlvsym with valid NUL-terminated strings; RTLD_NEXT
+        // searches the objects loaded after libegpu.so, where libc lives.
+        .map(|ver| unsafe { libc::dlvsym(libc::RTLD_NEXT, name.as_ptr(), ver.as_ptr()) })
+        .find(|p| !p.is_null())
+        .unwrap_or(std::ptr::null_mut())
+}
+
 /// The real `dlsym` of glibc (never ours).
 pub fn real_dlsym() -> Option<DlsymFn> {
     let mut p = REAL_DLSYM.load(Ordering::Acquire);
     if p.is_null() {
-        for ver in [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"] {
-            // SAFETY: dlvsym with valid NUL-terminated strings; RTLD_NEXT
-            // searches the objects loaded after libegpu.so, where libc lives.
-            p = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), ver.as_ptr()) };
-            if !p.is_null() {
-                break;
-            }
-        }
+        p = glibc_versioned(c"dlsym", &[c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17"]);
         if p.is_null() {
             return None;
         }

@@ -81,17 +81,23 @@ pub fn say_once(flag: &AtomicBool, msg: impl FnOnce() -> String) {
     }
 }
 
-/// Whether `EGPU_HOOK_DEBUG` is set (logs every accounting decision).
-pub fn debug_enabled() -> bool {
-    static STATE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
-    match STATE.load(Ordering::Relaxed) {
+/// Whether the environment variable `name` is set, not empty and not `0`;
+/// read once, then cached in `state` (0: not read yet).
+pub fn env_flag(state: &std::sync::atomic::AtomicU8, name: &str) -> bool {
+    match state.load(Ordering::Relaxed) {
         0 => {
-            let on = std::env::var_os("EGPU_HOOK_DEBUG").is_some_and(|v| !v.is_empty() && v != "0");
-            STATE.store(if on { 2 } else { 1 }, Ordering::Relaxed);
+            let on = std::env::var_os(name).is_some_and(|v| !v.is_empty() && v != "0");
+            state.store(if on { 2 } else { 1 }, Ordering::Relaxed);
             on
         }
         s => s == 2,
     }
+}
+
+/// Whether `EGPU_HOOK_DEBUG` is set (logs every accounting decision).
+pub fn debug_enabled() -> bool {
+    static STATE: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+    env_flag(&STATE, "EGPU_HOOK_DEBUG")
 }
 
 macro_rules! debug {
