@@ -369,36 +369,35 @@ if [ -z "${EGPUD_FAILED:-}" ]; then
   # misses a family's charge stops at the count (fail), not after the driver
   # oversubscribed the device (managed memory would).
   ACOUNT=$((LIMIT / (256 * MIB) + 4))
-  for fam in $FAMILIES; do
-    for way in direct dlopen procaddr; do
-      out=$(T=30 X dc "$DIST/egpu-probe" --via $way alloc --family "$fam" --size 256MiB --count "$ACOUNT" 2>"$W/alloc-$fam-$way.err")
-      rc=$?
-      v=$(printf '%s\n' "$out" | pyj "json.dumps({'rc': $rc, 'summary': ev('summary'), 'stop': ev('oom') or ev('error'), 'count': $ACOUNT, 'rule': 'stopped at OOM (exit 3) with 0 < allocated x 256 MiB <= limit, the view after freeing = limit; skip when the driver answers 801 (not supported) with nothing allocated'})")
-      verdict=$(printf '%s' "$v" | python3 -c "
+  # alloc_check NAME SKIP-CODES RULE PROBE-FLAGS...: egpu-probe PROBE-FLAGS
+  # alloc --size 256MiB --count ACOUNT in slice dc; pass when it stopped at
+  # OOM (exit 3) with 0 < allocated x 256 MiB <= limit and the view after
+  # freeing = limit; skip when the driver answered one of SKIP-CODES (a
+  # Python tuple) with nothing allocated.
+  alloc_check() {
+    local name=$1 skip=$2 rule=$3 out rc v verdict; shift 3
+    out=$(T=30 X dc "$DIST/egpu-probe" "$@" --size 256MiB --count "$ACOUNT" 2>"$W/$name.err")
+    rc=$?
+    v=$(printf '%s\n' "$out" | pyj "json.dumps({'rc': $rc, 'summary': ev('summary'), 'stop': ev('oom') or ev('error'), 'count': $ACOUNT, 'rule': '$rule'})")
+    verdict=$(printf '%s' "$v" | python3 -c "
 import json,sys
 d=json.load(sys.stdin); s=d['summary']; stop=d['stop']
-if stop.get('code') == 801 and s.get('allocated',0)==0: print('skip')
+if stop.get('code') in $skip and s.get('allocated',0)==0: print('skip')
 elif s.get('stopped')=='oom' and d['rc']==3 and 0 < s['allocated']*256*2**20 <= $LIMIT and s.get('mem_after_free',{}).get('total')==$LIMIT: print('pass')
 else: print('fail')" 2>/dev/null || echo fail)
-      [ "$verdict" = pass ] || v=$(with_err "$v" "alloc-$fam-$way")
-      record "alloc-$fam-$way" "$verdict" "$v"
+    [ "$verdict" = pass ] || v=$(with_err "$v" "$name")
+    record "$name" "$verdict" "$v"
+  }
+  for fam in $FAMILIES; do
+    for way in direct dlopen procaddr; do
+      alloc_check "alloc-$fam-$way" '(801,)' 'stopped at OOM (exit 3) with 0 < allocated x 256 MiB <= limit, the view after freeing = limit; skip when the driver answers 801 (not supported) with nothing allocated' --via "$way" alloc --family "$fam"
     done
   done
   # Device memory placed by CUDA 13.4's DEVICE_LOCALITY_DOMAIN (domain 0):
   # charged like DEVICE. A driver older than 13.4 refuses the location type
   # (CUDA_ERROR_INVALID_VALUE, 1): skip then.
   for fam in vmm pool; do
-    out=$(T=30 X dc "$DIST/egpu-probe" --via procaddr --locality-domain alloc --family "$fam" --size 256MiB --count "$ACOUNT" 2>"$W/alloc-$fam-locality.err")
-    rc=$?
-    v=$(printf '%s\n' "$out" | pyj "json.dumps({'rc': $rc, 'summary': ev('summary'), 'stop': ev('oom') or ev('error'), 'count': $ACOUNT, 'rule': 'as alloc-*; skip when the driver refuses the location type (1 or 801) with nothing allocated'})")
-    verdict=$(printf '%s' "$v" | python3 -c "
-import json,sys
-d=json.load(sys.stdin); s=d['summary']; stop=d['stop']
-if stop.get('code') in (1, 801) and s.get('allocated',0)==0: print('skip')
-elif s.get('stopped')=='oom' and d['rc']==3 and 0 < s['allocated']*256*2**20 <= $LIMIT and s.get('mem_after_free',{}).get('total')==$LIMIT: print('pass')
-else: print('fail')" 2>/dev/null || echo fail)
-    [ "$verdict" = pass ] || v=$(with_err "$v" "alloc-$fam-locality")
-    record "alloc-$fam-locality-procaddr" "$verdict" "$v"
+    alloc_check "alloc-$fam-locality-procaddr" '(1, 801)' 'as alloc-*; skip when the driver refuses the location type (1 or 801) with nothing allocated' --via procaddr --locality-domain alloc --family "$fam"
   done
 
   # --- independent witness: the driver's own view of a holding process --------

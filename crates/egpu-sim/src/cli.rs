@@ -561,6 +561,15 @@ fn read_usage(path: &Path, lenient: bool) -> Result<elastic::load::Metric> {
     Ok(m)
 }
 
+/// The pods `a` names and `b` does not, sorted, once each.
+fn only<'a>(a: &'a [elastic::load::Sample], b: &[elastic::load::Sample]) -> Vec<&'a str> {
+    let names: std::collections::HashSet<&str> = b.iter().map(|s| s.0.as_str()).collect();
+    let mut missing: Vec<&str> = a.iter().map(|s| s.0.as_str()).filter(|p| !names.contains(p)).collect();
+    missing.sort_unstable();
+    missing.dedup();
+    missing
+}
+
 /// The trace to evaluate, and how the report names it: genai-2026, or
 /// your own duty and memory files converted to percent and bytes.
 fn load_usage(args: &SimulateFlags) -> Result<(elastic::Usage, String)> {
@@ -598,13 +607,6 @@ fn load_usage(args: &SimulateFlags) -> Result<(elastic::Usage, String)> {
         }
         let scale = |v: Vec<(String, f64, f64)>, k: f64| -> Vec<(String, f64, f64)> { v.into_iter().map(|(p, t, x)| (p, t, x * k)).collect() };
         let (mut duty, mut mem) = (scale(d.samples, to_percent), scale(m.samples, to_bytes));
-        fn only<'a>(a: &'a [(String, f64, f64)], b: &[(String, f64, f64)]) -> Vec<&'a str> {
-            let names: std::collections::HashSet<&str> = b.iter().map(|s| s.0.as_str()).collect();
-            let mut missing: Vec<&str> = a.iter().map(|s| s.0.as_str()).filter(|p| !names.contains(p)).collect();
-            missing.sort_unstable();
-            missing.dedup();
-            missing
-        }
         // A pod in one file only is most often a naming mismatch (a label
         // on one metric only), which would split one pod in two.
         // With --lenient such pods are skipped, not evaluated with the
@@ -646,9 +648,7 @@ fn load_usage(args: &SimulateFlags) -> Result<(elastic::Usage, String)> {
     // missing metric would count as 0): genai-2026 has one, a single
     // 0-byte memory sample, which the trace's 143 pods do not count.
     let (mut d, mut m) = (duty.samples, mem.samples);
-    let names = |v: &[elastic::load::Sample]| v.iter().map(|s| s.0.clone()).collect::<std::collections::HashSet<String>>();
-    let (in_d, in_m) = (names(&d), names(&m));
-    let one_file: std::collections::HashSet<String> = in_d.symmetric_difference(&in_m).cloned().collect();
+    let one_file: std::collections::HashSet<String> = only(&d, &m).into_iter().chain(only(&m, &d)).map(str::to_string).collect();
     d.retain(|s| !one_file.contains(&s.0));
     m.retain(|s| !one_file.contains(&s.0));
     let mut usage = elastic::load::align(&d, &m);

@@ -36,6 +36,15 @@ pub fn setup(api: Api, ordinal: i32, own_ctx: bool) -> Cuda {
     Cuda { api, dev, ctx }
 }
 
+/// `cuMemGetInfo_v2` of the current context as JSON (or the error).
+pub fn mem_info(api: &Api) -> serde_json::Value {
+    let (mut f, mut t) = (0usize, 0usize);
+    match call!(api, cuMemGetInfo_v2(&mut f, &mut t)) {
+        Ok(()) => json!({"free": f, "total": t}),
+        Err(e) => json!({"error": e.code}),
+    }
+}
+
 impl Cuda {
     /// Pinned device memory on this device for `cuMemCreate`, with the
     /// given handle types and usage flags, and `size` rounded up to its
@@ -55,11 +64,7 @@ impl Cuda {
 
     /// `cuMemGetInfo_v2` as JSON (or the error).
     pub fn mem_info(&self) -> serde_json::Value {
-        let (mut f, mut t) = (0usize, 0usize);
-        match call!(self.api, cuMemGetInfo_v2(&mut f, &mut t)) {
-            Ok(()) => json!({"free": f, "total": t}),
-            Err(e) => json!({"error": e.code}),
-        }
+        mem_info(&self.api)
     }
 
     /// Releases the context made by [`setup`].

@@ -5,7 +5,7 @@
 //! charged for that context.
 
 use crate::Global;
-use crate::common::{die, wait_stdin};
+use crate::common::{die, mem_info, wait_stdin};
 use egpu_cuda::*;
 use egpu_workloads::api::Api;
 use egpu_workloads::out::emit;
@@ -20,14 +20,6 @@ pub struct GreenArgs {
     /// Allocations.
     #[arg(long, default_value_t = 2)]
     count: u32,
-}
-
-fn mem_info(api: &Api) -> serde_json::Value {
-    let (mut f, mut t) = (0usize, 0usize);
-    match call!(api, cuMemGetInfo_v2(&mut f, &mut t)) {
-        Ok(()) => json!({"free": f, "total": t}),
-        Err(e) => json!({"error": e.code}),
-    }
 }
 
 pub fn run(api: Api, g: &Global, a: GreenArgs) -> i32 {
