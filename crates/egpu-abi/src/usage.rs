@@ -58,6 +58,7 @@ pub fn reset_after_fork() {
 }
 
 /// One attached process.
+#[derive(Debug)]
 #[repr(C, align(64))]
 pub struct ProcRecord {
     /// Pid as the process sees itself (informational; liveness is the record lock).
@@ -76,11 +77,36 @@ pub struct ProcRecord {
     pub launches: [AtomicU64; MAX_DEVICES],
     /// Time spent held back by the compute gate per slice device, ns.
     pub throttled_ns: [AtomicU64; MAX_DEVICES],
-    /// What this process's hook does ([`CAP_LIMIT_IN_LOCK`]); set at claim.
-    /// Carved out of reserved space: zero for hooks older than the field.
+    /// What this process's hook does ([`CAP_LIMIT_IN_LOCK`],
+    /// [`CAP_PEER_INFLIGHT`]); set at claim. Carved out of reserved space:
+    /// zero for hooks older than the field.
     pub caps: AtomicU64,
-    /// Reserved; zero in ABI v1.
-    pub reserved: [AtomicU64; 7],
+    /// The compute gate's estimate of this process's unfinished work per
+    /// slice device, µs. Only the owner writes it (an atomic add at each
+    /// launch, a subtract at each completion); the gates of the slice's other
+    /// processes count it against the slice's allowance with their own, while
+    /// it is fresh ([`ProcRecord::gate_ns`]) and the record has
+    /// [`CAP_PEER_INFLIGHT`] (`docs/compute-arbiter.md`, "Several processes in
+    /// one slice"). Carved out of the reserved words and the record's tail
+    /// padding: `size_of` and every older offset are unchanged.
+    pub inflight_us: [AtomicU32; MAX_DEVICES],
+    /// CLOCK_MONOTONIC ns of the process's last decision by the compute gate
+    /// (kept to within a sixteenth of a period). A record whose `inflight_us`
+    /// has not been refreshed for two arbiter periods is not counted: its
+    /// process stopped calling CUDA with launches unreaped, or sleeps in a
+    /// long synchronisation.
+    pub gate_ns: AtomicU64,
+    /// Reserved; zero.
+    pub reserved: [AtomicU64; 3],
+}
+
+impl Default for ProcRecord {
+    /// A zeroed record (free), for tables held outside a usage file (the
+    /// arbiter's model and tests).
+    fn default() -> ProcRecord {
+        // SAFETY: every field is an integer atomic, for which all-zero bytes are a valid value.
+        unsafe { std::mem::zeroed() }
+    }
 }
 
 /// [`ProcRecord::caps`]: the process reads the memory limit inside the
@@ -88,6 +114,14 @@ pub struct ProcRecord {
 /// limit as final only when every live record has it: an older hook reads
 /// the limit before the lock and may still charge against the old one.
 pub const CAP_LIMIT_IN_LOCK: u64 = 1;
+
+/// [`ProcRecord::caps`]: the process publishes its unfinished work in
+/// [`ProcRecord::inflight_us`] and keeps [`ProcRecord::gate_ns`]. Hooks
+/// without it leave those words alone (an older hook's reset zeroes only the
+/// first 56 bytes of `inflight_us`, its old reserved words), so a record is
+/// counted by its peers only when the flag says a current hook claimed it,
+/// which zeroed them.
+pub const CAP_PEER_INFLIGHT: u64 = 2;
 
 /// The whole usage file.
 #[repr(C, align(64))]
@@ -425,7 +459,7 @@ impl UsageFile {
                     rec.pid.store(pid, Ordering::Relaxed);
                     rec.attached_ns.store(now, Ordering::Relaxed);
                     rec.heartbeat_ns.store(now, Ordering::Relaxed);
-                    rec.caps.store(CAP_LIMIT_IN_LOCK, Ordering::Relaxed);
+                    rec.caps.store(CAP_LIMIT_IN_LOCK | CAP_PEER_INFLIGHT, Ordering::Relaxed);
                     rec.state.store(1, Ordering::Release);
                     r.high_water.fetch_max(i as u32 + 1, Ordering::AcqRel);
                     return Ok(ProcSlot { index: i });
@@ -460,6 +494,10 @@ impl UsageFile {
             let _ = r.charge_locks[d].compare_exchange(i as u32 + 1, 0, Ordering::AcqRel, Ordering::Relaxed);
         }
         rec.caps.store(0, Ordering::Relaxed);
+        for w in &rec.inflight_us {
+            w.store(0, Ordering::Relaxed);
+        }
+        rec.gate_ns.store(0, Ordering::Relaxed);
         for w in &rec.reserved {
             w.store(0, Ordering::Relaxed);
         }
@@ -837,8 +875,13 @@ mod tests {
         assert_eq!(offset_of!(LimitsRegion, spec_rev) + 8, offset_of!(LimitsRegion, reserved));
         assert_eq!(offset_of!(LimitsRegion, devices), 192);
         assert_eq!(offset_of!(UsageRegion, mem_want), offset_of!(UsageRegion, throttle_waits) + 8 * MAX_DEVICES);
-        assert_eq!(offset_of!(ProcRecord, caps) + 8, offset_of!(ProcRecord, reserved));
-        assert_eq!(offset_of!(ProcRecord, reserved) + 7 * 8, offset_of!(ProcRecord, throttled_ns) + 8 * MAX_DEVICES + 8 * 8);
+        assert_eq!(offset_of!(ProcRecord, caps) + 8, offset_of!(ProcRecord, inflight_us));
+        // inflight_us, gate_ns and the rest took the 7 reserved words of ABI v1
+        // and the 40 bytes of tail padding after them: the record's size stays.
+        assert_eq!(offset_of!(ProcRecord, inflight_us), offset_of!(ProcRecord, throttled_ns) + 8 * MAX_DEVICES + 8);
+        assert_eq!(offset_of!(ProcRecord, gate_ns), offset_of!(ProcRecord, inflight_us) + 4 * MAX_DEVICES);
+        assert_eq!(offset_of!(ProcRecord, reserved) + 3 * 8, size_of::<ProcRecord>());
+        assert_eq!(size_of::<ProcRecord>(), 640);
         assert_eq!(size_of::<DeviceLimits>() % 64, 0);
     }
 

@@ -12,14 +12,19 @@
 //! - `gate/fast_path`: `before_launch` + `launched` + `completed` when the
 //!   allowance is not exhausted — the hook's added work per launch, apart
 //!   from the event record/query it also makes.
+//! - `gate/fast_path_records_N`: the same with the slice's N process
+//!   records, N − 1 of them peers with unfinished work: what publishing
+//!   one's own and counting the peers' costs.
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use egpu_abi::limits::DeviceInit;
-use egpu_abi::{DeviceLimitsSnapshot, LimitsWriter, UsageFile};
-use egpu_arbiter::gate::GateWords;
+use egpu_abi::usage::CAP_PEER_INFLIGHT;
+use egpu_abi::{DeviceLimitsSnapshot, LimitsWriter, ProcRecord, UsageFile};
+use egpu_arbiter::gate::{GateWords, Peers};
 use egpu_arbiter::{Arbiter, ArbiterConfig, GateView, ProcGate, SliceInput, SliceKey, TableRef};
 use egpu_core::Priority;
 use std::hint::black_box;
+use std::sync::atomic::AtomicU32;
 use std::sync::atomic::Ordering::Relaxed;
 
 fn tick_tables(c: &mut Criterion) {
@@ -112,11 +117,36 @@ fn gate_fast_path(c: &mut Criterion) {
     c.bench_function("gate/fast_path", |b| {
         b.iter(|| {
             let d = g.before_launch(black_box(&v), black_box(1));
-            let e = g.launched();
+            let e = g.launched(&v);
             g.completed(&v, e, black_box(1000), None);
             d
         })
     });
+    // The same with the slice's process records: this process alone (it
+    // publishes its own unfinished work), and beside 7 peers that each have
+    // work unfinished (the scan reads every record's word).
+    for n in [1usize, 8] {
+        let records: Vec<ProcRecord> = (0..n).map(|_| ProcRecord::default()).collect();
+        for (i, r) in records.iter().enumerate() {
+            r.state.store(1, Relaxed);
+            r.caps.store(CAP_PEER_INFLIGHT, Relaxed);
+            r.gate_ns.store(1, Relaxed);
+            if i > 0 {
+                r.inflight_us[0].store(5, Relaxed);
+            }
+        }
+        let hw = AtomicU32::new(n as u32);
+        let v = GateView { peers: Some(Peers { records: &records, high_water: &hw, own: Some(0), dev: 0 }), ..w.view(10_000) };
+        let g = ProcGate::new();
+        c.bench_function(&format!("gate/fast_path_records_{n}"), |b| {
+            b.iter(|| {
+                let d = g.before_launch(black_box(&v), black_box(1));
+                let e = g.launched(&v);
+                g.completed(&v, e, black_box(1000), None);
+                d
+            })
+        });
+    }
 }
 
 criterion_group!(benches, tick_tables, tick_many, gate_fast_path);

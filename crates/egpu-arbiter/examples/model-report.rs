@@ -3,7 +3,7 @@
 //! `cargo run --release -p egpu-arbiter --example model-report`
 
 use egpu_arbiter::model::ModelConfig;
-use egpu_arbiter::model::scenarios::{accuracy, percentile, priority, resize_convergence, work_conservation};
+use egpu_arbiter::model::scenarios::{accuracy, many_processes, percentile, priority, resize_convergence, work_conservation};
 
 fn main() {
     let cfg = ModelConfig::default();
@@ -28,6 +28,13 @@ fn main() {
             nq.p99_ratio(),
             ng.p99_ratio()
         );
+    }
+    for kernel_ms in [2, 5] {
+        for n in [4, 8, 16] {
+            let f = many_processes(cfg, n, kernel_ms * 1_000_000, 4);
+            let blind = many_processes(ModelConfig { peers: false, ..cfg }, n, kernel_ms * 1_000_000, 4);
+            println!("10%-capped slice of {n} processes, {kernel_ms} ms kernels, beside a 90% slice: {}; gates blind to their peers {}", fmt(&f), fmt(&blind));
+        }
     }
     let periods = resize_convergence(cfg, 200);
     println!(

@@ -160,7 +160,7 @@ mod tests {
         assert_eq!(d.allowance_ns.load(Ordering::Relaxed), 3 * p / 10);
         assert_eq!(d.epoch_start_ns.load(Ordering::Relaxed), 5);
         assert_eq!(d.budget_epoch.load(Ordering::Relaxed), 1);
-        let v = GateView::from_tables(r.region(), ua.region(), 0, 3000);
+        let v = GateView::from_tables(r.region(), ua.region(), 0, 3000, None);
         let g = ProcGate::new();
         assert_eq!(g.before_launch(&v, 6), Decision::Go);
         ua.region().consumed_ns[0].store(3 * p / 10, Ordering::Relaxed);

@@ -3,7 +3,7 @@
 //! from `cargo run --release -p egpu-arbiter --example model-report`.
 
 use egpu_arbiter::ArbiterConfig;
-use egpu_arbiter::model::scenarios::{accuracy, percentile, priority, resize_convergence, work_conservation};
+use egpu_arbiter::model::scenarios::{accuracy, many_processes, percentile, priority, resize_convergence, work_conservation};
 use egpu_arbiter::model::{Model, ModelConfig, Pattern, SliceSpec};
 use egpu_core::Priority;
 
@@ -90,4 +90,21 @@ fn idle_slice_wakes_to_its_share_within_one_period() {
         let off = egpu_arbiter::model::scenarios::fractions(&m, wake - 400 * p / 10, wake - p);
         assert!(off[1] >= 95.0, "{off:?}");
     }
+}
+
+#[test]
+fn a_cap_holds_for_a_slice_of_many_processes() {
+    // Each process used to check the allowance against its own unfinished
+    // work only, so 16 of them had 16 kernels in flight when it ran out.
+    let cfg = ModelConfig::default();
+    for (n, kernel_ns) in [(4, 2_000_000), (16, 2_000_000), (8, 5_000_000), (16, 5_000_000)] {
+        let f = many_processes(cfg, n, kernel_ns, 4);
+        eprintln!("{n} processes, {} ms kernels: {f:?}", kernel_ns / 1_000_000);
+        assert!(f[0] <= 11.5, "{n} processes of {kernel_ns} ns kernels in a 10%-capped slice: {f:?}");
+        assert!(f[1] >= 87.0, "the 90% slice lost its guarantee beside {n} processes: {f:?}");
+    }
+    // The negative control: gates blind to their peers overshoot.
+    let blind = many_processes(ModelConfig { peers: false, ..cfg }, 16, 5_000_000, 4);
+    eprintln!("blind: {blind:?}");
+    assert!(blind[0] >= 20.0, "{blind:?}");
 }

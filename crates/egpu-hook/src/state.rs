@@ -67,6 +67,18 @@ fn test_delay() {
     std::thread::sleep(std::time::Duration::from_millis(ms * k as u64));
 }
 
+/// Debug builds only, for the control of the tests of several processes
+/// in one slice: with `EGPU_HOOK_TEST_NO_PEER_FLAG=1` the record is claimed
+/// as an older hook claims it, without `CAP_PEER_INFLIGHT`, so the slice's
+/// other processes do not count its unfinished work (and with every process
+/// so, each gate checks only its own, as before the flag).
+#[cfg(debug_assertions)]
+fn test_blind_record(usage: &egpu_abi::UsageFile, i: usize) {
+    if std::env::var_os("EGPU_HOOK_TEST_NO_PEER_FLAG").is_some_and(|v| v == "1") {
+        usage.region().procs[i].caps.fetch_and(!egpu_abi::usage::CAP_PEER_INFLIGHT, Ordering::Relaxed);
+    }
+}
+
 /// Attaches to the slice. Racing first calls (or a child forked while its
 /// parent was attaching) may each run this; the first to finish is kept and
 /// the others are leaked, never dropped: dropping one would close its
@@ -175,6 +187,8 @@ impl Slice {
         let pid = unsafe { libc::getpid() } as u32;
         match self.usage.claim(pid) {
             Ok(s) => {
+                #[cfg(debug_assertions)]
+                test_blind_record(&self.usage, s.index);
                 SLOT.store(s.index, Ordering::Release);
                 crate::util::debug!("pid {pid} claimed usage record {}", s.index);
                 Ok(s)

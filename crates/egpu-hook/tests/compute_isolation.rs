@@ -221,3 +221,71 @@ fn captures_begun_beside_gated_launches_are_not_invalidated() {
     assert!(f <= 35.0, "beside the captures the slice ran at {f}%, above its 30% limit");
     assert!(s.usage.region().throttle_waits[0].load(Ordering::Relaxed) > 0, "the gate never held a launch back");
 }
+
+/// A 10%-capped slice of `n` processes with 5 ms kernels beside a 90% slice
+/// of one: (the small slice's summed fraction, the big one's), in %.
+fn many_processes(n: usize, peers: bool) -> (f64, f64) {
+    let m = Machine::new("1x16GiB");
+    let small = m.slice("many", 0, 10, 10, Priority::Normal);
+    let big = m.slice("one", 0, 90, 90, Priority::Normal);
+    let egpud = Egpud::start(&m, &[small.clone(), big.clone()]);
+    // 780 × 128 threads × 50 ns: a 5 ms kernel, half a period.
+    let args = ["--seconds", "4.5", "--grid", "780", "--inflight", "4"];
+    let burns: Vec<Burn> = (0..n)
+        .map(|_| {
+            if peers {
+                m.burn(&small, &args)
+            } else {
+                // The control: hooks blind to their peers, as before the
+                // records carried unfinished work (an older hook's claim
+                // leaves the flag out, so its peers do not count it).
+                let mut c = std::process::Command::new(m.bin.join("egpu-burn"));
+                c.args(args).args(["-o", "json"]).env("EGPU_HOOK_TEST_NO_PEER_FLAG", "1");
+                m.in_slice(&mut c, &small).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
+                let child = c.spawn().expect("spawn egpu-burn");
+                small.pids.lock().unwrap().push(child.id());
+                Burn { child, host: small.host }
+            }
+        })
+        .collect();
+    let one = m.burn(&big, &["--seconds", "4.5"]);
+    let all: Vec<&Burn> = burns.iter().chain([&one]).collect();
+    // Not every process of the small slice has run a kernel yet: it gets two
+    // of them every ten periods, and which processes get them is a race, so
+    // the last of twelve may wait seconds for its first. The measurement
+    // needs each one attached to the device, and the slice running.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !(all.iter().all(|b| m.busy_of(b.pid(), b.host).is_some())
+        && m.busy_of(one.pid(), one.host) > Some(0)
+        && burns.iter().any(|b| m.busy_of(b.pid(), b.host) > Some(0)))
+    {
+        assert!(std::time::Instant::now() < deadline, "burners did not start launching within 20 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(Duration::from_millis(700));
+    let f = fractions(&m, &all, Duration::from_millis(2500));
+    for b in burns.into_iter().chain([one]) {
+        let (code, _, stderr) = b.finish();
+        assert_eq!(code, 0, "{stderr}");
+    }
+    egpud.stop();
+    (pct(f[..n].iter().sum()), pct(f[n]))
+}
+
+#[test]
+fn a_cap_holds_for_a_slice_of_many_processes() {
+    let (small, big) = many_processes(12, true);
+    eprintln!("12 processes in a 10% slice, 5 ms kernels: {small}%, beside one process in a 90% slice: {big}%");
+    assert!(small <= 13.0, "a 10%-capped slice of 12 processes ran at {small}%");
+    // The device's busy time is split as the shares say (the wall-time
+    // fractions also hold the host's idle gaps, as in the tests above).
+    let split = pct(big / (small + big));
+    assert!(split >= 85.0, "the 90% slice got {split}% of the busy time beside 12 processes ({small}/{big} of wall time)");
+    // The control's switch exists in debug builds of the hook only (the
+    // profile these tests build it in).
+    if cfg!(debug_assertions) {
+        let (blind, beside) = many_processes(12, false);
+        eprintln!("the same, gates blind to their peers: {blind}% beside {beside}%");
+        assert!(blind >= small + 5.0, "the control did not overshoot ({blind}% against {small}%): the test cannot tell");
+    }
+}

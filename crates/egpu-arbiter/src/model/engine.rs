@@ -1,11 +1,14 @@
 //! The event loop of the model.
 
 use crate::arbiter::{Arbiter, ArbiterConfig, SliceInput, SliceKey};
-use crate::gate::{Decision, GateWords, ProcGate};
+use crate::gate::{Decision, GateView, GateWords, Peers, ProcGate};
 use crate::measure::StreamClock;
+use egpu_abi::ProcRecord;
+use egpu_abi::usage::CAP_PEER_INFLIGHT;
 use egpu_core::Priority;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
+use std::sync::atomic::AtomicU32;
 use std::sync::atomic::Ordering::Relaxed;
 
 /// What one process does, forever.
@@ -47,11 +50,15 @@ pub struct ModelConfig {
     pub reconcile: bool,
     /// Gate launches at all (false: no compute isolation, the baseline).
     pub gate: bool,
+    /// The processes of a slice count each other's unfinished work (the
+    /// usage records' `inflight_us`; false: each checks only its own, as
+    /// hooks before it did).
+    pub peers: bool,
 }
 
 impl Default for ModelConfig {
     fn default() -> Self {
-        ModelConfig { arbiter: ArbiterConfig::default(), launch_cpu_ns: 5_000, reconcile: true, gate: true }
+        ModelConfig { arbiter: ArbiterConfig::default(), launch_cpu_ns: 5_000, reconcile: true, gate: true, peers: true }
     }
 }
 
@@ -84,6 +91,8 @@ struct Kernel {
 #[derive(Debug)]
 struct Proc {
     slice: usize,
+    /// Its record among the slice's.
+    rec: usize,
     pattern: Pattern,
     gate: ProcGate,
     clock: StreamClock,
@@ -100,6 +109,9 @@ struct Proc {
 struct Slice {
     spec: SliceSpec,
     words: GateWords,
+    /// One usage record per process, as in the slice's usage file.
+    records: Vec<ProcRecord>,
+    high_water: AtomicU32,
     true_ns: u64,
     latencies: Vec<u64>,
 }
@@ -135,9 +147,10 @@ impl Model {
             ticks: Vec::new(),
         };
         for (si, spec) in specs.into_iter().enumerate() {
-            for &pattern in &spec.procs {
+            for (rec, &pattern) in spec.procs.iter().enumerate() {
                 m.procs.push(Proc {
                     slice: si,
+                    rec,
                     pattern,
                     gate: ProcGate::new(),
                     clock: StreamClock::default(),
@@ -150,7 +163,13 @@ impl Model {
                     budget_wait_since: None,
                 });
             }
-            m.slices.push(Slice { spec, words: GateWords::default(), true_ns: 0, latencies: Vec::new() });
+            let records: Vec<ProcRecord> = spec.procs.iter().map(|_| ProcRecord::default()).collect();
+            for r in &records {
+                r.state.store(1, Relaxed);
+                r.caps.store(CAP_PEER_INFLIGHT, Relaxed);
+            }
+            let high_water = AtomicU32::new(records.len() as u32);
+            m.slices.push(Slice { spec, words: GateWords::default(), records, high_water, true_ns: 0, latencies: Vec::new() });
         }
         m.push(0, Ev::Tick);
         for p in 0..m.procs.len() {
@@ -158,6 +177,17 @@ impl Model {
             m.wake_at(p, 1 + p as u64 * 1_000);
         }
         m
+    }
+
+    /// Process `p`'s gate view of its slice.
+    fn view(&self, p: usize) -> GateView<'_> {
+        let pr = &self.procs[p];
+        let s = &self.slices[pr.slice];
+        let v = s.words.view(s.spec.limit_bps);
+        if !self.cfg.peers {
+            return v;
+        }
+        GateView { peers: Some(Peers { records: &s.records, high_water: &s.high_water, own: Some(pr.rec), dev: 0 }), ..v }
     }
 
     fn push(&mut self, t: u64, ev: Ev) {
@@ -257,9 +287,7 @@ impl Model {
         let now = self.now;
         let pattern = self.procs[p].pattern;
         if let Some(since) = self.procs[p].budget_wait_since.take() {
-            let s = self.procs[p].slice;
-            let v = self.slices[s].words.view(self.slices[s].spec.limit_bps);
-            self.procs[p].gate.waited(&v, now - since, None);
+            self.procs[p].gate.waited(&self.view(p), now - since, None);
         }
         let kernel_ns = match pattern {
             Pattern::Saturate { kernel_ns, ahead } => {
@@ -295,16 +323,10 @@ impl Model {
                 kernel_ns
             }
         };
-        let s = self.procs[p].slice;
-        let decision = if self.cfg.gate {
-            let v = self.slices[s].words.view(self.slices[s].spec.limit_bps);
-            self.procs[p].gate.before_launch(&v, now)
-        } else {
-            Decision::Go
-        };
+        let decision = if self.cfg.gate { self.procs[p].gate.before_launch(&self.view(p), now) } else { Decision::Go };
         match decision {
             Decision::Go => {
-                let est = if self.cfg.gate { self.procs[p].gate.launched() } else { 0 };
+                let est = if self.cfg.gate { self.procs[p].gate.launched(&self.view(p)) } else { 0 };
                 let pr = &mut self.procs[p];
                 pr.outstanding += 1;
                 pr.max_outstanding = pr.max_outstanding.max(pr.outstanding);
@@ -341,8 +363,7 @@ impl Model {
         self.slices[s].true_ns += k.dur;
         let measured = self.procs[p].clock.attribute(k.submit, now);
         if self.cfg.gate {
-            let v = self.slices[s].words.view(self.slices[s].spec.limit_bps);
-            self.procs[p].gate.completed(&v, k.est, measured, None);
+            self.procs[p].gate.completed(&self.view(p), k.est, measured, None);
         } else {
             self.slices[s].words.consumed_ns.fetch_add(measured, Relaxed);
         }

@@ -150,3 +150,15 @@ pub fn resize_convergence(cfg: ModelConfig, resizes: usize) -> Vec<u64> {
     }
     out
 }
+
+/// A 10%-capped slice of `n` saturating processes with `kernel_ns` kernels
+/// beside a 90% slice of one process (400 µs kernels): both slices'
+/// fractions (%) over `window_s` seconds after a 1 s warm-up.
+pub fn many_processes(cfg: ModelConfig, n: usize, kernel_ns: u64, window_s: u64) -> Vec<f64> {
+    let many = SliceSpec { share_bps: 1000, limit_bps: 1000, priority: Priority::Normal, procs: vec![Pattern::Saturate { kernel_ns, ahead: 64 }; n] };
+    let one = SliceSpec::one(90, 90, Priority::Normal, Pattern::Saturate { kernel_ns: 400_000, ahead: 64 });
+    let mut m = Model::new(cfg, vec![many, one]);
+    let end = (1 + window_s) * 1_000_000_000;
+    m.run_until(end);
+    fractions(&m, 1_000_000_000, end)
+}

@@ -130,10 +130,13 @@ fn every() -> u32 {
     }
 }
 
-/// The gate's words for slice device `dev`.
+/// The gate's words for slice device `dev`, with the slice's process
+/// records (this process publishes its unfinished work in its own, once it
+/// has claimed one).
 pub fn view(s: &'static Slice, dev: usize) -> GateView<'static> {
     let l = s.limits.region();
-    GateView::from_tables(l, s.usage.region(), dev, l.devices[dev].compute_limit_bps.load(Relaxed))
+    let own = s.slot().ok().map(|sl| sl.index);
+    GateView::from_tables(l, s.usage.region(), dev, l.devices[dev].compute_limit_bps.load(Relaxed), own)
 }
 
 fn record_of(s: &'static Slice) -> Option<&'static ProcRecord> {
@@ -324,7 +327,8 @@ pub fn after(t: Ticket, ok: bool) {
     }
     let Ok(s) = crate::state::slice() else { return };
     let g = &GATES[t.dev];
-    let est = g.launched();
+    let v = view(s, t.dev);
+    let est = g.launched(&v);
     OWN.with(|o| o[t.dev].set(o[t.dev].get() + 1));
     if let Some(r) = record_of(s) {
         r.launches[t.dev].fetch_add(1, Relaxed);
@@ -346,7 +350,7 @@ pub fn after(t: Ticket, ok: bool) {
         } else {
             (e.unrecorded() >= n, n)
         };
-        if !due && !near(s, t.dev, g, ahead) {
+        if !due && !near(&v, g, ahead, t.submit) {
             return;
         }
         let now = t.submit;
@@ -361,16 +365,16 @@ pub fn after(t: Ticket, ok: bool) {
 }
 
 /// Whether the gate may say no within the next `n` launches, so their
-/// completion must be observable now.
-fn near(s: &'static Slice, dev: usize, g: &ProcGate, n: u32) -> bool {
-    let v = view(s, dev);
+/// completion must be observable now (`now`: the launch's admission time).
+fn near(v: &GateView<'_>, g: &ProcGate, n: u32, now: u64) -> bool {
     let inflight = g.inflight();
     let ql = v.queue_launches.load(Relaxed);
     let qns = v.queue_ns.load(Relaxed);
     let ahead = g.mean_ns().saturating_mul(u64::from(n));
+    let busy = || v.consumed_ns.load(Relaxed).saturating_add(v.peers_ns(v.period_ns.load(Relaxed), now));
     (ql != 0 && inflight + 1 >= ql && !egpu_arbiter::gate::tiny(g.mean_ns()))
         || (qns != 0 && g.inflight_ns().saturating_add(ahead) >= qns)
-        || v.consumed_ns.load(Relaxed).saturating_add(g.inflight_ns()).saturating_add(ahead) >= v.allowance_ns.load(Relaxed)
+        || busy().saturating_add(g.inflight_ns()).saturating_add(ahead) >= v.allowance_ns.load(Relaxed)
 }
 
 /// After a synchronisation the caller waited for: reap what completed.
