@@ -289,3 +289,34 @@ fn a_cap_holds_for_a_slice_of_many_processes() {
         assert!(blind >= small + 5.0, "the control did not overshoot ({blind}% against {small}%): the test cannot tell");
     }
 }
+
+#[test]
+fn a_killed_process_does_not_hold_its_slice_back() {
+    // Two processes share a 30% slice; one is SIGKILLed. Its record stays
+    // attached (nobody sweeps here) with whatever unfinished work it had
+    // published; the test makes that 5 ms, more than the slice's whole
+    // budget, as if it died with a long kernel in flight. Once its gate has
+    // been silent for two periods the other no longer counts it, and has
+    // the whole slice. Counted for ever, it would never launch again (with
+    // the freshness rule taken out, this test hung until nextest killed it).
+    let m = Machine::new("1x16GiB");
+    let s = m.slice("pair", 0, 30, 30, Priority::Normal);
+    let egpud = Egpud::start(&m, std::slice::from_ref(&s));
+    let mut victim = m.burn(&s, &["--seconds", "30"]);
+    let other = m.burn(&s, &["--seconds", "4"]);
+    wait_running(&m, &[&victim, &other], Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(300));
+    let pid = victim.pid();
+    victim.child.kill().unwrap();
+    victim.child.wait().unwrap();
+    let u = s.usage.region();
+    let rec = u.procs.iter().find(|r| r.pid.load(Ordering::Relaxed) == pid && r.state.load(Ordering::Relaxed) == 1).expect("the killed process's record, unswept");
+    let had = rec.inflight_us[0].swap(5_000, Ordering::Relaxed);
+    std::thread::sleep(Duration::from_millis(200));
+    let f = pct(fractions(&m, &[&other], Duration::from_millis(2000))[0]);
+    let (code, _, stderr) = other.finish();
+    assert_eq!(code, 0, "{stderr}");
+    egpud.stop();
+    eprintln!("30% slice after one of its two processes was killed (it had {had} µs published; set to 5000): the other got {f}%");
+    assert!((f - 30.0).abs() <= 5.0, "the survivor got {f}% of its 30% slice");
+}
