@@ -7,6 +7,7 @@ use egpu_cuda::{CUDA_SUCCESS, CUcontext, CUdevice, CUdeviceptr, CUevent, CUfunct
 use std::ffi::{CStr, c_char, c_int, c_uint, c_void};
 
 type BeginToGraph = unsafe extern "C" fn(CUstream, egpu_cuda::CUgraph, *const egpu_cuda::CUgraphNode, *const c_void, usize, c_uint) -> CUresult;
+type BeginRecapture = unsafe extern "C" fn(CUstream, c_uint, egpu_cuda::CUgraph, *mut c_void, *mut c_void) -> CUresult;
 type Launch = unsafe extern "C" fn(CUfunction, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, c_uint, CUstream, *mut *mut c_void, *mut *mut c_void) -> CUresult;
 
 /// Function pointers of the driver, valid while `_lib` is loaded.
@@ -30,6 +31,8 @@ pub struct Driver {
     exchange_capture_mode: unsafe extern "C" fn(*mut c_uint) -> CUresult,
     /// CUDA 12.3 and later only.
     begin_capture_to_graph: Option<BeginToGraph>,
+    /// CUDA 13.3 and later only.
+    begin_recapture: Option<BeginRecapture>,
     error_name: unsafe extern "C" fn(CUresult, *mut *const c_char) -> CUresult,
     _lib: libloading::Library,
 }
@@ -72,6 +75,8 @@ impl Driver {
             exchange_capture_mode: sym!(lib, "cuThreadExchangeStreamCaptureMode"),
             // SAFETY: as in `sym!`; a driver older than CUDA 12.3 lacks it.
             begin_capture_to_graph: unsafe { lib.get::<BeginToGraph>(b"cuStreamBeginCaptureToGraph\0") }.ok().map(|s| *s),
+            // SAFETY: as in `sym!`; a driver older than CUDA 13.3 lacks it.
+            begin_recapture: unsafe { lib.get::<BeginRecapture>(b"cuStreamBeginRecaptureToGraph\0") }.ok().map(|s| *s),
             error_name: sym!(lib, "cuGetErrorName"),
             _lib: lib,
         })
@@ -110,6 +115,9 @@ pub enum CaptureKind {
     Mode(c_uint),
     /// `cuStreamBeginCaptureToGraph` into a graph of its own, global mode.
     ToGraph,
+    /// `cuStreamBeginRecaptureToGraph` into a graph first captured (global
+    /// mode) with the one launch the recapture then repeats, global mode.
+    Recapture,
 }
 
 /// A stream capture left open while the burner runs (`--open-capture`).
@@ -184,6 +192,17 @@ impl<'d> Burner<'d> {
                 self.d.check(unsafe { (self.d.graph_create)(&mut g, 0) }, "cuGraphCreate")?;
                 // SAFETY: the stream and graph created above; no dependencies; global mode.
                 self.d.check(unsafe { begin(s, g, std::ptr::null(), std::ptr::null(), 0, egpu_cuda::CU_STREAM_CAPTURE_MODE_GLOBAL) }, "cuStreamBeginCaptureToGraph")?;
+            }
+            CaptureKind::Recapture => {
+                let Some(begin) = self.d.begin_recapture else { bail!("the driver has no cuStreamBeginRecaptureToGraph (CUDA 13.3 or later)") };
+                // SAFETY: a stream created above and a documented mode.
+                self.d.check(unsafe { (self.d.begin_capture)(s, egpu_cuda::CU_STREAM_CAPTURE_MODE_GLOBAL) }, "cuStreamBeginCapture_v2")?;
+                self.launch_on(s, 1, 1, 1).context("the launch of the graph to recapture")?;
+                let mut g: egpu_cuda::CUgraph = std::ptr::null_mut();
+                // SAFETY: ends the capture begun just above; out-pointer to a live local.
+                self.d.check(unsafe { (self.d.end_capture)(s, &mut g) }, "cuStreamEndCapture of the graph to recapture")?;
+                // SAFETY: the stream above and the graph its capture returned; no callback.
+                self.d.check(unsafe { begin(s, egpu_cuda::CU_STREAM_CAPTURE_MODE_GLOBAL, g, std::ptr::null_mut(), std::ptr::null_mut()) }, "cuStreamBeginRecaptureToGraph")?;
             }
         }
         let mut c = OpenCapture { stream: s as usize, launches: 0 };

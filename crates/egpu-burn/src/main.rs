@@ -103,6 +103,9 @@ enum OpenCapture {
     Relaxed,
     /// `cuStreamBeginCaptureToGraph` (CUDA 12.3), global mode.
     ToGraph,
+    /// `cuStreamBeginRecaptureToGraph` (CUDA 13.3) into a graph captured
+    /// just before with the same launch, global mode.
+    Recapture,
 }
 
 impl OpenCapture {
@@ -112,6 +115,7 @@ impl OpenCapture {
             OpenCapture::ThreadLocal => driver::CaptureKind::Mode(egpu_cuda::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
             OpenCapture::Relaxed => driver::CaptureKind::Mode(egpu_cuda::CU_STREAM_CAPTURE_MODE_RELAXED),
             OpenCapture::ToGraph => driver::CaptureKind::ToGraph,
+            OpenCapture::Recapture => driver::CaptureKind::Recapture,
         }
     }
 }
@@ -212,6 +216,9 @@ fn capture_churn(device: i32, kind: driver::CaptureKind, gap: Duration) -> Resul
 
 fn main() -> Result<()> {
     let args = Args::parse();
+    if args.open_capture == Some(OpenCapture::Recapture) {
+        anyhow::bail!("--open-capture recapture is not supported: a recapture must repeat its graph's launches, and an open capture adds one after the burn; use --capture-churn recapture");
+    }
     let d = driver::Driver::load()?;
     let b = driver::Burner::new(&d, args.device, ptx::PTX, ptx::ENTRY)?;
     if args.failed_capture {

@@ -62,7 +62,7 @@ const GUARDED: &[&str] = &[
     "cuLaunch", "cuLaunchGrid", "cuLaunchGridAsync",
     // Captures: an unknown pointer would leave a capture uncounted, and the
     // gate would then record its events into the captured graph.
-    "cuStreamBeginCapture", "cuStreamBeginCaptureToGraph", "cuStreamEndCapture",
+    "cuStreamBeginCapture", "cuStreamBeginCaptureToGraph", "cuStreamBeginRecaptureToGraph", "cuStreamEndCapture",
 ];
 
 /// The base name of a versioned symbol name, for the `GUARDED` check only.

@@ -202,12 +202,25 @@ fn captures_begun_beside_gated_launches_are_not_invalidated() {
     // after it: in the thread's global mode one of them would invalidate
     // the capture (the simulated driver refuses it and invalidates the
     // capture, as the real one does), unless the begin waits for it.
+    captures_beside_gated_launches("global");
+}
+
+#[test]
+fn recaptures_begun_beside_gated_launches_are_not_invalidated() {
+    // The same with CUDA 13.3's cuStreamBeginRecaptureToGraph (each round
+    // captures a graph of one launch, then recaptures it): a recapture the
+    // hook did not count as a capture in progress was invalidated by the
+    // gate's event queries.
+    captures_beside_gated_launches("recapture");
+}
+
+fn captures_beside_gated_launches(kind: &str) {
     let m = Machine::new("1x16GiB");
     let s = m.slice("churn", 0, 30, 30, Priority::Normal);
     let egpud = Egpud::start(&m, std::slice::from_ref(&s));
     // Pauses of 0-400 us between captures: thousands of captures, with
     // little CPU taken from tests that run beside this one.
-    let b = m.burn(&s, &["--seconds", "3", "--capture-churn", "global", "--capture-churn-gap", "200us"]);
+    let b = m.burn(&s, &["--seconds", "3", "--capture-churn", kind, "--capture-churn-gap", "200us"]);
     wait_running(&m, &[&b], Duration::from_secs(20));
     let f = pct(fractions(&m, &[&b], Duration::from_millis(2000))[0]);
     let (code, _, stderr) = b.finish();

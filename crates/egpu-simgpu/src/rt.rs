@@ -196,6 +196,9 @@ pub struct Capture {
     pub thread: std::thread::ThreadId,
     /// A forbidden call invalidated it: its end fails.
     pub invalid: bool,
+    /// A recapture (`cuStreamBeginRecaptureToGraph`): the graph's nodes
+    /// before it, which the recaptured ones must repeat in order.
+    pub recapture: Option<Vec<Node>>,
 }
 
 #[derive(Debug)]

@@ -373,6 +373,17 @@ fn child() {
             assert_eq!(s.launch(f, 1024, cap), CUDA_SUCCESS);
             let (r, g) = end();
             say("to_graph_end", format!("{r} {}", g == mine as usize));
+            // Recapture into it: the same node sequence again succeeds; a
+            // second kernel where there was one fails at the end.
+            assert_eq!(s.cuStreamBeginRecaptureToGraph(cap, CU_STREAM_CAPTURE_MODE_GLOBAL, mine, std::ptr::null_mut(), std::ptr::null_mut()), CUDA_SUCCESS);
+            say("recapture_status", status());
+            assert_eq!(s.launch(f, 1024, cap), CUDA_SUCCESS);
+            let (r, g) = end();
+            say("recapture_same", format!("{r} {}", g == mine as usize));
+            assert_eq!(s.cuStreamBeginRecaptureToGraph(cap, CU_STREAM_CAPTURE_MODE_GLOBAL, mine, std::ptr::null_mut(), std::ptr::null_mut()), CUDA_SUCCESS);
+            assert_eq!(s.launch(f, 1024, cap), CUDA_SUCCESS);
+            assert_eq!(s.launch(f, 1024, cap), CUDA_SUCCESS);
+            say("recapture_diverged", end().0);
         }
         other => panic!("unknown role {other}"),
     }
@@ -603,5 +614,8 @@ fn stream_capture_refuses_the_calls_its_modes_forbid() {
     assert_eq!(k.expect("to_unknown_graph"), CUDA_ERROR_INVALID_VALUE.to_string());
     assert_eq!(k.expect("to_graph_status"), CU_STREAM_CAPTURE_STATUS_ACTIVE.to_string());
     assert_eq!(k.expect("to_graph_end"), "0 true", "a capture into the caller's graph ends with that graph");
+    assert_eq!(k.expect("recapture_status"), CU_STREAM_CAPTURE_STATUS_ACTIVE.to_string());
+    assert_eq!(k.expect("recapture_same"), "0 true", "a recapture that repeats the graph's nodes ends with that graph");
+    assert_eq!(k.expect("recapture_diverged"), CUDA_ERROR_GRAPH_RECAPTURE_FAILURE.to_string());
     k.finish();
 }

@@ -192,6 +192,8 @@ begin_capture!(begin_capture_v2, cuStreamBeginCapture_v2(s: CUstream, mode: c_ui
 begin_capture!(begin_capture_v2_ptsz, cuStreamBeginCapture_v2_ptsz(s: CUstream, mode: c_uint));
 begin_capture!(begin_capture_to_graph, cuStreamBeginCaptureToGraph(s: CUstream, graph: CUgraph, deps: *const CUgraphNode, data: *const c_void, n: usize, mode: c_uint));
 begin_capture!(begin_capture_to_graph_ptsz, cuStreamBeginCaptureToGraph_ptsz(s: CUstream, graph: CUgraph, deps: *const CUgraphNode, data: *const c_void, n: usize, mode: c_uint));
+begin_capture!(begin_recapture_to_graph, cuStreamBeginRecaptureToGraph(s: CUstream, mode: c_uint, graph: CUgraph, callback: *mut c_void, user: *mut c_void));
+begin_capture!(begin_recapture_to_graph_ptsz, cuStreamBeginRecaptureToGraph_ptsz(s: CUstream, mode: c_uint, graph: CUgraph, callback: *mut c_void, user: *mut c_void));
 
 /// `cuStreamEndCapture` / `_ptsz`.
 #[doc(alias = "cuStreamEndCapture")]

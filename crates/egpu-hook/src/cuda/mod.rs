@@ -115,6 +115,8 @@ crate::detour::hooks! {
     fn cuStreamBeginCapture_v2_ptsz(s: CUstream, mode: c_uint) => launch::begin_capture_v2_ptsz;
     fn cuStreamBeginCaptureToGraph(s: CUstream, graph: CUgraph, deps: *const CUgraphNode, data: *const c_void, n: usize, mode: c_uint) => launch::begin_capture_to_graph;
     fn cuStreamBeginCaptureToGraph_ptsz(s: CUstream, graph: CUgraph, deps: *const CUgraphNode, data: *const c_void, n: usize, mode: c_uint) => launch::begin_capture_to_graph_ptsz;
+    fn cuStreamBeginRecaptureToGraph(s: CUstream, mode: c_uint, graph: CUgraph, callback: *mut c_void, user: *mut c_void) => launch::begin_recapture_to_graph;
+    fn cuStreamBeginRecaptureToGraph_ptsz(s: CUstream, mode: c_uint, graph: CUgraph, callback: *mut c_void, user: *mut c_void) => launch::begin_recapture_to_graph_ptsz;
     fn cuStreamEndCapture(s: CUstream, graph: *mut CUgraph) => launch::end_capture;
     fn cuStreamEndCapture_ptsz(s: CUstream, graph: *mut CUgraph) => launch::end_capture_ptsz;
     fn cuEventSynchronize(e: CUevent) => launch::event_synchronize;

@@ -253,6 +253,8 @@ cu_exports! {
     cuStreamBeginCapture_v2_ptsz(s: CUstream, m: u32) => capture::begin_capture(s, m, true);
     cuStreamBeginCaptureToGraph(s: CUstream, g: CUgraph, d: Pc<CUgraphNode>, e: Pc<c_void>, n: usize, m: u32) => capture::begin_capture_to_graph(s, g, m, false);
     cuStreamBeginCaptureToGraph_ptsz(s: CUstream, g: CUgraph, d: Pc<CUgraphNode>, e: Pc<c_void>, n: usize, m: u32) => capture::begin_capture_to_graph(s, g, m, true);
+    cuStreamBeginRecaptureToGraph(s: CUstream, m: u32, g: CUgraph, cb: P<c_void>, u: P<c_void>) => capture::begin_recapture_to_graph(s, m, g, false);
+    cuStreamBeginRecaptureToGraph_ptsz(s: CUstream, m: u32, g: CUgraph, cb: P<c_void>, u: P<c_void>) => capture::begin_recapture_to_graph(s, m, g, true);
     cuStreamEndCapture(s: CUstream, g: P<CUgraph>) => capture::end_capture(s, g, false);
     cuStreamEndCapture_ptsz(s: CUstream, g: P<CUgraph>) => capture::end_capture(s, g, true);
     cuThreadExchangeStreamCaptureMode(m: P<u32>) => capture::exchange_mode(m);

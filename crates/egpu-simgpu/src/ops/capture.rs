@@ -1,5 +1,5 @@
 //! Stream capture: `cuStreamBeginCapture*`, `cuStreamBeginCaptureToGraph`,
-//! `cuStreamEndCapture`, `cuThreadExchangeStreamCaptureMode`, and the rule
+//! `cuStreamBeginRecaptureToGraph`, `cuStreamEndCapture`, `cuThreadExchangeStreamCaptureMode`, and the rule
 //! that makes capture fragile in real programs: while a capture is in
 //! progress, some calls are *potentially unsafe* and, when the modes
 //! forbid them, fail with `CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED` and
@@ -21,7 +21,7 @@
 
 use crate::cptr::{R, read, write};
 use crate::ops::stream::{self, SRef};
-use crate::rt::{Capture, Graph, Inner, cu, new_handle};
+use crate::rt::{Capture, Graph, Inner, Node, cu, new_handle};
 use egpu_cuda::*;
 use std::cell::Cell;
 use std::thread::ThreadId;
@@ -96,7 +96,7 @@ fn begin(g: &mut Inner, s: CUstream, graph: u64, owned: bool, mode: u32, ptsz: b
     if of(g, r).is_some() {
         return Err(CUDA_ERROR_ILLEGAL_STATE);
     }
-    let c = Capture { graph, owned, mode, thread: me(), invalid: false };
+    let c = Capture { graph, owned, mode, thread: me(), invalid: false, recapture: None };
     match r {
         SRef::PerThread(ctx) => {
             g.ptds_captures.insert((ctx, me()), c);
@@ -127,6 +127,42 @@ pub fn begin_capture_to_graph(s: CUstream, graph: CUgraph, mode: u32, ptsz: bool
     begin(&mut g, s, graph as u64, false, mode, ptsz)
 }
 
+/// `cuStreamBeginRecaptureToGraph(_ptsz)` (CUDA 13.3): capture into the
+/// caller's graph again. Its nodes are taken out and the capture must add
+/// the same sequence back (kinds in order, allocation and free nodes with
+/// their sizes), else its end fails with
+/// `CUDA_ERROR_GRAPH_RECAPTURE_FAILURE`; other parameters (kernel
+/// arguments) are not modelled, so the mismatch callback is never called.
+/// The real driver fails at the first diverging node; here it is found at
+/// the end.
+pub fn begin_recapture_to_graph(s: CUstream, mode: u32, graph: CUgraph, ptsz: bool) -> R<()> {
+    let p = cu()?;
+    let mut g = p.lock();
+    let key = graph as u64;
+    if !g.graphs.contains_key(&key) {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    begin(&mut g, s, key, false, mode, ptsz)?;
+    let old = g.graphs.get_mut(&key).map(|gr| std::mem::take(&mut gr.nodes)).unwrap_or_default();
+    let r = stream::resolve(&g, s, ptsz)?;
+    let c = match r {
+        SRef::PerThread(ctx) => g.ptds_captures.get_mut(&(ctx, me())),
+        _ => slot(&mut g, r)?.as_mut(),
+    }
+    .ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
+    c.recapture = Some(old.into_iter().map(|(_, n)| n).collect());
+    Ok(())
+}
+
+/// Whether recaptured node `b` repeats original node `a`.
+fn same_node(a: &Node, b: &Node) -> bool {
+    match (a, b) {
+        (Node::Kernel { .. }, Node::Kernel { .. }) | (Node::MemFree { .. }, Node::MemFree { .. }) | (Node::Empty, Node::Empty) => true,
+        (Node::MemAlloc { size: x, .. }, Node::MemAlloc { size: y, .. }) => x == y,
+        _ => false,
+    }
+}
+
 /// `cuStreamEndCapture(_ptsz)`. An invalidated capture ends with
 /// `CUDA_ERROR_STREAM_CAPTURE_INVALIDATED` and a null graph; a capture
 /// begun not `RELAXED` must be ended by the thread that began it.
@@ -150,6 +186,13 @@ pub fn end_capture(s: CUstream, out: *mut CUgraph, ptsz: bool) -> R<()> {
         let _ = write(out, std::ptr::null_mut());
         return Err(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
     }
+    if let Some(old) = &c.recapture {
+        let new = g.graphs.get(&c.graph).map_or(&[][..], |gr| &gr.nodes[..]);
+        if old.len() != new.len() || !old.iter().zip(new).all(|(a, (_, b))| same_node(a, b)) {
+            let _ = write(out, std::ptr::null_mut());
+            return Err(CUDA_ERROR_GRAPH_RECAPTURE_FAILURE);
+        }
+    }
     write(out, c.graph as CUgraph)
 }
 
@@ -167,7 +210,7 @@ mod tests {
     use super::*;
 
     fn cap(mode: u32, thread: ThreadId) -> Capture {
-        Capture { graph: 1, owned: true, mode, thread, invalid: false }
+        Capture { graph: 1, owned: true, mode, thread, invalid: false, recapture: None }
     }
 
     #[test]

@@ -496,6 +496,8 @@ pub(crate) static TABLE: &[(&str, u32, PerThread, &str)] = &[
     ("cuStreamBeginCapture", 10010, Ptsz, "cuStreamBeginCapture_v2_ptsz"),
     ("cuStreamBeginCaptureToGraph", 12030, Legacy, "cuStreamBeginCaptureToGraph"),
     ("cuStreamBeginCaptureToGraph", 12030, Ptsz, "cuStreamBeginCaptureToGraph_ptsz"),
+    ("cuStreamBeginRecaptureToGraph", 13030, Legacy, "cuStreamBeginRecaptureToGraph"),
+    ("cuStreamBeginRecaptureToGraph", 13030, Ptsz, "cuStreamBeginRecaptureToGraph_ptsz"),
     ("cuStreamCopyAttributes", 11000, Legacy, "cuStreamCopyAttributes"),
     ("cuStreamCopyAttributes", 11000, Ptsz, "cuStreamCopyAttributes_ptsz"),
     ("cuStreamCreate", 2000, Legacy, "cuStreamCreate"),

@@ -77,6 +77,7 @@ api! {
     cuStreamSynchronize(s: CUstream) -> CUresult;
     cuStreamBeginCapture_v2(s: CUstream, m: u32) -> CUresult;
     cuStreamBeginCaptureToGraph(s: CUstream, g: CUgraph, d: *const CUgraphNode, e: *const c_void, n: usize, m: u32) -> CUresult;
+    cuStreamBeginRecaptureToGraph(s: CUstream, m: u32, g: CUgraph, cb: *mut c_void, u: *mut c_void) -> CUresult;
     cuStreamEndCapture(s: CUstream, g: *mut CUgraph) -> CUresult;
     cuStreamIsCapturing(s: CUstream, st: *mut u32) -> CUresult;
     cuThreadExchangeStreamCaptureMode(m: *mut u32) -> CUresult;
