@@ -82,9 +82,10 @@ pub struct ProcRecord {
     /// zero for hooks older than the field.
     pub caps: AtomicU64,
     /// The compute gate's estimate of this process's unfinished work per
-    /// slice device, µs. Only the owner writes it (an atomic add at each
-    /// launch, a subtract at each completion); the gates of the slice's other
-    /// processes count it against the slice's allowance with their own, while
+    /// slice device, µs. Only the owning process writes it (the hook stores
+    /// its total less its silent threads' at each launch and completion);
+    /// the gates of the slice's other processes count it against the
+    /// slice's allowance with their own, while
     /// it is fresh ([`ProcRecord::gate_ns`]) and the record has
     /// [`CAP_PEER_INFLIGHT`] (`docs/compute-arbiter.md`, "Several processes in
     /// one slice"). Carved out of the reserved words and the record's tail

@@ -136,7 +136,7 @@ fn gate_fast_path(c: &mut Criterion) {
             }
         }
         let hw = AtomicU32::new(n as u32);
-        let v = GateView { peers: Some(Peers { records: &records, high_water: &hw, own: Some(0), dev: 0 }), ..w.view(10_000) };
+        let v = GateView { peers: Some(Peers { records: &records, high_water: &hw, own: Some(0), dev: 0, publish: true }), ..w.view(10_000) };
         let g = ProcGate::new();
         c.bench_function(&format!("gate/fast_path_records_{n}"), |b| {
             b.iter(|| {

@@ -119,15 +119,21 @@ pub struct Peers<'a> {
     /// This process's record, if it has claimed one (else it publishes nothing).
     pub own: Option<usize>,
     pub dev: usize,
+    /// Whether [`ProcGate`] adds and subtracts its estimates in the own
+    /// record itself (the model, tests). The hook publishes instead, thread
+    /// by thread, leaving out threads that stopped calling CUDA with
+    /// launches unreaped; its estimates are still rounded to whole µs.
+    pub publish: bool,
 }
 
 impl<'a> Peers<'a> {
     /// The peers in a usage region, for the process owning record `own`.
     pub fn of(usage: &'a UsageRegion, own: Option<usize>, dev: usize) -> Peers<'a> {
-        Peers { records: &usage.procs, high_water: &usage.high_water, own, dev }
+        Peers { records: &usage.procs, high_water: &usage.high_water, own, dev, publish: true }
     }
 
-    fn own_record(&self) -> Option<&'a ProcRecord> {
+    /// This process's record, if it has one.
+    pub fn own_record(&self) -> Option<&'a ProcRecord> {
         self.own.and_then(|i| self.records.get(i))
     }
 
@@ -143,11 +149,21 @@ impl<'a> Peers<'a> {
             if us == 0 || Some(i) == self.own || r.state.load(Relaxed) != 1 || r.caps.load(Relaxed) & CAP_PEER_INFLIGHT == 0 {
                 continue;
             }
-            if now_ns.saturating_sub(r.gate_ns.load(Relaxed)) <= fresh_ns {
+            if fresh(now_ns, r.gate_ns.load(Relaxed), fresh_ns) {
                 sum = sum.saturating_add(u64::from(us) * 1000);
             }
         }
         sum
+    }
+
+    /// Whether another process of the slice with a current hook has decided
+    /// within `fresh_ns` (whatever its unfinished work): a waiter then wakes
+    /// at a moment of its own rather than at the tick with all the others.
+    pub fn others_active(&self, now_ns: u64, fresh_ns: u64) -> bool {
+        let hw = (self.high_water.load(Relaxed) as usize).min(self.records.len());
+        self.records[..hw].iter().enumerate().any(|(i, r)| {
+            Some(i) != self.own && r.state.load(Relaxed) == 1 && r.caps.load(Relaxed) & CAP_PEER_INFLIGHT != 0 && fresh(now_ns, r.gate_ns.load(Relaxed), fresh_ns)
+        })
     }
 
     /// Marks this process's gate as active at `now_ns` (at most one store
@@ -163,18 +179,26 @@ impl<'a> Peers<'a> {
     }
 
     fn publish_add(&self, est_ns: u64) {
-        if let Some(r) = self.own_record() {
+        if let Some(r) = self.own_record().filter(|_| self.publish) {
             let us = u32::try_from(est_ns / 1000).unwrap_or(u32::MAX);
             let _ = r.inflight_us[self.dev].fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_add(us)));
         }
     }
 
     fn publish_sub(&self, est_ns: u64) {
-        if let Some(r) = self.own_record() {
+        if let Some(r) = self.own_record().filter(|_| self.publish) {
             let us = u32::try_from(est_ns / 1000).unwrap_or(u32::MAX);
             let _ = r.inflight_us[self.dev].fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(us)));
         }
     }
+}
+
+/// Whether a record whose gate last decided at `at` is fresh at `now`: at
+/// most `fresh_ns` before it, and not after it by more than that (a clock
+/// from another time namespace, or a corrupted word, never stays fresh).
+#[inline]
+fn fresh(now_ns: u64, at: u64, fresh_ns: u64) -> bool {
+    now_ns.abs_diff(at) <= fresh_ns
 }
 
 impl<'a> GateView<'a> {
@@ -265,6 +289,14 @@ impl ProcGate {
     /// per peer record in use, and a few compares.
     #[inline]
     pub fn before_launch_by(&self, v: &GateView<'_>, now_ns: u64, own: u64) -> Decision {
+        self.before_launch_beside(v, now_ns, own, v.peers_ns(v.period_ns.load(Relaxed), now_ns))
+    }
+
+    /// [`ProcGate::before_launch_by`] with the peers' unfinished work
+    /// already summed ([`GateView::peers_ns`]), for a caller that uses the
+    /// sum again (the hook, to decide whether to record an event).
+    #[inline]
+    pub fn before_launch_beside(&self, v: &GateView<'_>, now_ns: u64, own: u64, peers_ns: u64) -> Decision {
         let period = v.period_ns.load(Relaxed);
         if period == 0 {
             return Decision::Go;
@@ -284,7 +316,7 @@ impl ProcGate {
         let consumed = v.consumed_ns.load(Relaxed);
         // Consumed plus the other processes' unfinished work: the slice's use
         // of the allowance but for this process's own.
-        let busy = consumed.saturating_add(v.peers_ns(period, now_ns));
+        let busy = consumed.saturating_add(peers_ns);
         if !queue_full && busy.saturating_add(inflight_ns) < v.allowance_ns.load(Relaxed) {
             return Decision::Go;
         }
@@ -357,6 +389,16 @@ impl ProcGate {
         self.inflight.fetch_add(1, Relaxed);
         self.inflight_ns.fetch_add(est, Relaxed);
         est
+    }
+
+    /// A launch [`ProcGate::launched`] counted was not made after all (the
+    /// driver refused it): its estimate is taken back, nothing is measured.
+    pub fn cancel(&self, v: &GateView<'_>, estimate: u64) {
+        sub_sat(&self.inflight, 1);
+        sub_sat(&self.inflight_ns, estimate);
+        if let Some(p) = &v.peers {
+            p.publish_sub(estimate);
+        }
     }
 
     /// A launch finished: `estimate` is what [`ProcGate::launched`] returned,
@@ -729,7 +771,7 @@ mod tests {
         // Period 1 ms, allowance 100 µs; two processes, 10 µs launches.
         let w = words(1_000_000, 100_000, 0);
         let (recs, hw) = records(2);
-        let peers = |own| Some(Peers { records: &recs, high_water: &hw, own: Some(own), dev: 0 });
+        let peers = |own| Some(Peers { records: &recs, high_water: &hw, own: Some(own), dev: 0, publish: true });
         let (va, vb) = (GateView { peers: peers(0), ..w.view(10_000) }, GateView { peers: peers(1), ..w.view(10_000) });
         let (a, b) = (ProcGate::new(), ProcGate::new());
         for (g, v) in [(&a, &va), (&b, &vb)] {
@@ -760,7 +802,7 @@ mod tests {
     fn published_estimates_are_whole_microseconds_and_come_back_exactly() {
         let w = words(1_000_000, u64::MAX / 2, 0);
         let (recs, hw) = records(1);
-        let v = GateView { peers: Some(Peers { records: &recs, high_water: &hw, own: Some(0), dev: 0 }), ..w.view(10_000) };
+        let v = GateView { peers: Some(Peers { records: &recs, high_water: &hw, own: Some(0), dev: 0, publish: true }), ..w.view(10_000) };
         let g = ProcGate::new();
         let e = g.launched(&v);
         g.completed(&v, e, 2_345, None);
@@ -772,7 +814,7 @@ mod tests {
         g.completed_n(&v, 3, 9_000, 7_000, None);
         assert_eq!((recs[0].inflight_us[0].load(Relaxed), g.inflight_ns()), (0, 0));
         // Without a record of its own, nothing is published or rounded.
-        let v = GateView { peers: Some(Peers { records: &recs, high_water: &hw, own: None, dev: 0 }), ..w.view(10_000) };
+        let v = GateView { peers: Some(Peers { records: &recs, high_water: &hw, own: None, dev: 0, publish: true }), ..w.view(10_000) };
         let g = ProcGate::new();
         let e = g.launched(&v);
         g.completed(&v, e, 2_345, None);
@@ -785,7 +827,7 @@ mod tests {
         let p = 1_000_000;
         let w = words(p, 100_000, 5 * p);
         let (recs, hw) = records(4);
-        let v = GateView { peers: Some(Peers { records: &recs, high_water: &hw, own: Some(0), dev: 0 }), ..w.view(10_000) };
+        let v = GateView { peers: Some(Peers { records: &recs, high_water: &hw, own: Some(0), dev: 0, publish: true }), ..w.view(10_000) };
         let g = ProcGate::new();
         for r in &recs[1..] {
             r.inflight_us[0].store(100, Relaxed); // each would fill the allowance

@@ -187,7 +187,7 @@ impl Model {
         if !self.cfg.peers {
             return v;
         }
-        GateView { peers: Some(Peers { records: &s.records, high_water: &s.high_water, own: Some(pr.rec), dev: 0 }), ..v }
+        GateView { peers: Some(Peers { records: &s.records, high_water: &s.high_water, own: Some(pr.rec), dev: 0, publish: true }), ..v }
     }
 
     fn push(&mut self, t: u64, ev: Ev) {

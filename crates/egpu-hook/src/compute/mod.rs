@@ -15,6 +15,14 @@
 //!   drain another thread's: one that stopped calling CUDA keeps its
 //!   launches unreaped, and the thread waiting on them used to launch one
 //!   kernel per period.
+//! - **Peers.** The gate also counts the unfinished work the slice's other
+//!   processes publish in their usage records, and this process publishes
+//!   its own ([`publish`]: thread by thread, leaving out threads silent for
+//!   two periods). A launch is counted, and published, when it is admitted,
+//!   before the driver call (taken back if the driver refuses it), and a
+//!   wait for the allowance beside other active processes ends at a random
+//!   moment within a 40th of a period, so that they do not all wake at the
+//!   tick and each see the others with nothing unfinished.
 //! - **No arbiter** (`arbiter_period_ns == 0`): nothing is gated or
 //!   measured; the launch costs one extra atomic load.
 //! - **Stream capture.** A launch on a stream that is being captured into a
@@ -36,13 +44,15 @@
 //!   `end_k − max(end_{k−1}, submit_k)` to the slice's `consumed_ns` and the
 //!   process's `gpu_time_ns` (see [`streams`]).
 //! - **Cost.** The fast path (budget left, queue short) is a clock read
-//!   (vDSO), a thread-local lookup, the gate's relaxed loads, two atomic adds
-//!   and the event record: no system call, no lock, no allocation.
+//!   (vDSO), thread-local lookups, the gate's relaxed loads (one more per
+//!   record of the slice in use), two atomic adds, a few plain stores and
+//!   the event record: no system call, no lock, no allocation.
 //! - **Robustness.** State is per process (`GATES`, atomics) and per thread
 //!   (event rings); a fork child resets both; no thread is started; the
 //!   detour runner catches panics.
 
 pub mod drv;
+pub mod publish;
 pub mod streams;
 
 use crate::state::Slice;
@@ -91,6 +101,7 @@ impl Drop for Local {
         if t.gen_ == FORK_GEN.load(Relaxed) {
             t.forfeit_all(&mut complete);
         }
+        publish::thread_exit();
     }
 }
 
@@ -136,7 +147,17 @@ fn every() -> u32 {
 pub fn view(s: &'static Slice, dev: usize) -> GateView<'static> {
     let l = s.limits.region();
     let own = s.slot().ok().map(|sl| sl.index);
-    GateView::from_tables(l, s.usage.region(), dev, l.devices[dev].compute_limit_bps.load(Relaxed), own)
+    let mut v = GateView::from_tables(l, s.usage.region(), dev, l.devices[dev].compute_limit_bps.load(Relaxed), own);
+    if let Some(p) = &mut v.peers {
+        // Published thread by thread ([`publish`]), not by the gate.
+        p.publish = false;
+    }
+    v
+}
+
+/// How long a record, or a thread, may stay silent and still count: two periods.
+fn fresh_ns(v: &GateView<'_>) -> u64 {
+    v.period_ns.load(Relaxed).saturating_mul(egpu_arbiter::gate::PEER_FRESH_PERIODS)
 }
 
 fn record_of(s: &'static Slice) -> Option<&'static ProcRecord> {
@@ -152,8 +173,9 @@ fn complete(d: Done) {
     // A thread-local destructor (thread exit) may run after OWN's.
     let _ = OWN.try_with(|o| o[d.dev].set(o[d.dev].get().saturating_sub(u64::from(d.n.max(1)))));
     let v = view(s, d.dev);
-    let rec = record_of(s).map(|r| &r.gpu_time_ns[d.dev]);
-    GATES[d.dev].completed_n(&v, u64::from(d.n.max(1)), d.est, d.measured, rec);
+    let rec = record_of(s);
+    GATES[d.dev].completed_n(&v, u64::from(d.n.max(1)), d.est, d.measured, rec.map(|r| &r.gpu_time_ns[d.dev]));
+    publish::sub(v.peers.as_ref(), d.dev, d.est, monotonic_ns(), GATES[d.dev].inflight_ns());
 }
 
 /// The stream a launch really went to: stream 0 is the per-thread default
@@ -167,12 +189,18 @@ fn normalise(stream: CUstream, ptsz: bool) -> usize {
     }
 }
 
-/// A launch the gate let through.
+/// A launch the gate let through, counted as unfinished (and published to
+/// the slice's other processes) from before the driver call: a peer that
+/// decides in between sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct Ticket {
     dev: usize,
     key: usize,
     submit: u64,
+    /// What [`ProcGate::launched`] returned.
+    est: u64,
+    /// The slice's other processes' unfinished work the gate saw, ns.
+    peers: u64,
 }
 
 fn with_table<R>(f: impl FnOnce(&mut Table) -> R) -> R {
@@ -276,15 +304,19 @@ pub fn admit(stream: CUstream, ptsz: bool) -> Result<Option<Ticket>, CUresult> {
     let v = view(s, dev);
     let g = &GATES[dev];
     let mut now = monotonic_ns();
+    let fresh = fresh_ns(&v);
+    publish::maybe_scan(v.peers.as_ref(), now, fresh);
     with_table(|t| {
         let i = t.entry(key, dev, &monotonic_ns, &mut complete)?;
         t.entries[i].reap(now, false, &mut complete);
         let mut polled = false;
         // Set if the count of own launches disagrees with the table (there is nothing to drain).
         let mut none_own = false;
+        let mut peers;
         loop {
             let own = if none_own { 0 } else { OWN.with(|o| o[dev].get()) };
-            match g.before_launch_by(&v, now, own) {
+            peers = v.peers_ns(v.period_ns.load(Relaxed), now);
+            match g.before_launch_beside(&v, now, own, peers) {
                 Decision::Go => break,
                 Decision::Drain if !polled => {
                     // First look without blocking: short kernels are often
@@ -304,17 +336,33 @@ pub fn admit(stream: CUstream, ptsz: bool) -> Result<Option<Ticket>, CUresult> {
                 Decision::WaitUntil(at) => {
                     // Wake at least every 1/20 period: a tick that comes late
                     // (the gate then says "a quarter period from now") or a
-                    // resize is seen within half a millisecond.
-                    let step = (v.period_ns.load(Relaxed) / 20).max(100_000);
-                    sleep_until(at.min(now.saturating_add(step)));
+                    // resize is seen within half a millisecond. Beside other
+                    // active processes of the slice, a little later, by a
+                    // random part of a 40th of a period: they would all
+                    // wake at the tick together, and each see the others
+                    // with nothing unfinished yet.
+                    let period = v.period_ns.load(Relaxed);
+                    let step = (period / 20).max(100_000);
+                    let jitter = if v.peers.is_some_and(|p| p.others_active(now, fresh)) { spread(now) % (period / 40).max(1) } else { 0 };
+                    sleep_until(at.min(now.saturating_add(step)).saturating_add(jitter));
                     let waited = monotonic_ns().saturating_sub(now);
                     g.waited(&v, waited, record_of(s).map(|r| &r.throttled_ns[dev]));
                 }
             }
             now = monotonic_ns();
         }
-        Ok(Some(Ticket { dev, key, submit: now }))
+        let est = g.launched(&v);
+        publish::add(v.peers.as_ref(), dev, est, now, fresh, g.inflight_ns());
+        Ok(Some(Ticket { dev, key, submit: now, est, peers }))
     })
+}
+
+/// A well-mixed number from `x` (SplitMix64's finaliser), for the wake-up spread.
+fn spread(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// After the driver call of an admitted launch: on success, counts it and
@@ -322,13 +370,15 @@ pub fn admit(stream: CUstream, ptsz: bool) -> Result<Option<Ticket>, CUresult> {
 /// `EGPU_HOOK_EVENT_EVERY=N`; always when near the gate's bounds).
 #[inline]
 pub fn after(t: Ticket, ok: bool) {
-    if !ok {
-        return;
-    }
     let Ok(s) = crate::state::slice() else { return };
     let g = &GATES[t.dev];
     let v = view(s, t.dev);
-    let est = g.launched(&v);
+    let est = t.est;
+    if !ok {
+        g.cancel(&v, est);
+        publish::sub(v.peers.as_ref(), t.dev, est, t.submit, g.inflight_ns());
+        return;
+    }
     OWN.with(|o| o[t.dev].set(o[t.dev].get() + 1));
     if let Some(r) = record_of(s) {
         r.launches[t.dev].fetch_add(1, Relaxed);
@@ -350,7 +400,7 @@ pub fn after(t: Ticket, ok: bool) {
         } else {
             (e.unrecorded() >= n, n)
         };
-        if !due && !near(&v, g, ahead, t.submit) {
+        if !due && !near(&v, g, ahead, t.peers) {
             return;
         }
         let now = t.submit;
@@ -365,16 +415,16 @@ pub fn after(t: Ticket, ok: bool) {
 }
 
 /// Whether the gate may say no within the next `n` launches, so their
-/// completion must be observable now (`now`: the launch's admission time).
-fn near(v: &GateView<'_>, g: &ProcGate, n: u32, now: u64) -> bool {
+/// completion must be observable now (`peers`: the slice's other processes'
+/// unfinished work the gate saw at the launch's admission).
+fn near(v: &GateView<'_>, g: &ProcGate, n: u32, peers: u64) -> bool {
     let inflight = g.inflight();
     let ql = v.queue_launches.load(Relaxed);
     let qns = v.queue_ns.load(Relaxed);
     let ahead = g.mean_ns().saturating_mul(u64::from(n));
-    let busy = || v.consumed_ns.load(Relaxed).saturating_add(v.peers_ns(v.period_ns.load(Relaxed), now));
     (ql != 0 && inflight + 1 >= ql && !egpu_arbiter::gate::tiny(g.mean_ns()))
         || (qns != 0 && g.inflight_ns().saturating_add(ahead) >= qns)
-        || busy().saturating_add(g.inflight_ns()).saturating_add(ahead) >= v.allowance_ns.load(Relaxed)
+        || v.consumed_ns.load(Relaxed).saturating_add(peers).saturating_add(g.inflight_ns()).saturating_add(ahead) >= v.allowance_ns.load(Relaxed)
 }
 
 /// After a synchronisation the caller waited for: reap what completed.
@@ -417,6 +467,7 @@ pub fn reset_after_fork() {
     for g in &GATES {
         g.reset();
     }
+    publish::reset_after_fork();
 }
 
 /// This process's unfinished gated launches on slice device `dev` (tests, diagnostics).

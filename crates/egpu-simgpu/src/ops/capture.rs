@@ -129,12 +129,12 @@ pub fn begin_capture_to_graph(s: CUstream, graph: CUgraph, mode: u32, ptsz: bool
 
 /// `cuStreamBeginRecaptureToGraph(_ptsz)` (CUDA 13.3): capture into the
 /// caller's graph again. Its nodes are taken out and the capture must add
-/// the same sequence back (kinds in order, allocation and free nodes with
-/// their sizes), else its end fails with
-/// `CUDA_ERROR_GRAPH_RECAPTURE_FAILURE`; other parameters (kernel
-/// arguments) are not modelled, so the mismatch callback is never called.
-/// The real driver fails at the first diverging node; here it is found at
-/// the end.
+/// the same sequence back (kinds in order, allocation nodes of the same
+/// size), else its end fails with `CUDA_ERROR_GRAPH_RECAPTURE_FAILURE` and
+/// the graph holds what was recaptured (the driver leaves it undefined).
+/// Other parameters (kernel arguments, grids) are not modelled, so the
+/// mismatch callback is never called. The real driver fails at the first
+/// diverging node; here it is found at the end.
 pub fn begin_recapture_to_graph(s: CUstream, mode: u32, graph: CUgraph, ptsz: bool) -> R<()> {
     let p = cu()?;
     let mut g = p.lock();
@@ -143,14 +143,17 @@ pub fn begin_recapture_to_graph(s: CUstream, mode: u32, graph: CUgraph, ptsz: bo
         return Err(CUDA_ERROR_INVALID_VALUE);
     }
     begin(&mut g, s, key, false, mode, ptsz)?;
-    let old = g.graphs.get_mut(&key).map(|gr| std::mem::take(&mut gr.nodes)).unwrap_or_default();
+    let old: Vec<Node> = g.graphs.get(&key).map(|gr| gr.nodes.iter().map(|(_, n)| n.clone()).collect()).unwrap_or_default();
     let r = stream::resolve(&g, s, ptsz)?;
     let c = match r {
         SRef::PerThread(ctx) => g.ptds_captures.get_mut(&(ctx, me())),
         _ => slot(&mut g, r)?.as_mut(),
     }
     .ok_or(CUDA_ERROR_ILLEGAL_STATE)?;
-    c.recapture = Some(old.into_iter().map(|(_, n)| n).collect());
+    c.recapture = Some(old);
+    if let Some(gr) = g.graphs.get_mut(&key) {
+        gr.nodes.clear();
+    }
     Ok(())
 }
 
