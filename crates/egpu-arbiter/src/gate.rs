@@ -286,7 +286,8 @@ impl ProcGate {
     /// Decides one launch of a caller with `own` unfinished launches of its
     /// own on this device (those it can drain; `u64::MAX`: all of them).
     /// Fast path (budget left, queue short): seven relaxed loads, one more
-    /// per peer record in use, and a few compares.
+    /// per record of the slice in use (four for a peer with unfinished
+    /// work), and a few compares.
     #[inline]
     pub fn before_launch_by(&self, v: &GateView<'_>, now_ns: u64, own: u64) -> Decision {
         self.before_launch_beside(v, now_ns, own, v.peers_ns(v.period_ns.load(Relaxed), now_ns))
