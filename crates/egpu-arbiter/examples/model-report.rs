@@ -3,7 +3,7 @@
 //! `cargo run --release -p egpu-arbiter --example model-report`
 
 use egpu_arbiter::model::ModelConfig;
-use egpu_arbiter::model::scenarios::{accuracy, many_processes, percentile, priority, resize_convergence, work_conservation};
+use egpu_arbiter::model::scenarios::{accuracy, many_processes, percentile, priority, priority_beside, resize_convergence, work_conservation};
 
 fn main() {
     let cfg = ModelConfig::default();
@@ -35,6 +35,16 @@ fn main() {
             let blind = many_processes(ModelConfig { peers: false, ..cfg }, n, kernel_ms * 1_000_000, 4);
             println!("10%-capped slice of {n} processes, {kernel_ms} ms kernels, beside a 90% slice: {}; gates blind to their peers {}", fmt(&f), fmt(&blind));
         }
+    }
+    for be_us in [25, 50, 100] {
+        let r = priority_beside(cfg, be_us * 1_000, 4, 10);
+        let blind = priority_beside(ModelConfig { peers: false, ..cfg }, be_us * 1_000, 4, 10);
+        println!(
+            "priority, best-effort slices of 4 processes, kernels {be_us} µs: high p99 x{:.3}, best-effort got {:.1}%; processes blind to each other x{:.3}",
+            r.p99_ratio(),
+            r.best_effort_pct,
+            blind.p99_ratio()
+        );
     }
     let periods = resize_convergence(cfg, 200);
     println!(

@@ -84,6 +84,11 @@ impl PriorityResult {
 /// limit) whose kernels last
 /// `be_kernel_ns`. Latencies over `window_s` seconds after warm-up.
 pub fn priority(cfg: ModelConfig, be_kernel_ns: u64, window_s: u64) -> PriorityResult {
+    priority_beside(cfg, be_kernel_ns, 1, window_s)
+}
+
+/// [`priority`] with `be_procs` saturating processes in each best-effort slice.
+pub fn priority_beside(cfg: ModelConfig, be_kernel_ns: u64, be_procs: usize, window_s: u64) -> PriorityResult {
     let high = || SliceSpec::one(25, 100, Priority::High, Pattern::Latency { kernels: 4, kernel_ns: 250 * US, think_ns: 3 * MS });
     let run = |specs: Vec<SliceSpec>| {
         let mut m = Model::new(cfg, specs);
@@ -97,7 +102,8 @@ pub fn priority(cfg: ModelConfig, be_kernel_ns: u64, window_s: u64) -> PriorityR
     let (alone, _) = run(vec![high()]);
     let mut specs = vec![high()];
     for _ in 0..3 {
-        specs.push(SliceSpec::one(0, 100, Priority::BestEffort, Pattern::Saturate { kernel_ns: be_kernel_ns, ahead: 64 }));
+        let be = Pattern::Saturate { kernel_ns: be_kernel_ns, ahead: 64 };
+        specs.push(SliceSpec { share_bps: 0, limit_bps: 10_000, priority: Priority::BestEffort, procs: vec![be; be_procs] });
     }
     let (shared, be) = run(specs);
     PriorityResult {
