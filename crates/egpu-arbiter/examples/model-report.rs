@@ -38,13 +38,7 @@ fn main() {
     }
     for be_us in [25, 50, 100] {
         let r = priority_beside(cfg, be_us * 1_000, 4, 10);
-        let blind = priority_beside(ModelConfig { peers: false, ..cfg }, be_us * 1_000, 4, 10);
-        println!(
-            "priority, best-effort slices of 4 processes, kernels {be_us} µs: high p99 x{:.3}, best-effort got {:.1}%; processes blind to each other x{:.3}",
-            r.p99_ratio(),
-            r.best_effort_pct,
-            blind.p99_ratio()
-        );
+        println!("priority, best-effort slices of 4 processes, kernels {be_us} µs: high p99 x{:.3}, best-effort got {:.1}%", r.p99_ratio(), r.best_effort_pct);
     }
     let periods = resize_convergence(cfg, 200);
     println!(

@@ -314,15 +314,6 @@ impl ProcGate {
         if queue_full && own > 0 {
             return Decision::Drain;
         }
-        if ql == 1 && inflight == 0 && peers_ns > 0 && !tiny(mean) {
-            // A bound of one launch is what a best-effort slice gets while a
-            // high-priority slice is active on the device: it holds for the
-            // slice, not per process, or a high kernel waits behind one
-            // best-effort kernel per process (4 per slice: p99 ×1.30 of
-            // alone with 25 µs kernels, against ×1.075). Look again soon:
-            // the peer's kernel is short, and this is not the allowance.
-            return Decision::WaitUntil(now_ns.saturating_add((period / 20).max(1)));
-        }
         let consumed = v.consumed_ns.load(Relaxed);
         // Consumed plus the other processes' unfinished work: the slice's use
         // of the allowance but for this process's own.
@@ -859,32 +850,5 @@ mod tests {
         hw.store(1, Relaxed);
         recs[1].gate_ns.store(7 * p + 1, Relaxed);
         assert_eq!(v.peers_ns(p, 7 * p + 1), 0);
-    }
-
-    #[test]
-    fn a_bound_of_one_launch_holds_for_the_slice() {
-        // A best-effort slice beside an active high one: one launch in
-        // flight for the whole slice, whichever process has it.
-        let p = 1_000_000;
-        let w = words(p, u64::MAX / 2, 0);
-        w.queue_launches.store(1, Relaxed);
-        let (recs, hw) = records(2);
-        let peers = |own| Some(Peers { records: &recs, high_water: &hw, own: Some(own), dev: 0, publish: true });
-        let (va, vb) = (GateView { peers: peers(0), ..w.view(10_000) }, GateView { peers: peers(1), ..w.view(10_000) });
-        let (a, b) = (ProcGate::new(), ProcGate::new());
-        for (g, v) in [(&a, &va), (&b, &vb)] {
-            let e = g.launched(v);
-            g.completed(v, e, 50_000, None); // 50 µs kernels: not tiny
-        }
-        assert_eq!(a.before_launch(&va, 10), Decision::Go);
-        let e = a.launched(&va);
-        assert_eq!(b.before_launch(&vb, 10), Decision::WaitUntil(10 + p / 20), "a's launch is the slice's one");
-        assert_eq!(a.before_launch(&va, 10), Decision::Drain, "and a's own bound holds as before");
-        a.completed(&va, e, 50_000, None);
-        assert_eq!(b.before_launch(&vb, 20), Decision::Go);
-        // With the usual bound of four, peers do not hold each other to one.
-        w.queue_launches.store(4, Relaxed);
-        b.launched(&vb);
-        assert_eq!(a.before_launch(&va, 30), Decision::Go);
     }
 }

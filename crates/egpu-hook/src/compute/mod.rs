@@ -341,6 +341,9 @@ pub fn admit(stream: CUstream, ptsz: bool) -> Result<Option<Ticket>, CUresult> {
                     // random part of a 40th of a period: they would all
                     // wake at the tick together, and each see the others
                     // with nothing unfinished yet.
+                    // A word left too high by two threads' racing stores
+                    // is stored right again while the process only waits.
+                    publish::maybe_scan(v.peers.as_ref(), now, fresh);
                     let period = v.period_ns.load(Relaxed);
                     let step = (period / 20).max(100_000);
                     let jitter = if v.peers.is_some_and(|p| p.others_active(now, fresh)) { spread(now) % (period / 40).max(1) } else { 0 };

@@ -106,10 +106,9 @@ pub(crate) fn launch_cooperative_multi_device(real: sig::cuLaunchCooperativeKern
         match super::ctx::in_stream_ctx(p.hStream, || compute::admit(p.hStream, false)) {
             Ok(Ok(t)) => tickets.push(t),
             Ok(Err(e)) | Err(e) => {
-                for (t, p) in tickets.into_iter().zip(&params) {
-                    if let Some(t) = t {
-                        let _ = super::ctx::in_stream_ctx(p.hStream, || compute::after(t, false));
-                    }
+                for t in tickets.into_iter().flatten() {
+                    // Taking a launch back makes no driver call: no context needed.
+                    compute::after(t, false);
                 }
                 return Outcome::Error(e);
             }
@@ -118,8 +117,13 @@ pub(crate) fn launch_cooperative_multi_device(real: sig::cuLaunchCooperativeKern
     // SAFETY: the real function with the caller's arguments.
     let r = unsafe { real(list, n, flags) };
     for (t, p) in tickets.into_iter().zip(&params) {
-        if let Some(t) = t {
-            let _ = super::ctx::in_stream_ctx(p.hStream, || compute::after(t, r == 0));
+        if let Some(t) = t
+            && super::ctx::in_stream_ctx(p.hStream, || compute::after(t, r == 0)).is_err()
+        {
+            // The stream's context could not be made current (nothing ran):
+            // the launch is taken back unmeasured rather than left counted
+            // (and published to the slice's other processes) for ever.
+            compute::after(t, false);
         }
     }
     Outcome::from_code(r)
