@@ -184,3 +184,62 @@ pub fn reset_after_fork() {
     }
     SCANNED.store(0, Relaxed);
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU32;
+
+    /// The only test of this module: the statics are the process's, so the
+    /// steps run in order in one test (explicit clock values, no sleeps).
+    #[test]
+    fn silent_threads_are_left_out_and_counted_again_when_back() {
+        let recs: Vec<ProcRecord> = (0..2).map(|_| ProcRecord::default()).collect();
+        let hw = AtomicU32::new(1);
+        let p = Peers { records: &recs, high_water: &hw, own: Some(0), dev: 0, publish: false };
+        let word = || recs[0].inflight_us[0].load(Relaxed);
+        let fresh = 1_000;
+        // Alone in the slice: nothing is stored.
+        add(Some(&p), 0, 3_000, 50, fresh, 3_000);
+        assert_eq!(word(), 0);
+        sub(Some(&p), 0, 3_000, 60, 0);
+        hw.store(2, Relaxed);
+        // Another thread launches 10 µs at t=100 and then stays silent (it
+        // ends here without giving its slot back, as a live idle thread).
+        std::thread::scope(|s| s.spawn(|| add(Some(&p), 0, 10_000, 100, fresh, 10_000)).join().unwrap());
+        assert_eq!(word(), 10);
+        // This thread launches 5 µs at t=1900: the whole 15 µs is published.
+        add(Some(&p), 0, 5_000, 1_900, fresh, 15_000);
+        assert_eq!(word(), 15);
+        // At t=2000 the other thread has been silent for longer than `fresh`.
+        // A scan takes the total from the process's gate: 15 µs unfinished.
+        let w = egpu_arbiter::gate::GateWords::default();
+        let v = w.view(10_000);
+        let g = &super::super::GATES[0];
+        g.completed(&v, 0, 5_000, None);
+        for _ in 0..3 {
+            g.launched(&v);
+        }
+        assert_eq!(g.inflight_ns(), 15_000);
+        maybe_scan(Some(&p), 2_000, fresh);
+        assert_eq!(word(), 5, "the silent thread's 10 µs is left out");
+        // A scan is not repeated within a 32nd of `fresh`.
+        recs[0].inflight_us[0].store(99, Relaxed);
+        maybe_scan(Some(&p), 2_010, fresh);
+        assert_eq!(word(), 99);
+        // This thread falls silent too: at t=4000 both are left out.
+        maybe_scan(Some(&p), 4_000, fresh);
+        assert_eq!(word(), 0);
+        // It launches again at t=5000: it is counted again at once (not at
+        // the next scan), the other thread still not.
+        add(Some(&p), 0, 5_000, 5_000, fresh, 20_000);
+        assert_eq!(word(), 10);
+        // Its launches complete: the word follows the total.
+        sub(Some(&p), 0, 10_000, 5_100, 10_000);
+        assert_eq!(word(), 0, "only the silent thread's work is left, and it is left out");
+        // A fork child starts with nothing left out.
+        reset_after_fork();
+        add(Some(&p), 0, 2_000, 6_000, fresh, 12_000);
+        assert_eq!(word(), 12, "the parent's silent thread is no longer known");
+    }
+}
