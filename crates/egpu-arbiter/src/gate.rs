@@ -69,6 +69,13 @@ pub const TINY_LAUNCH_NS: u64 = 10_000;
 /// otherwise hold the rest of its slice back for as long.
 pub const PEER_FRESH_PERIODS: u64 = 2;
 
+/// How long a peer's record (or, in the hook, a thread) may stay silent and
+/// still count, at arbiter period `period_ns`: [`PEER_FRESH_PERIODS`] periods.
+#[inline]
+pub fn peer_fresh_ns(period_ns: u64) -> u64 {
+    period_ns.saturating_mul(PEER_FRESH_PERIODS)
+}
+
 /// Whether launches of mean measured cost `mean_ns` are tiny (0: unknown, not tiny).
 #[inline]
 pub fn tiny(mean_ns: u64) -> bool {
@@ -119,10 +126,10 @@ pub struct Peers<'a> {
     /// This process's record, if it has claimed one (else it publishes nothing).
     pub own: Option<usize>,
     pub dev: usize,
-    /// Whether [`ProcGate`] adds and subtracts its estimates in the own
-    /// record itself (the model, tests). The hook publishes instead, thread
-    /// by thread, leaving out threads that stopped calling CUDA with
-    /// launches unreaped; its estimates are still rounded to whole µs.
+    /// Whether [`ProcGate`] stores its whole unfinished estimate in the own
+    /// record itself at every change (the model, tests). The hook publishes
+    /// instead, thread by thread, leaving out threads that stopped calling
+    /// CUDA with launches unreaped; its estimates are still rounded to whole µs.
     pub publish: bool,
 }
 
@@ -137,33 +144,39 @@ impl<'a> Peers<'a> {
         self.own.and_then(|i| self.records.get(i))
     }
 
-    /// The other processes' published unfinished work, ns: records in use by
-    /// a hook that publishes (`CAP_PEER_INFLIGHT`) whose gate decided within
-    /// `fresh_ns`. One relaxed load per record that has nothing unfinished.
+    /// The records ever used (scans stop at the high-water mark), with their indices.
+    fn in_use(&self) -> impl Iterator<Item = (usize, &'a ProcRecord)> {
+        let hw = (self.high_water.load(Relaxed) as usize).min(self.records.len());
+        self.records[..hw].iter().enumerate()
+    }
+
+    /// Whether record `i` is a peer that counts: another process's, in use
+    /// by a hook that publishes (`CAP_PEER_INFLIGHT`), whose gate decided
+    /// within `fresh_ns`.
+    #[inline]
+    fn counts(&self, i: usize, r: &ProcRecord, now_ns: u64, fresh_ns: u64) -> bool {
+        Some(i) != self.own && r.state.load(Relaxed) == 1 && r.caps.load(Relaxed) & CAP_PEER_INFLIGHT != 0 && fresh(now_ns, r.gate_ns.load(Relaxed), fresh_ns)
+    }
+
+    /// The other processes' published unfinished work, ns ([`Peers::counts`]).
+    /// One relaxed load per record that has nothing unfinished.
     #[inline]
     pub fn inflight_ns(&self, now_ns: u64, fresh_ns: u64) -> u64 {
-        let hw = (self.high_water.load(Relaxed) as usize).min(self.records.len());
         let mut sum = 0u64;
-        for (i, r) in self.records[..hw].iter().enumerate() {
+        for (i, r) in self.in_use() {
             let us = r.inflight_us[self.dev].load(Relaxed);
-            if us == 0 || Some(i) == self.own || r.state.load(Relaxed) != 1 || r.caps.load(Relaxed) & CAP_PEER_INFLIGHT == 0 {
-                continue;
-            }
-            if fresh(now_ns, r.gate_ns.load(Relaxed), fresh_ns) {
+            if us != 0 && self.counts(i, r, now_ns, fresh_ns) {
                 sum = sum.saturating_add(u64::from(us) * 1000);
             }
         }
         sum
     }
 
-    /// Whether another process of the slice with a current hook has decided
-    /// within `fresh_ns` (whatever its unfinished work): a waiter then wakes
-    /// at a moment of its own rather than at the tick with all the others.
+    /// Whether another process of the slice counts ([`Peers::counts`]),
+    /// whatever its unfinished work: a waiter then wakes at a moment of its
+    /// own rather than at the tick with all the others.
     pub fn others_active(&self, now_ns: u64, fresh_ns: u64) -> bool {
-        let hw = (self.high_water.load(Relaxed) as usize).min(self.records.len());
-        self.records[..hw].iter().enumerate().any(|(i, r)| {
-            Some(i) != self.own && r.state.load(Relaxed) == 1 && r.caps.load(Relaxed) & CAP_PEER_INFLIGHT != 0 && fresh(now_ns, r.gate_ns.load(Relaxed), fresh_ns)
-        })
+        self.in_use().any(|(i, r)| self.counts(i, r, now_ns, fresh_ns))
     }
 
     /// Marks this process's gate as active at `now_ns` (at most one store
@@ -178,17 +191,11 @@ impl<'a> Peers<'a> {
         }
     }
 
-    fn publish_add(&self, est_ns: u64) {
+    /// Stores `total_ns`, the process's whole unfinished estimate, in its
+    /// record (when the gate publishes itself, see [`Peers::publish`]).
+    fn publish_total(&self, total_ns: u64) {
         if let Some(r) = self.own_record().filter(|_| self.publish) {
-            let us = u32::try_from(est_ns / 1000).unwrap_or(u32::MAX);
-            let _ = r.inflight_us[self.dev].fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_add(us)));
-        }
-    }
-
-    fn publish_sub(&self, est_ns: u64) {
-        if let Some(r) = self.own_record().filter(|_| self.publish) {
-            let us = u32::try_from(est_ns / 1000).unwrap_or(u32::MAX);
-            let _ = r.inflight_us[self.dev].fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(us)));
+            r.inflight_us[self.dev].store(u32::try_from(total_ns / 1000).unwrap_or(u32::MAX), Relaxed);
         }
     }
 }
@@ -222,7 +229,7 @@ impl<'a> GateView<'a> {
     /// The peers' fresh unfinished work (0 without peers).
     #[inline]
     pub fn peers_ns(&self, period: u64, now_ns: u64) -> u64 {
-        self.peers.map_or(0, |p| p.inflight_ns(now_ns, period.saturating_mul(PEER_FRESH_PERIODS)))
+        self.peers.map_or(0, |p| p.inflight_ns(now_ns, peer_fresh_ns(period)))
     }
 
     /// The allowance, extended at the compute limit if the agent went
@@ -376,19 +383,19 @@ impl ProcGate {
 
     /// The launch was issued. Returns the estimate charged to it, which
     /// must be handed back to [`ProcGate::completed`]: the mean cost, rounded
-    /// up to whole µs where it is published to the peers, so that what they
-    /// see (µs) is exactly what is added and later taken back, however the
-    /// completions are batched.
+    /// up to whole µs where there is a record to publish in, so that the
+    /// published total (µs) is exact however the completions are batched.
     #[inline]
     pub fn launched(&self, v: &GateView<'_>) -> u64 {
         let mut est = self.mean_ns.load(Relaxed);
-        let publish = v.peers.filter(|p| p.own.is_some());
-        if let Some(p) = &publish {
+        if v.peers.is_some_and(|p| p.own.is_some()) {
             est = est.div_ceil(1000).saturating_mul(1000);
-            p.publish_add(est);
         }
         self.inflight.fetch_add(1, Relaxed);
-        self.inflight_ns.fetch_add(est, Relaxed);
+        let total = self.inflight_ns.fetch_add(est, Relaxed).saturating_add(est);
+        if let Some(p) = &v.peers {
+            p.publish_total(total);
+        }
         est
     }
 
@@ -398,7 +405,7 @@ impl ProcGate {
         sub_sat(&self.inflight, 1);
         sub_sat(&self.inflight_ns, estimate);
         if let Some(p) = &v.peers {
-            p.publish_sub(estimate);
+            p.publish_total(self.inflight_ns.load(Relaxed));
         }
     }
 
@@ -420,7 +427,7 @@ impl ProcGate {
         sub_sat(&self.inflight, n);
         sub_sat(&self.inflight_ns, estimate);
         if let Some(p) = &v.peers {
-            p.publish_sub(estimate);
+            p.publish_total(self.inflight_ns.load(Relaxed));
         }
         let each = measured_ns / n;
         let mut m = self.mean_ns.load(Relaxed);

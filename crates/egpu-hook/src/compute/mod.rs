@@ -155,13 +155,9 @@ pub fn view(s: &'static Slice, dev: usize) -> GateView<'static> {
     v
 }
 
-/// How long a record, or a thread, may stay silent and still count: two periods.
-fn fresh_ns(v: &GateView<'_>) -> u64 {
-    v.period_ns.load(Relaxed).saturating_mul(egpu_arbiter::gate::PEER_FRESH_PERIODS)
-}
-
-fn record_of(s: &'static Slice) -> Option<&'static ProcRecord> {
-    s.slot().ok().map(|sl| &s.usage.region().procs[sl.index])
+/// This process's usage record, as [`view`] found it.
+fn own_record(v: &GateView<'static>) -> Option<&'static ProcRecord> {
+    v.peers.and_then(|p| p.own_record())
 }
 
 /// Accounts a reaped event (or launches given up at their estimate).
@@ -173,7 +169,7 @@ fn complete(d: Done) {
     // A thread-local destructor (thread exit) may run after OWN's.
     let _ = OWN.try_with(|o| o[d.dev].set(o[d.dev].get().saturating_sub(u64::from(d.n.max(1)))));
     let v = view(s, d.dev);
-    let rec = record_of(s);
+    let rec = own_record(&v);
     GATES[d.dev].completed_n(&v, u64::from(d.n.max(1)), d.est, d.measured, rec.map(|r| &r.gpu_time_ns[d.dev]));
     publish::sub(v.peers.as_ref(), d.dev, d.est, monotonic_ns(), GATES[d.dev].inflight_ns());
 }
@@ -304,7 +300,7 @@ pub fn admit(stream: CUstream, ptsz: bool) -> Result<Option<Ticket>, CUresult> {
     let v = view(s, dev);
     let g = &GATES[dev];
     let mut now = monotonic_ns();
-    let fresh = fresh_ns(&v);
+    let fresh = egpu_arbiter::gate::peer_fresh_ns(v.period_ns.load(Relaxed));
     publish::maybe_scan(v.peers.as_ref(), now, fresh);
     with_table(|t| {
         let i = t.entry(key, dev, &monotonic_ns, &mut complete)?;
@@ -349,7 +345,7 @@ pub fn admit(stream: CUstream, ptsz: bool) -> Result<Option<Ticket>, CUresult> {
                     let jitter = if v.peers.is_some_and(|p| p.others_active(now, fresh)) { spread(now) % (period / 40).max(1) } else { 0 };
                     sleep_until(at.min(now.saturating_add(step)).saturating_add(jitter));
                     let waited = monotonic_ns().saturating_sub(now);
-                    g.waited(&v, waited, record_of(s).map(|r| &r.throttled_ns[dev]));
+                    g.waited(&v, waited, own_record(&v).map(|r| &r.throttled_ns[dev]));
                 }
             }
             now = monotonic_ns();
@@ -383,7 +379,7 @@ pub fn after(t: Ticket, ok: bool) {
         return;
     }
     OWN.with(|o| o[t.dev].set(o[t.dev].get() + 1));
-    if let Some(r) = record_of(s) {
+    if let Some(r) = own_record(&v) {
         r.launches[t.dev].fetch_add(1, Relaxed);
     }
     let n = every();
