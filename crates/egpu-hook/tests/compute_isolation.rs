@@ -246,19 +246,11 @@ fn many_processes(n: usize, peers: bool) -> (f64, f64) {
     let args = ["--seconds", "4.5", "--grid", "780", "--inflight", "4"];
     let burns: Vec<Burn> = (0..n)
         .map(|_| {
-            if peers {
-                m.burn(&small, &args)
-            } else {
-                // The control: hooks blind to their peers, as before the
-                // records carried unfinished work (an older hook's claim
-                // leaves the flag out, so its peers do not count it).
-                let mut c = std::process::Command::new(m.bin.join("egpu-burn"));
-                c.args(args).args(["-o", "json"]).env("EGPU_HOOK_TEST_NO_PEER_FLAG", "1");
-                m.in_slice(&mut c, &small).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped());
-                let child = c.spawn().expect("spawn egpu-burn");
-                small.pids.lock().unwrap().push(child.id());
-                Burn { child, host: small.host }
-            }
+            // The control: hooks blind to their peers, as before the records
+            // carried unfinished work (an older hook's claim leaves the flag
+            // out, so its peers do not count it).
+            let blind: &[(&str, &str)] = if peers { &[] } else { &[("EGPU_HOOK_TEST_NO_PEER_FLAG", "1")] };
+            m.burn_env(&small, &args, blind)
         })
         .collect();
     let one = m.burn(&big, &["--seconds", "4.5"]);

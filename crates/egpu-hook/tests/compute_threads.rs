@@ -186,6 +186,20 @@ fn worker(spec: &str) {
     eprintln!("main thread: {n} launches in {:.2} s", t0.elapsed().as_secs_f64());
 }
 
+/// Starts the workload (`test`, this test re-run with `spec`) in slice `s`.
+fn workload(m: &Machine, s: &TestSlice, test: &str, spec: &str) -> Burn {
+    let mut c = Command::new(std::env::current_exe().unwrap());
+    c.args(["--exact", test, "--nocapture"]).env(WORKER, spec);
+    let child = m
+        .in_slice(&mut c, s)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the workload");
+    s.pids.lock().unwrap().push(child.id());
+    Burn { child, host: s.host }
+}
+
 /// Runs the workload (`test`, this test re-run) in a slice with `share`/`limit`
 /// (%) alone on the device, main-thread kernels of `grid` blocks; returns the
 /// fraction of the device it kept busy after a warm-up, in %.
@@ -193,16 +207,7 @@ fn two_threads(test: &str, share: u32, limit: u32, grid: u32) -> f64 {
     let m = Machine::new("1x16GiB");
     let s = m.slice("threads", 0, share, limit, Priority::Normal);
     let egpud = Egpud::start(&m, std::slice::from_ref(&s));
-    let mut c = Command::new(std::env::current_exe().unwrap());
-    c.args(["--exact", test, "--nocapture"]).env(WORKER, format!("{grid},4"));
-    let child = m
-        .in_slice(&mut c, &s)
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn the workload");
-    s.pids.lock().unwrap().push(child.id());
-    let b = Burn { child, host: 0 };
+    let b = workload(&m, &s, test, &format!("{grid},4"));
     wait_running(&m, &[&b], Duration::from_secs(20));
     std::thread::sleep(Duration::from_millis(700));
     let f = (fractions(&m, &[&b], Duration::from_millis(2500))[0] * 1000.0).round() / 10.0;
@@ -250,11 +255,7 @@ fn another_threads_unreaped_launches_do_not_hold_back_the_slices_other_processes
     let m = Machine::new("1x16GiB");
     let s = m.slice("mixed", 0, 30, 30, Priority::Normal);
     let egpud = Egpud::start(&m, std::slice::from_ref(&s));
-    let mut c = Command::new(std::env::current_exe().unwrap());
-    c.args(["--exact", "another_threads_unreaped_launches_do_not_hold_back_the_slices_other_processes", "--nocapture"]).env(WORKER, "160,4,warm");
-    let child = m.in_slice(&mut c, &s).stdout(std::process::Stdio::piped()).stderr(std::process::Stdio::piped()).spawn().expect("spawn the workload");
-    s.pids.lock().unwrap().push(child.id());
-    let w = Burn { child, host: 0 };
+    let w = workload(&m, &s, "another_threads_unreaped_launches_do_not_hold_back_the_slices_other_processes", "160,4,warm");
     wait_running(&m, &[&w], Duration::from_secs(20));
     let b = m.burn(&s, &["--seconds", "3.5"]);
     wait_running(&m, &[&w, &b], Duration::from_secs(20));

@@ -114,8 +114,13 @@ impl Machine {
     }
 
     pub fn burn(&self, slice: &TestSlice, args: &[&str]) -> Burn {
+        self.burn_env(slice, args, &[])
+    }
+
+    /// [`Machine::burn`] with extra environment variables.
+    pub fn burn_env(&self, slice: &TestSlice, args: &[&str], env: &[(&str, &str)]) -> Burn {
         let mut c = Command::new(self.bin.join("egpu-burn"));
-        c.args(args).args(["-o", "json"]);
+        c.args(args).args(["-o", "json"]).envs(env.iter().copied());
         self.in_slice(&mut c, slice)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
