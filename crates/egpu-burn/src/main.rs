@@ -55,6 +55,10 @@ struct Args {
     /// Launches kept queued ahead in saturate mode.
     #[arg(long, default_value_t = 4)]
     inflight: usize,
+    /// Latency mode: pause this long after each iteration, e.g. 3ms (a
+    /// serving loop that leaves the device idle in between).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    think: Duration,
     /// Device ordinal.
     #[arg(long, default_value_t = 0)]
     device: i32,
@@ -295,6 +299,9 @@ fn main() -> Result<()> {
                 b.launch(args.grid, args.block, args.iters)?;
                 sync()?;
                 iv.latencies_ns.push(t0.elapsed().as_nanos() as u64);
+                if !args.think.is_zero() {
+                    std::thread::sleep(args.think);
+                }
             }
         }
         iv.kernels += 1;
