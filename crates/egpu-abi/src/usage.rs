@@ -97,8 +97,23 @@ pub struct ProcRecord {
     /// process stopped calling CUDA with launches unreaped, or sleeps in a
     /// long synchronisation.
     pub gate_ns: AtomicU64,
+    /// The slice device this process waits on for its turn at the slice's
+    /// one launch (a best-effort slice beside an active high-priority one),
+    /// and since when: CLOCK_MONOTONIC ns with its low 4 bits replaced by the
+    /// device index; 0 when it is not waiting. Counts while
+    /// [`ProcRecord::turn_poll_ns`] is recent and the record has
+    /// [`CAP_TURNS`] (`docs/compute-arbiter.md`, "Turns"). Carved out of
+    /// reserved space.
+    pub turn_since: AtomicU64,
+    /// CLOCK_MONOTONIC ns of the waiter's last look at its turn.
+    pub turn_poll_ns: AtomicU64,
+    /// Rung (incremented, then woken as a futex shared between processes)
+    /// by a peer that finds the slice's one launch free and this process
+    /// the oldest waiter: the waiter sleeps on it, so the turn passes at
+    /// once rather than at the waiter's next look.
+    pub turn_bell: AtomicU32,
     /// Reserved; zero.
-    pub reserved: [AtomicU64; 3],
+    pub reserved: AtomicU32,
 }
 
 impl Default for ProcRecord {
@@ -123,6 +138,11 @@ pub const CAP_LIMIT_IN_LOCK: u64 = 1;
 /// counted by its peers only when the flag says a current hook claimed it,
 /// which zeroed them.
 pub const CAP_PEER_INFLIGHT: u64 = 2;
+
+/// [`ProcRecord::caps`]: the process takes turns at its slice's one launch
+/// and says so in [`ProcRecord::turn_since`] while it waits; only such
+/// records' waits are honoured (a current hook's claim zeroed the words).
+pub const CAP_TURNS: u64 = 4;
 
 /// The whole usage file.
 #[repr(C, align(64))]
@@ -460,7 +480,7 @@ impl UsageFile {
                     rec.pid.store(pid, Ordering::Relaxed);
                     rec.attached_ns.store(now, Ordering::Relaxed);
                     rec.heartbeat_ns.store(now, Ordering::Relaxed);
-                    rec.caps.store(CAP_LIMIT_IN_LOCK | CAP_PEER_INFLIGHT, Ordering::Relaxed);
+                    rec.caps.store(CAP_LIMIT_IN_LOCK | CAP_PEER_INFLIGHT | CAP_TURNS, Ordering::Relaxed);
                     rec.state.store(1, Ordering::Release);
                     r.high_water.fetch_max(i as u32 + 1, Ordering::AcqRel);
                     return Ok(ProcSlot { index: i });
@@ -499,9 +519,10 @@ impl UsageFile {
             w.store(0, Ordering::Relaxed);
         }
         rec.gate_ns.store(0, Ordering::Relaxed);
-        for w in &rec.reserved {
-            w.store(0, Ordering::Relaxed);
-        }
+        rec.turn_since.store(0, Ordering::Relaxed);
+        rec.turn_poll_ns.store(0, Ordering::Relaxed);
+        rec.turn_bell.store(0, Ordering::Relaxed);
+        rec.reserved.store(0, Ordering::Relaxed);
         let pid = rec.pid.swap(0, Ordering::AcqRel);
         Reclaimed { index: i, pid, charged }
     }
@@ -881,7 +902,10 @@ mod tests {
         // and the 40 bytes of tail padding after them: the record's size stays.
         assert_eq!(offset_of!(ProcRecord, inflight_us), offset_of!(ProcRecord, throttled_ns) + 8 * MAX_DEVICES + 8);
         assert_eq!(offset_of!(ProcRecord, gate_ns), offset_of!(ProcRecord, inflight_us) + 4 * MAX_DEVICES);
-        assert_eq!(offset_of!(ProcRecord, reserved) + 3 * 8, size_of::<ProcRecord>());
+        assert_eq!(offset_of!(ProcRecord, turn_since), offset_of!(ProcRecord, gate_ns) + 8);
+        assert_eq!(offset_of!(ProcRecord, turn_poll_ns), offset_of!(ProcRecord, turn_since) + 8);
+        assert_eq!(offset_of!(ProcRecord, turn_bell), offset_of!(ProcRecord, turn_poll_ns) + 8);
+        assert_eq!(offset_of!(ProcRecord, reserved) + 4, size_of::<ProcRecord>());
         assert_eq!(size_of::<ProcRecord>(), 640);
         assert_eq!(size_of::<DeviceLimits>() % 64, 0);
     }

@@ -3,7 +3,7 @@
 //! `cargo run --release -p egpu-arbiter --example model-report`
 
 use egpu_arbiter::model::ModelConfig;
-use egpu_arbiter::model::scenarios::{accuracy, many_processes, percentile, priority, priority_beside, resize_convergence, work_conservation};
+use egpu_arbiter::model::scenarios::{accuracy, many_processes, percentile, priority, priority_beside, resize_convergence, turns, work_conservation};
 
 fn main() {
     let cfg = ModelConfig::default();
@@ -38,7 +38,26 @@ fn main() {
     }
     for be_us in [25, 50, 100] {
         let r = priority_beside(cfg, be_us * 1_000, 4, 10);
-        println!("priority, best-effort slices of 4 processes, kernels {be_us} µs: high p99 x{:.3}, best-effort got {:.1}%", r.p99_ratio(), r.best_effort_pct);
+        let nt = priority_beside(ModelConfig { turns: false, ..cfg }, be_us * 1_000, 4, 10);
+        println!(
+            "priority, best-effort slices of 4 processes, kernels {be_us} µs: high p99 x{:.3}, best-effort got {:.1}%; without turns x{:.3}, {:.1}%",
+            r.p99_ratio(),
+            r.best_effort_pct,
+            nt.p99_ratio(),
+            nt.best_effort_pct
+        );
+    }
+    for be_us in [25, 100, 250] {
+        for (name, c) in [("turns", cfg), ("without turns", ModelConfig { turns: false, ..cfg })] {
+            let r = turns(c, be_us * 1_000, 5);
+            println!(
+                "best-effort loop beside a saturating peer ({be_us} µs kernels) under a high slice, {name}: {} iterations in 5 s, p99 {:.2} ms; best-effort {:.1}%, high p99 x{:.3}",
+                r.loop_iterations,
+                r.loop_p99_ns as f64 / 1e6,
+                r.best_effort_pct,
+                r.high_p99_ratio
+            );
+        }
     }
     let periods = resize_convergence(cfg, 200);
     println!(

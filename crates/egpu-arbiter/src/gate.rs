@@ -27,6 +27,17 @@
 //! of 16 processes with 5 ms kernels ran at 28%). The queue bounds stay per
 //! process.
 //!
+//! *Turns.* The bound of one launch that a best-effort slice gets while a
+//! high-priority slice is active holds for the slice, not per process (per
+//! process, a high kernel waited behind one best-effort kernel per process).
+//! A process with nothing unfinished takes its turn (`Peers::turn`): it
+//! yields ([`Decision::Yield`]) while a peer holds the turn with a launch
+//! unfinished, or a peer has waited longer, so the oldest waiter goes next.
+//! Handing the launch to whoever looks first starves: a process that
+//! relaunches the moment its kernel is done always looks first. Waits and
+//! holds are the records' `turn_since` words; a waiter sleeps on its
+//! `turn_bell`, which the peer that finds the launch free rings.
+//!
 //! In a process of several threads each thread can only wait for (and reap)
 //! its own launches, so [`ProcGate::before_launch_by`] takes the caller's
 //! own unfinished launches: `Drain` only when it has some. A thread with
@@ -48,7 +59,7 @@
 //! Everything here is atomics on borrowed memory: no allocation, no lock, no
 //! system call; safe to call from any thread.
 
-use egpu_abi::usage::CAP_PEER_INFLIGHT;
+use egpu_abi::usage::{CAP_PEER_INFLIGHT, CAP_TURNS};
 use egpu_abi::{LimitsRegion, ProcRecord, UsageRegion};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 
@@ -68,6 +79,20 @@ pub const TINY_LAUNCH_NS: u64 = 10_000;
 /// unreaped, or sleeps in a synchronisation longer than that, would
 /// otherwise hold the rest of its slice back for as long.
 pub const PEER_FRESH_PERIODS: u64 = 2;
+
+/// A process waiting for its turn at its slice's one launch looks again
+/// after at least a `TURN_MIN_DIV`th of a period (50 µs at 10 ms; a waiter
+/// that found the launch free but an older waiter due)...
+pub const TURN_MIN_DIV: u64 = 200;
+/// ...and at most a `TURN_MAX_DIV`th (500 µs): in between, when the peer's
+/// unfinished launch should be done.
+pub const TURN_MAX_DIV: u64 = 20;
+/// A wait for a turn counts while its process looked within a
+/// `TURN_FRESH_DIV`th of a period (2.5 ms): a waiter looks at least every
+/// [`TURN_MAX_DIV`]th, or every 20th plus a 40th while the allowance is
+/// spent, so only a wait that was never withdrawn (the bound went back to
+/// several launches before it launched) or a stalled process expires.
+pub const TURN_FRESH_DIV: u64 = 4;
 
 /// How long a peer's record (or, in the hook, a thread) may stay silent and
 /// still count, at arbiter period `period_ns`: [`PEER_FRESH_PERIODS`] periods.
@@ -93,6 +118,13 @@ pub enum Decision {
     /// The slice's allowance is spent: sleep until this CLOCK_MONOTONIC ns
     /// (the next arbiter period), call [`ProcGate::waited`], then ask again.
     WaitUntil(u64),
+    /// Another process of the slice has the slice's one launch, or waited
+    /// for it longer: wake that waiter (`ring`, its record: the gate rang
+    /// its [`ProcRecord::turn_bell`], the caller wakes the futex), sleep on
+    /// this process's own bell until rung or until `until` (CLOCK_MONOTONIC
+    /// ns; soon), call [`ProcGate::waited`], then ask again. Only under a
+    /// queue bound of one launch (turns; see the module docs).
+    Yield { until: u64, ring: Option<usize> },
 }
 
 /// The slice-table words the gate reads and writes, for one slice device.
@@ -191,6 +223,98 @@ impl<'a> Peers<'a> {
         }
     }
 
+    /// Whether this process must let another of the slice launch first,
+    /// under a queue bound of one launch (a best-effort slice while a high
+    /// slice is active): a peer has a launch unfinished, or a peer has
+    /// waited for its turn longer than this process (ties: the lower
+    /// record). Then it says it waits (since when, unless it already does)
+    /// and gets when to look again, and which waiter's bell it rang: the
+    /// oldest's, when the launch is free ([`Decision::Yield`]). It looks
+    /// again after half the peers' unfinished estimate, between a
+    /// [`TURN_MIN_DIV`]th and a [`TURN_MAX_DIV`]th of a period, or at once
+    /// when rung. `None`: its turn (a wait it announced stays until
+    /// [`Peers::turn_taken`]).
+    ///
+    /// Only peers that take turns ([`CAP_TURNS`]) count, as holders or as
+    /// waiters: an older hook relaunches the moment its kernel is done and
+    /// would never leave the launch free. A process whose own hook does not
+    /// take turns never yields. Only waiters that looked within a
+    /// [`TURN_FRESH_DIV`]th of a period count, so a wait never withdrawn
+    /// expires.
+    #[cold]
+    fn turn(&self, now_ns: u64, period: u64) -> Option<Decision> {
+        let me = self.own_record().filter(|r| r.caps.load(Relaxed) & CAP_TURNS != 0)?;
+        let own = self.own?;
+        let (live, fresh_ns) = ((period / TURN_FRESH_DIV).max(1), peer_fresh_ns(period));
+        let mine = waiting_on(me, self.dev, now_ns, live);
+        // The unfinished work of those holding a turn, and the oldest waiter.
+        let (mut held, mut oldest) = (0u64, None);
+        for (i, r) in self.in_use() {
+            if r.caps.load(Relaxed) & CAP_TURNS != 0 && self.counts(i, r, now_ns, fresh_ns) {
+                if r.turn_since.load(Relaxed) == TURN_HOLDING | self.dev as u64 {
+                    held = held.saturating_add(u64::from(r.inflight_us[self.dev].load(Relaxed)) * 1000);
+                }
+                if let Some(o) = waiting_on(r, self.dev, now_ns, live).map(|t| (t, i))
+                    && oldest.is_none_or(|x| o < x)
+                {
+                    oldest = Some(o);
+                }
+            }
+        }
+        // Nobody may take a held launch; a free one goes to the oldest waiter.
+        let oldest = oldest.filter(|&o| held == 0 && mine.is_none_or(|m| o < (m, own)));
+        if held == 0 && oldest.is_none() {
+            if mine.is_some() {
+                me.turn_poll_ns.store(now_ns, Relaxed);
+            }
+            return None;
+        }
+        if mine.is_none() {
+            // Not waiting here: announce it, unless the wait on another
+            // device (another thread's) is still live.
+            let w = me.turn_since.load(Relaxed);
+            if w == 0 || w & TURN_HOLDING != 0 || !fresh(now_ns, me.turn_poll_ns.load(Relaxed), live) {
+                me.turn_since.store((now_ns.max(16) & !0xF) | self.dev as u64, Relaxed);
+            }
+        }
+        me.turn_poll_ns.store(now_ns, Relaxed);
+        let ring = oldest.map(|(_, i)| {
+            self.records[i].turn_bell.fetch_add(1, Relaxed);
+            i
+        });
+        let lo = (period / TURN_MIN_DIV).max(1);
+        let after = if held == 0 { lo } else { (held / 2).clamp(lo, (period / TURN_MAX_DIV).max(lo)) };
+        Some(Decision::Yield { until: now_ns.saturating_add(after), ring })
+    }
+
+    /// This process launched on its turn: its wait (if it announced one
+    /// here) ends, and it holds the turn until its launch is done: its
+    /// unfinished work holds the others back ([`Peers::turn`]). A live wait
+    /// of another of its threads on another device is left alone (this
+    /// launch then holds nobody back, as before turns).
+    #[cold]
+    fn turn_taken(&self) {
+        if let Some(me) = self.own_record() {
+            let w = me.turn_since.load(Relaxed);
+            let other_wait = w != 0 && w & TURN_HOLDING == 0 && (w & 0xF) as usize != self.dev;
+            if w != TURN_HOLDING | self.dev as u64 && !other_wait {
+                me.turn_since.store(TURN_HOLDING | self.dev as u64, Relaxed);
+            }
+        }
+    }
+
+    /// This process launches without turns on this device (its launches are
+    /// tiny): whatever it held or waited for here ends.
+    #[cold]
+    fn turn_dropped(&self) {
+        if let Some(me) = self.own_record() {
+            let w = me.turn_since.load(Relaxed);
+            if w != 0 && (w & 0xF) as usize == self.dev {
+                me.turn_since.store(0, Relaxed);
+            }
+        }
+    }
+
     /// Stores `total_ns`, the process's whole unfinished estimate, in its
     /// record (when the gate publishes itself, see [`Peers::publish`]).
     fn publish_total(&self, total_ns: u64) {
@@ -198,6 +322,20 @@ impl<'a> Peers<'a> {
             r.inflight_us[self.dev].store(u32::try_from(total_ns / 1000).unwrap_or(u32::MAX), Relaxed);
         }
     }
+}
+
+/// [`ProcRecord::turn_since`] with this bit: the process launched on its
+/// turn on the device in the low 4 bits, and its unfinished work there
+/// holds its peers back; without it, a wait since the time in the other
+/// bits.
+const TURN_HOLDING: u64 = 1 << 63;
+
+/// When record `r` began to wait for its turn on device `dev` (low 4 bits
+/// cleared), if it waits there and looked within `live_ns`.
+#[inline]
+fn waiting_on(r: &ProcRecord, dev: usize, now_ns: u64, live_ns: u64) -> Option<u64> {
+    let w = r.turn_since.load(Relaxed);
+    (w != 0 && w & TURN_HOLDING == 0 && (w & 0xF) as usize == dev && fresh(now_ns, r.turn_poll_ns.load(Relaxed), live_ns)).then_some(w & !0xF)
 }
 
 /// Whether a record whose gate last decided at `at` is fresh at `now`: at
@@ -321,6 +459,16 @@ impl ProcGate {
         if queue_full && own > 0 {
             return Decision::Drain;
         }
+        if ql == 1 && (inflight == 0 || tiny(mean)) {
+            return self.one_launch(v, period, now_ns, own, peers_ns, queue_full, inflight, inflight_ns, tiny(mean));
+        }
+        self.decide(v, period, now_ns, own, peers_ns, queue_full, inflight, inflight_ns)
+    }
+
+    /// The allowance's part of [`ProcGate::before_launch_beside`].
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    fn decide(&self, v: &GateView<'_>, period: u64, now_ns: u64, own: u64, peers_ns: u64, queue_full: bool, inflight: u64, inflight_ns: u64) -> Decision {
         let consumed = v.consumed_ns.load(Relaxed);
         // Consumed plus the other processes' unfinished work: the slice's use
         // of the allowance but for this process's own.
@@ -329,6 +477,28 @@ impl ProcGate {
             return Decision::Go;
         }
         self.slow_path(v, period, now_ns, consumed, busy, inflight, inflight_ns, own)
+    }
+
+    /// Under a queue bound of one launch, a process with nothing unfinished:
+    /// the bound holds for the slice, by turns ([`Peers::turn`]), then the
+    /// allowance decides. Tiny launches are not bound to one and take no
+    /// turns; what their process held or waited for ends.
+    #[cold]
+    #[allow(clippy::too_many_arguments)]
+    fn one_launch(&self, v: &GateView<'_>, period: u64, now_ns: u64, own: u64, peers_ns: u64, queue_full: bool, inflight: u64, inflight_ns: u64, tiny: bool) -> Decision {
+        let Some(p) = &v.peers else { return self.decide(v, period, now_ns, own, peers_ns, queue_full, inflight, inflight_ns) };
+        if tiny {
+            p.turn_dropped();
+            return self.decide(v, period, now_ns, own, peers_ns, queue_full, inflight, inflight_ns);
+        }
+        if let Some(y) = p.turn(now_ns, period) {
+            return y;
+        }
+        let d = self.decide(v, period, now_ns, own, peers_ns, false, 0, 0);
+        if d == Decision::Go {
+            p.turn_taken();
+        }
+        d
     }
 
     #[cold]
@@ -675,7 +845,7 @@ mod tests {
                     g.completed(v, e, kernel_ns, None);
                     ran += kernel_ns;
                 }
-                Decision::WaitUntil(t) => now = t.max(now + 1),
+                Decision::WaitUntil(t) | Decision::Yield { until: t, .. } => now = t.max(now + 1),
                 Decision::Drain => panic!("nothing is left unfinished"),
             }
         }
@@ -857,5 +1027,90 @@ mod tests {
         hw.store(1, Relaxed);
         recs[1].gate_ns.store(7 * p + 1, Relaxed);
         assert_eq!(v.peers_ns(p, 7 * p + 1), 0);
+    }
+
+    #[test]
+    fn under_a_bound_of_one_launch_the_slice_takes_turns() {
+        // A best-effort slice beside an active high one: one launch in
+        // flight for the whole slice, and a process that relaunches the
+        // moment its kernel is done yields to a peer that waited.
+        let p = 10_000_000;
+        let w = words(p, u64::MAX / 2, 0);
+        w.queue_launches.store(1, Relaxed);
+        let (recs, hw) = records(2);
+        for r in &recs {
+            r.caps.store(CAP_PEER_INFLIGHT | CAP_TURNS, Relaxed);
+        }
+        let peers = |own| Some(Peers { records: &recs, high_water: &hw, own: Some(own), dev: 0, publish: true });
+        let (va, vb) = (GateView { peers: peers(0), ..w.view(10_000) }, GateView { peers: peers(1), ..w.view(10_000) });
+        let (a, b) = (ProcGate::new(), ProcGate::new());
+        for (g, v) in [(&a, &va), (&b, &vb)] {
+            let e = g.launched(v);
+            g.completed(v, e, 200_000, None); // 200 µs launches: not tiny
+        }
+        assert_eq!(a.before_launch(&va, 1_000), Decision::Go);
+        let e = a.launched(&va);
+        // a's launch is the slice's one: b looks again after half its estimate.
+        assert_eq!(b.before_launch(&vb, 2_000), Decision::Yield { until: 2_000 + 100_000, ring: None });
+        assert_eq!(recs[1].turn_since.load(Relaxed), 2_000 & !0xF, "b says it waits, on device 0");
+        assert_eq!(a.before_launch(&va, 3_000), Decision::Drain, "a's own bound holds as before");
+        a.completed(&va, e, 200_000, None);
+        // a would relaunch at once, but b waited: a yields, briefly, and rings b.
+        assert_eq!(a.before_launch(&va, 201_000), Decision::Yield { until: 201_000 + p / TURN_MIN_DIV, ring: Some(1) });
+        assert_eq!(recs[1].turn_bell.load(Relaxed), 1);
+        assert_eq!(b.before_launch(&vb, 202_000), Decision::Go, "b's turn");
+        let eb = b.launched(&vb);
+        assert_eq!(recs[1].turn_since.load(Relaxed), TURN_HOLDING, "b's wait ended: it holds the turn on device 0");
+        assert_eq!(a.before_launch(&va, 203_000), Decision::Yield { until: 203_000 + 100_000, ring: None }, "b has the launch: nobody to ring");
+        b.completed(&vb, eb, 200_000, None);
+        assert_eq!(a.before_launch(&va, 402_000), Decision::Go, "a waited since 201 µs");
+        // A wait nobody looked after for a quarter period no longer counts.
+        recs[1].turn_since.store(500_000, Relaxed);
+        recs[1].turn_poll_ns.store(500_000, Relaxed);
+        assert!(matches!(a.before_launch(&va, 500_000 + p / TURN_FRESH_DIV), Decision::Yield { ring: Some(1), .. }));
+        recs[0].turn_since.store(0, Relaxed);
+        assert_eq!(a.before_launch(&va, 500_001 + p / TURN_FRESH_DIV), Decision::Go);
+        // A wait on another device is not a wait here.
+        recs[1].turn_since.store(600_000 | 1, Relaxed);
+        recs[1].turn_poll_ns.store(600_000, Relaxed);
+        assert_eq!(a.before_launch(&va, 600_000), Decision::Go);
+        // Launches not made on a turn hold nobody back: an older hook's (no
+        // CAP_TURNS; it relaunches at once and would never leave the launch
+        // free), or tiny ones (not bound to one launch, so they may never
+        // all be done), or any made before the bound was one.
+        recs[0].turn_since.store(0, Relaxed);
+        let eb = b.launched(&vb);
+        recs[1].turn_since.store(TURN_HOLDING, Relaxed);
+        recs[1].caps.store(CAP_PEER_INFLIGHT, Relaxed);
+        assert_eq!(a.before_launch(&va, 600_000), Decision::Go, "an older hook's launch");
+        recs[0].turn_since.store(0, Relaxed);
+        recs[1].caps.store(CAP_PEER_INFLIGHT | CAP_TURNS, Relaxed);
+        recs[1].turn_since.store(0, Relaxed);
+        assert_eq!(a.before_launch(&va, 600_000), Decision::Go, "a launch not made on a turn");
+        recs[0].turn_since.store(0, Relaxed);
+        // b's launches become tiny while it holds a turn: the hold ends at
+        // its next launch, though its tiny launches may never all be done.
+        recs[1].turn_since.store(TURN_HOLDING, Relaxed);
+        assert!(matches!(a.before_launch(&va, 600_000), Decision::Yield { .. }), "b holds the turn");
+        recs[0].turn_since.store(0, Relaxed);
+        b.completed(&vb, eb, 200_000, None);
+        for _ in 0..64 {
+            let e = b.launched(&vb);
+            b.completed(&vb, e, 1_000, None);
+        }
+        assert!(tiny(b.mean_ns()));
+        b.launched(&vb);
+        assert_eq!(b.before_launch(&vb, 600_000), Decision::Go, "tiny launches are not bound to one");
+        assert_eq!(recs[1].turn_since.load(Relaxed), 0, "and hold no turn");
+        assert_eq!(a.before_launch(&va, 600_000), Decision::Go);
+        // With the usual bound of four, peers do not hold each other to one.
+        w.queue_launches.store(4, Relaxed);
+        recs[1].turn_since.store(600_000, Relaxed);
+        b.launched(&vb);
+        assert_eq!(a.before_launch(&va, 600_000), Decision::Go);
+        // Nor does a process whose hook does not take turns.
+        w.queue_launches.store(1, Relaxed);
+        recs[0].caps.store(CAP_PEER_INFLIGHT, Relaxed);
+        assert_eq!(a.before_launch(&va, 600_000), Decision::Go);
     }
 }

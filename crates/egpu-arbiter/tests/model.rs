@@ -3,7 +3,7 @@
 //! from `cargo run --release -p egpu-arbiter --example model-report`.
 
 use egpu_arbiter::ArbiterConfig;
-use egpu_arbiter::model::scenarios::{accuracy, many_processes, percentile, priority, resize_convergence, work_conservation};
+use egpu_arbiter::model::scenarios::{accuracy, many_processes, percentile, priority, priority_beside, resize_convergence, turns, work_conservation};
 use egpu_arbiter::model::{Model, ModelConfig, Pattern, SliceSpec};
 use egpu_core::Priority;
 
@@ -107,4 +107,27 @@ fn a_cap_holds_for_a_slice_of_many_processes() {
     let blind = many_processes(ModelConfig { peers: false, ..cfg }, 16, 5_000_000, 4);
     eprintln!("blind: {blind:?}");
     assert!(blind[0] >= 20.0, "{blind:?}");
+}
+
+#[test]
+fn best_effort_slices_of_several_processes_take_turns_at_their_one_launch() {
+    // Beside an active high slice a best-effort slice may keep one launch
+    // unfinished. Held per process, a high kernel waited behind one
+    // best-effort kernel per process (4 a slice here).
+    let cfg = ModelConfig::default();
+    let r = priority_beside(cfg, 25_000, 4, 10);
+    eprintln!("turns: {r:?}");
+    assert!(r.p99_ratio() <= 1.10, "{r:?}");
+    assert!(r.best_effort_pct > 50.0, "best-effort must still get the idle time: {r:?}");
+    let per_process = priority_beside(ModelConfig { turns: false, ..cfg }, 25_000, 4, 10);
+    eprintln!("per process: {per_process:?}");
+    assert!(per_process.p99_ratio() >= 1.2, "{per_process:?}");
+    // Held for the slice without turns, a process that relaunches the
+    // moment its kernel is done starved its peer (0 iterations in 5 s). With
+    // turns the peer's loop runs as often as when the bound was per process.
+    let t = turns(cfg, 100_000, 5);
+    let free = turns(ModelConfig { turns: false, ..cfg }, 100_000, 5);
+    eprintln!("turns {t:?}, per process {free:?}");
+    assert!(t.loop_iterations * 10 >= free.loop_iterations * 9 && t.loop_iterations > 2_500, "{t:?} against {free:?}");
+    assert!(t.high_p99_ratio <= 1.15, "{t:?}");
 }

@@ -71,11 +71,16 @@ fn test_delay() {
 /// in one slice: with `EGPU_HOOK_TEST_NO_PEER_FLAG=1` the record is claimed
 /// as an older hook claims it, without `CAP_PEER_INFLIGHT`, so the slice's
 /// other processes do not count its unfinished work (and with every process
-/// so, each gate checks only its own, as before the flag).
+/// so, each gate checks only its own, as before the flag); with
+/// `EGPU_HOOK_TEST_NO_TURNS=1`, without `CAP_TURNS`, so the process neither
+/// takes turns nor is waited for (a bound of one launch holds per process).
 #[cfg(debug_assertions)]
 fn test_blind_record(usage: &egpu_abi::UsageFile, i: usize) {
     if std::env::var_os("EGPU_HOOK_TEST_NO_PEER_FLAG").is_some_and(|v| v == "1") {
         usage.region().procs[i].caps.fetch_and(!egpu_abi::usage::CAP_PEER_INFLIGHT, Ordering::Relaxed);
+    }
+    if std::env::var_os("EGPU_HOOK_TEST_NO_TURNS").is_some_and(|v| v == "1") {
+        usage.region().procs[i].caps.fetch_and(!egpu_abi::usage::CAP_TURNS, Ordering::Relaxed);
     }
 }
 

@@ -4,7 +4,7 @@ use crate::arbiter::{Arbiter, ArbiterConfig, SliceInput, SliceKey};
 use crate::gate::{Decision, GateView, GateWords, Peers, ProcGate};
 use crate::measure::StreamClock;
 use egpu_abi::ProcRecord;
-use egpu_abi::usage::CAP_PEER_INFLIGHT;
+use egpu_abi::usage::{CAP_PEER_INFLIGHT, CAP_TURNS};
 use egpu_core::Priority;
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -54,11 +54,15 @@ pub struct ModelConfig {
     /// usage records' `inflight_us`; false: each checks only its own, as
     /// hooks before it did).
     pub peers: bool,
+    /// Under a queue bound of one launch, the slice's processes take turns
+    /// at the slice's one launch (`CAP_TURNS`; false: the bound holds per
+    /// process, as hooks before it did).
+    pub turns: bool,
 }
 
 impl Default for ModelConfig {
     fn default() -> Self {
-        ModelConfig { arbiter: ArbiterConfig::default(), launch_cpu_ns: 5_000, reconcile: true, gate: true, peers: true }
+        ModelConfig { arbiter: ArbiterConfig::default(), launch_cpu_ns: 5_000, reconcile: true, gate: true, peers: true, turns: true }
     }
 }
 
@@ -166,7 +170,7 @@ impl Model {
             let records: Vec<ProcRecord> = spec.procs.iter().map(|_| ProcRecord::default()).collect();
             for r in &records {
                 r.state.store(1, Relaxed);
-                r.caps.store(CAP_PEER_INFLIGHT, Relaxed);
+                r.caps.store(CAP_PEER_INFLIGHT | if cfg.turns { CAP_TURNS } else { 0 }, Relaxed);
             }
             let high_water = AtomicU32::new(records.len() as u32);
             m.slices.push(Slice { spec, words: GateWords::default(), records, high_water, true_ns: 0, latencies: Vec::new() });
@@ -342,6 +346,19 @@ impl Model {
             Decision::WaitUntil(t) => {
                 self.procs[p].budget_wait_since = Some(now);
                 self.wake_at(p, t.max(now + 1));
+            }
+            Decision::Yield { until, ring } => {
+                self.procs[p].budget_wait_since = Some(now);
+                self.wake_at(p, until.max(now + 1));
+                // The rung waiter, asleep on its bell, wakes now (after the
+                // ringer's futex call).
+                let slice = self.procs[p].slice;
+                if let Some(q) = ring.and_then(|r| self.procs.iter().position(|x| x.slice == slice && x.rec == r))
+                    && self.procs[q].blocked == Blocked::Sleep
+                    && self.procs[q].budget_wait_since.is_some()
+                {
+                    self.wake_at(q, now + self.cfg.launch_cpu_ns);
+                }
             }
         }
     }

@@ -115,6 +115,52 @@ pub fn priority_beside(cfg: ModelConfig, be_kernel_ns: u64, be_procs: usize, win
     }
 }
 
+/// Result of a [`turns`] run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TurnsResult {
+    /// The high slice's p99 over its p99 alone.
+    pub high_p99_ratio: f64,
+    /// Iterations the best-effort latency loop completed, and their p99.
+    pub loop_iterations: usize,
+    pub loop_p99_ns: u64,
+    /// What the best-effort slice achieved, percent.
+    pub best_effort_pct: f64,
+}
+
+/// The high slice of [`priority`] beside one best-effort slice of two
+/// processes: one saturating with `be_kernel_ns` kernels, one a latency
+/// loop (one 50 µs kernel, sync, 1 ms think). The high slice keeps the
+/// best-effort slice's queue bound at one launch; over `window_s` seconds
+/// after warm-up, can the loop get its turns beside a process that
+/// relaunches the moment its kernel is done?
+pub fn turns(cfg: ModelConfig, be_kernel_ns: u64, window_s: u64) -> TurnsResult {
+    let high = SliceSpec::one(25, 100, Priority::High, Pattern::Latency { kernels: 4, kernel_ns: 250 * US, think_ns: 3 * MS });
+    let be = SliceSpec {
+        share_bps: 0,
+        limit_bps: 10_000,
+        priority: Priority::BestEffort,
+        procs: vec![Pattern::Saturate { kernel_ns: be_kernel_ns, ahead: 64 }, Pattern::Latency { kernels: 1, kernel_ns: 50 * US, think_ns: MS }],
+    };
+    let p99_alone = {
+        let mut m = Model::new(cfg, vec![high.clone()]);
+        m.run_until(SEC);
+        let skip = m.latencies(0).len();
+        m.run_until((1 + window_s) * SEC);
+        percentile(&m.latencies(0)[skip..], 99.0)
+    };
+    let mut m = Model::new(cfg, vec![high, be]);
+    m.run_until(SEC);
+    let (skip_high, skip_loop) = (m.latencies(0).len(), m.latencies(1).len());
+    m.run_until((1 + window_s) * SEC);
+    let lat = &m.latencies(1)[skip_loop..];
+    TurnsResult {
+        high_p99_ratio: percentile(&m.latencies(0)[skip_high..], 99.0) as f64 / p99_alone.max(1) as f64,
+        loop_iterations: lat.len(),
+        loop_p99_ns: percentile(lat, 99.0),
+        best_effort_pct: fractions(&m, SEC, (1 + window_s) * SEC)[1],
+    }
+}
+
 /// Two saturating slices alternate between 30/70 and 60/40 (limit = share),
 /// `resizes` times, each at a different phase of the arbiter period. For each
 /// resize: the number of periods, counted from the resize (its partial period
