@@ -100,10 +100,12 @@ pub struct ProcRecord {
     /// The slice device this process waits on for its turn at the slice's
     /// one launch (a best-effort slice beside an active high-priority one),
     /// and since when: CLOCK_MONOTONIC ns with its low 4 bits replaced by the
-    /// device index; 0 when it is not waiting. Counts while
-    /// [`ProcRecord::turn_poll_ns`] is recent and the record has
-    /// [`CAP_TURNS`] (`docs/compute-arbiter.md`, "Turns"). Carved out of
-    /// reserved space.
+    /// device index; with bit 63 set, the device where it holds the turn and
+    /// since when; 0: neither. A wait counts while
+    /// [`ProcRecord::turn_poll_ns`] is recent, a hold while its launch is
+    /// unfinished and young, and only if the record has [`CAP_TURNS`]
+    /// (`docs/compute-arbiter.md`, "Turns at a best-effort slice's one
+    /// launch"). Carved out of reserved space.
     pub turn_since: AtomicU64,
     /// CLOCK_MONOTONIC ns of the waiter's last look at its turn.
     pub turn_poll_ns: AtomicU64,

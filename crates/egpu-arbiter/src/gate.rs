@@ -121,10 +121,12 @@ pub enum Decision {
     /// Another process of the slice has the slice's one launch, or waited
     /// for it longer: wake that waiter (`ring`, its record: the gate rang
     /// its [`ProcRecord::turn_bell`], the caller wakes the futex), sleep on
-    /// this process's own bell until rung or until `until` (CLOCK_MONOTONIC
-    /// ns; soon), call [`ProcGate::waited`], then ask again. Only under a
-    /// queue bound of one launch (turns; see the module docs).
-    Yield { until: u64, ring: Option<usize> },
+    /// this process's own bell while it still reads `bell` (the value the
+    /// gate read before deciding) until `until` (CLOCK_MONOTONIC ns; soon),
+    /// then ask again. Not a wait for the allowance: no
+    /// [`ProcGate::waited`]. Only under a queue bound of one launch (turns;
+    /// see the module docs).
+    Yield { until: u64, ring: Option<usize>, bell: u32 },
 }
 
 /// The slice-table words the gate reads and writes, for one slice device.
@@ -245,15 +247,19 @@ impl<'a> Peers<'a> {
     fn turn(&self, now_ns: u64, period: u64) -> Option<Decision> {
         let me = self.own_record().filter(|r| r.caps.load(Relaxed) & CAP_TURNS != 0)?;
         let own = self.own?;
-        let (live, fresh_ns) = ((period / TURN_FRESH_DIV).max(1), peer_fresh_ns(period));
+        // Read before anything else: a peer that rings after this (it saw
+        // this process waiting) makes the futex wait return at once.
+        let bell = me.turn_bell.load(Relaxed);
+        let (live, fresh_ns, lo) = ((period / TURN_FRESH_DIV).max(1), peer_fresh_ns(period), (period / TURN_MIN_DIV).max(1));
         let mine = waiting_on(me, self.dev, now_ns, live);
+        // Another thread's launch of this process on its turn (then the
+        // waiter it yields to cannot go yet either: no need to ring).
+        let mine_held = held_on(me, self.dev, now_ns, lo);
         // The unfinished work of those holding a turn, and the oldest waiter.
         let (mut held, mut oldest) = (0u64, None);
         for (i, r) in self.in_use() {
             if r.caps.load(Relaxed) & CAP_TURNS != 0 && self.counts(i, r, now_ns, fresh_ns) {
-                if r.turn_since.load(Relaxed) == TURN_HOLDING | self.dev as u64 {
-                    held = held.saturating_add(u64::from(r.inflight_us[self.dev].load(Relaxed)) * 1000);
-                }
+                held = held.saturating_add(held_on(r, self.dev, now_ns, lo));
                 if let Some(o) = waiting_on(r, self.dev, now_ns, live).map(|t| (t, i))
                     && oldest.is_none_or(|x| o < x)
                 {
@@ -270,35 +276,37 @@ impl<'a> Peers<'a> {
             return None;
         }
         if mine.is_none() {
-            // Not waiting here: announce it, unless the wait on another
-            // device (another thread's) is still live.
+            // Not waiting here: announce it, unless this process still holds
+            // the turn here (another thread's launch: the turn passes when
+            // that is done) or waits on another device (another thread).
             let w = me.turn_since.load(Relaxed);
-            if w == 0 || w & TURN_HOLDING != 0 || !fresh(now_ns, me.turn_poll_ns.load(Relaxed), live) {
+            let waits_elsewhere = w != 0 && w & TURN_HOLDING == 0 && (w & 0xF) as usize != self.dev && fresh(now_ns, me.turn_poll_ns.load(Relaxed), live);
+            if mine_held == 0 && !waits_elsewhere {
                 me.turn_since.store((now_ns.max(16) & !0xF) | self.dev as u64, Relaxed);
             }
         }
         me.turn_poll_ns.store(now_ns, Relaxed);
-        let ring = oldest.map(|(_, i)| {
+        let ring = oldest.filter(|_| mine_held == 0).map(|(_, i)| {
             self.records[i].turn_bell.fetch_add(1, Relaxed);
             i
         });
-        let lo = (period / TURN_MIN_DIV).max(1);
-        let after = if held == 0 { lo } else { (held / 2).clamp(lo, (period / TURN_MAX_DIV).max(lo)) };
-        Some(Decision::Yield { until: now_ns.saturating_add(after), ring })
+        let busy = held.saturating_add(mine_held);
+        let after = if busy == 0 { lo } else { (busy / 2).clamp(lo, (period / TURN_MAX_DIV).max(lo)) };
+        Some(Decision::Yield { until: now_ns.saturating_add(after), ring, bell })
     }
 
-    /// This process launched on its turn: its wait (if it announced one
-    /// here) ends, and it holds the turn until its launch is done: its
+    /// This process launched on its turn at `now_ns`: its wait (if it
+    /// announced one here) ends, and it holds the turn while its launch is
+    /// unfinished, for at most [`TURN_HOLD_FACTOR`] times its estimate: its
     /// unfinished work holds the others back ([`Peers::turn`]). A live wait
     /// of another of its threads on another device is left alone (this
     /// launch then holds nobody back, as before turns).
     #[cold]
-    fn turn_taken(&self) {
+    fn turn_taken(&self, now_ns: u64) {
         if let Some(me) = self.own_record() {
             let w = me.turn_since.load(Relaxed);
-            let other_wait = w != 0 && w & TURN_HOLDING == 0 && (w & 0xF) as usize != self.dev;
-            if w != TURN_HOLDING | self.dev as u64 && !other_wait {
-                me.turn_since.store(TURN_HOLDING | self.dev as u64, Relaxed);
+            if !(w != 0 && w & TURN_HOLDING == 0 && (w & 0xF) as usize != self.dev) {
+                me.turn_since.store(TURN_HOLDING | (now_ns & !0xF) | self.dev as u64, Relaxed);
             }
         }
     }
@@ -325,10 +333,31 @@ impl<'a> Peers<'a> {
 }
 
 /// [`ProcRecord::turn_since`] with this bit: the process launched on its
-/// turn on the device in the low 4 bits, and its unfinished work there
-/// holds its peers back; without it, a wait since the time in the other
-/// bits.
+/// turn on the device in the low 4 bits, at the time in the bits between,
+/// and its unfinished work there holds its peers back; without it, a wait
+/// since that time.
 const TURN_HOLDING: u64 = 1 << 63;
+
+/// A turn holds the others back for at most this many times the holder's
+/// unfinished estimate (at least a [`TURN_MIN_DIV`]th of a period): the
+/// hook learns that a launch is done only when its process next launches
+/// or synchronises through the driver's gated calls, and a process that
+/// reads its result back with a copy and then works on the CPU would
+/// otherwise hold its slice for the two periods its record stays fresh.
+pub const TURN_HOLD_FACTOR: u64 = 2;
+
+/// The unfinished work (ns) by which record `r` holds the turn on device
+/// `dev` at `now_ns`: its published estimate there, if it took the turn
+/// there at most [`TURN_HOLD_FACTOR`] times that (and at least `min_ns`) ago.
+#[inline]
+fn held_on(r: &ProcRecord, dev: usize, now_ns: u64, min_ns: u64) -> u64 {
+    let w = r.turn_since.load(Relaxed);
+    if w & TURN_HOLDING == 0 || (w & 0xF) as usize != dev {
+        return 0;
+    }
+    let ns = u64::from(r.inflight_us[dev].load(Relaxed)) * 1000;
+    if now_ns.saturating_sub(w & !(TURN_HOLDING | 0xF)) <= ns.saturating_mul(TURN_HOLD_FACTOR).max(min_ns) { ns } else { 0 }
+}
 
 /// When record `r` began to wait for its turn on device `dev` (low 4 bits
 /// cleared), if it waits there and looked within `live_ns`.
@@ -459,7 +488,7 @@ impl ProcGate {
         if queue_full && own > 0 {
             return Decision::Drain;
         }
-        if ql == 1 && (inflight == 0 || tiny(mean)) {
+        if ql == 1 && (inflight == 0 || own == 0 || tiny(mean)) {
             return self.one_launch(v, period, now_ns, own, peers_ns, queue_full, inflight, inflight_ns, tiny(mean));
         }
         self.decide(v, period, now_ns, own, peers_ns, queue_full, inflight, inflight_ns)
@@ -479,10 +508,14 @@ impl ProcGate {
         self.slow_path(v, period, now_ns, consumed, busy, inflight, inflight_ns, own)
     }
 
-    /// Under a queue bound of one launch, a process with nothing unfinished:
-    /// the bound holds for the slice, by turns ([`Peers::turn`]), then the
-    /// allowance decides. Tiny launches are not bound to one and take no
-    /// turns; what their process held or waited for ends.
+    /// Under a queue bound of one launch, a caller with nothing of its own
+    /// unfinished (a process with nothing unfinished, or a thread whose
+    /// process has only other threads' launches unfinished): the bound holds
+    /// for the slice, by turns ([`Peers::turn`]), then the allowance decides
+    /// as for any launch. A thread takes turns too, or two threads whose
+    /// launches overlap would keep the turn for good. Tiny launches are not
+    /// bound to one and take no turns; what their process held or waited
+    /// for ends.
     #[cold]
     #[allow(clippy::too_many_arguments)]
     fn one_launch(&self, v: &GateView<'_>, period: u64, now_ns: u64, own: u64, peers_ns: u64, queue_full: bool, inflight: u64, inflight_ns: u64, tiny: bool) -> Decision {
@@ -494,9 +527,9 @@ impl ProcGate {
         if let Some(y) = p.turn(now_ns, period) {
             return y;
         }
-        let d = self.decide(v, period, now_ns, own, peers_ns, false, 0, 0);
+        let d = self.decide(v, period, now_ns, own, peers_ns, queue_full, inflight, inflight_ns);
         if d == Decision::Go {
-            p.turn_taken();
+            p.turn_taken(now_ns);
         }
         d
     }
@@ -1029,18 +1062,23 @@ mod tests {
         assert_eq!(v.peers_ns(p, 7 * p + 1), 0);
     }
 
+    /// Two processes of one slice with a bound of one launch (a best-effort
+    /// slice beside an active high one), 10 ms period, 200 µs launches.
+    fn turn_takers(recs: &[ProcRecord]) {
+        for r in recs {
+            r.caps.store(CAP_PEER_INFLIGHT | CAP_TURNS, Relaxed);
+        }
+    }
+
     #[test]
     fn under_a_bound_of_one_launch_the_slice_takes_turns() {
-        // A best-effort slice beside an active high one: one launch in
-        // flight for the whole slice, and a process that relaunches the
-        // moment its kernel is done yields to a peer that waited.
+        // One launch in flight for the whole slice, and a process that
+        // relaunches the moment its kernel is done yields to a peer that waited.
         let p = 10_000_000;
         let w = words(p, u64::MAX / 2, 0);
         w.queue_launches.store(1, Relaxed);
         let (recs, hw) = records(2);
-        for r in &recs {
-            r.caps.store(CAP_PEER_INFLIGHT | CAP_TURNS, Relaxed);
-        }
+        turn_takers(&recs);
         let peers = |own| Some(Peers { records: &recs, high_water: &hw, own: Some(own), dev: 0, publish: true });
         let (va, vb) = (GateView { peers: peers(0), ..w.view(10_000) }, GateView { peers: peers(1), ..w.view(10_000) });
         let (a, b) = (ProcGate::new(), ProcGate::new());
@@ -1050,49 +1088,80 @@ mod tests {
         }
         assert_eq!(a.before_launch(&va, 1_000), Decision::Go);
         let e = a.launched(&va);
+        assert_eq!(recs[0].turn_since.load(Relaxed), TURN_HOLDING | 992, "a holds the turn on device 0 since ~1 µs");
         // a's launch is the slice's one: b looks again after half its estimate.
-        assert_eq!(b.before_launch(&vb, 2_000), Decision::Yield { until: 2_000 + 100_000, ring: None });
+        assert_eq!(b.before_launch(&vb, 2_000), Decision::Yield { until: 2_000 + 100_000, ring: None, bell: 0 });
         assert_eq!(recs[1].turn_since.load(Relaxed), 2_000 & !0xF, "b says it waits, on device 0");
         assert_eq!(a.before_launch(&va, 3_000), Decision::Drain, "a's own bound holds as before");
         a.completed(&va, e, 200_000, None);
         // a would relaunch at once, but b waited: a yields, briefly, and rings b.
-        assert_eq!(a.before_launch(&va, 201_000), Decision::Yield { until: 201_000 + p / TURN_MIN_DIV, ring: Some(1) });
+        assert_eq!(a.before_launch(&va, 201_000), Decision::Yield { until: 201_000 + p / TURN_MIN_DIV, ring: Some(1), bell: 0 });
         assert_eq!(recs[1].turn_bell.load(Relaxed), 1);
         assert_eq!(b.before_launch(&vb, 202_000), Decision::Go, "b's turn");
         let eb = b.launched(&vb);
-        assert_eq!(recs[1].turn_since.load(Relaxed), TURN_HOLDING, "b's wait ended: it holds the turn on device 0");
-        assert_eq!(a.before_launch(&va, 203_000), Decision::Yield { until: 203_000 + 100_000, ring: None }, "b has the launch: nobody to ring");
+        assert_eq!(recs[1].turn_since.load(Relaxed), TURN_HOLDING | (202_000 & !0xF), "b's wait ended: it holds the turn");
+        assert_eq!(a.before_launch(&va, 203_000), Decision::Yield { until: 203_000 + 100_000, ring: None, bell: 0 }, "b has the launch: nobody to ring");
         b.completed(&vb, eb, 200_000, None);
         assert_eq!(a.before_launch(&va, 402_000), Decision::Go, "a waited since 201 µs");
-        // A wait nobody looked after for a quarter period no longer counts.
-        recs[1].turn_since.store(500_000, Relaxed);
-        recs[1].turn_poll_ns.store(500_000, Relaxed);
-        assert!(matches!(a.before_launch(&va, 500_000 + p / TURN_FRESH_DIV), Decision::Yield { ring: Some(1), .. }));
-        recs[0].turn_since.store(0, Relaxed);
-        assert_eq!(a.before_launch(&va, 500_001 + p / TURN_FRESH_DIV), Decision::Go);
-        // A wait on another device is not a wait here.
-        recs[1].turn_since.store(600_000 | 1, Relaxed);
-        recs[1].turn_poll_ns.store(600_000, Relaxed);
-        assert_eq!(a.before_launch(&va, 600_000), Decision::Go);
-        // Launches not made on a turn hold nobody back: an older hook's (no
-        // CAP_TURNS; it relaunches at once and would never leave the launch
-        // free), or tiny ones (not bound to one launch, so they may never
-        // all be done), or any made before the bound was one.
-        recs[0].turn_since.store(0, Relaxed);
+        let ea = a.launched(&va);
+        // A hold counts for twice the holder's estimate at most: b may launch
+        // 400 µs after a took the turn, though a never reaped its launch
+        // (it read its result back with a copy the hook does not see).
+        assert!(matches!(b.before_launch(&vb, 402_000 + 400_000), Decision::Yield { .. }));
+        assert_eq!(b.before_launch(&vb, 402_000 + 400_016), Decision::Go);
         let eb = b.launched(&vb);
-        recs[1].turn_since.store(TURN_HOLDING, Relaxed);
-        recs[1].caps.store(CAP_PEER_INFLIGHT, Relaxed);
-        assert_eq!(a.before_launch(&va, 600_000), Decision::Go, "an older hook's launch");
+        a.completed(&va, ea, 200_000, None);
+        b.completed(&vb, eb, 200_000, None);
         recs[0].turn_since.store(0, Relaxed);
-        recs[1].caps.store(CAP_PEER_INFLIGHT | CAP_TURNS, Relaxed);
         recs[1].turn_since.store(0, Relaxed);
-        assert_eq!(a.before_launch(&va, 600_000), Decision::Go, "a launch not made on a turn");
+        // A wait nobody looked after for a quarter period no longer counts.
+        recs[1].turn_since.store(1_000_000, Relaxed);
+        recs[1].turn_poll_ns.store(1_000_000, Relaxed);
+        assert!(matches!(a.before_launch(&va, 1_000_000 + p / TURN_FRESH_DIV), Decision::Yield { ring: Some(1), .. }));
         recs[0].turn_since.store(0, Relaxed);
+        assert_eq!(a.before_launch(&va, 1_000_001 + p / TURN_FRESH_DIV), Decision::Go);
+        // A wait on another device is not a wait here.
+        recs[1].turn_since.store(4_000_000 | 1, Relaxed);
+        recs[1].turn_poll_ns.store(4_000_000, Relaxed);
+        assert_eq!(a.before_launch(&va, 4_000_000), Decision::Go);
+        // With the usual bound of four, peers do not hold each other to one.
+        w.queue_launches.store(4, Relaxed);
+        recs[1].turn_since.store(4_000_000, Relaxed);
+        assert_eq!(a.before_launch(&va, 4_000_000), Decision::Go);
+        // Nor does a process whose hook does not take turns.
+        w.queue_launches.store(1, Relaxed);
+        recs[0].caps.store(CAP_PEER_INFLIGHT, Relaxed);
+        assert_eq!(a.before_launch(&va, 4_000_000), Decision::Go);
+    }
+
+    #[test]
+    fn launches_not_made_on_a_turn_hold_nobody_back() {
+        let p = 10_000_000;
+        let w = words(p, u64::MAX / 2, 0);
+        w.queue_launches.store(1, Relaxed);
+        let (recs, hw) = records(2);
+        turn_takers(&recs);
+        let peers = |own| Some(Peers { records: &recs, high_water: &hw, own: Some(own), dev: 0, publish: true });
+        let (va, vb) = (GateView { peers: peers(0), ..w.view(10_000) }, GateView { peers: peers(1), ..w.view(10_000) });
+        let (a, b) = (ProcGate::new(), ProcGate::new());
+        for (g, v) in [(&a, &va), (&b, &vb)] {
+            let e = g.launched(v);
+            g.completed(v, e, 200_000, None);
+        }
+        let eb = b.launched(&vb);
+        // An older hook's launch (no CAP_TURNS): it relaunches at once and
+        // would never leave the launch free.
+        recs[1].turn_since.store(TURN_HOLDING | 1_000, Relaxed);
+        recs[1].caps.store(CAP_PEER_INFLIGHT, Relaxed);
+        assert_eq!(a.before_launch(&va, 1_000), Decision::Go, "an older hook's launch");
+        recs[1].caps.store(CAP_PEER_INFLIGHT | CAP_TURNS, Relaxed);
+        // One made while the bound was larger (no hold).
+        recs[1].turn_since.store(0, Relaxed);
+        assert_eq!(a.before_launch(&va, 1_000), Decision::Go, "a launch not made on a turn");
         // b's launches become tiny while it holds a turn: the hold ends at
         // its next launch, though its tiny launches may never all be done.
-        recs[1].turn_since.store(TURN_HOLDING, Relaxed);
-        assert!(matches!(a.before_launch(&va, 600_000), Decision::Yield { .. }), "b holds the turn");
-        recs[0].turn_since.store(0, Relaxed);
+        recs[1].turn_since.store(TURN_HOLDING | 1_008, Relaxed);
+        assert!(matches!(a.before_launch(&va, 1_100), Decision::Yield { .. }), "b holds the turn");
         b.completed(&vb, eb, 200_000, None);
         for _ in 0..64 {
             let e = b.launched(&vb);
@@ -1100,17 +1169,39 @@ mod tests {
         }
         assert!(tiny(b.mean_ns()));
         b.launched(&vb);
-        assert_eq!(b.before_launch(&vb, 600_000), Decision::Go, "tiny launches are not bound to one");
+        assert_eq!(b.before_launch(&vb, 1_200), Decision::Go, "tiny launches are not bound to one");
         assert_eq!(recs[1].turn_since.load(Relaxed), 0, "and hold no turn");
-        assert_eq!(a.before_launch(&va, 600_000), Decision::Go);
-        // With the usual bound of four, peers do not hold each other to one.
-        w.queue_launches.store(4, Relaxed);
-        recs[1].turn_since.store(600_000, Relaxed);
-        b.launched(&vb);
-        assert_eq!(a.before_launch(&va, 600_000), Decision::Go);
-        // Nor does a process whose hook does not take turns.
+        assert_eq!(a.before_launch(&va, 1_300), Decision::Go);
+    }
+
+    #[test]
+    fn a_thread_takes_turns_beside_its_processs_other_threads_launches() {
+        // Two threads of a whose launches overlap: a never has nothing
+        // unfinished. Its threads must still yield to b's older wait, or a
+        // would keep the turn as long as it runs (a review: b got 0 of
+        // 1,000 looks in 200 ms).
+        let p = 10_000_000;
+        let w = words(p, u64::MAX / 2, 0);
         w.queue_launches.store(1, Relaxed);
-        recs[0].caps.store(CAP_PEER_INFLIGHT, Relaxed);
-        assert_eq!(a.before_launch(&va, 600_000), Decision::Go);
+        let (recs, hw) = records(2);
+        turn_takers(&recs);
+        let peers = |own| Some(Peers { records: &recs, high_water: &hw, own: Some(own), dev: 0, publish: true });
+        let (va, vb) = (GateView { peers: peers(0), ..w.view(10_000) }, GateView { peers: peers(1), ..w.view(10_000) });
+        let (a, b) = (ProcGate::new(), ProcGate::new());
+        for (g, v) in [(&a, &va), (&b, &vb)] {
+            let e = g.launched(v);
+            g.completed(v, e, 200_000, None);
+        }
+        assert_eq!(a.before_launch_by(&va, 1_000, 0), Decision::Go, "thread 1");
+        let e1 = a.launched(&va);
+        assert!(matches!(b.before_launch(&vb, 2_000), Decision::Yield { .. }), "b waits since 2 µs");
+        // Thread 2 of a, with nothing of its own, yields to b's older wait
+        // (a's launch is a's own, so nothing holds it back but b).
+        assert!(matches!(a.before_launch_by(&va, 3_000, 0), Decision::Yield { ring: None, .. }), "thread 2 yields to b (who cannot go yet)");
+        // a still holds the turn with thread 1's launch: b may not go yet.
+        assert!(matches!(b.before_launch(&vb, 4_000), Decision::Yield { .. }));
+        a.completed(&va, e1, 200_000, None);
+        assert!(matches!(a.before_launch_by(&va, 201_000, 0), Decision::Yield { ring: Some(1), .. }), "thread 1 yields too");
+        assert_eq!(b.before_launch(&vb, 202_000), Decision::Go, "b's turn");
     }
 }

@@ -107,6 +107,8 @@ struct Proc {
     iter_start: u64,
     iter_left: u32,
     budget_wait_since: Option<u64>,
+    /// Asleep on its bell, waiting for its turn at the slice's one launch.
+    turn_wait: bool,
 }
 
 #[derive(Debug)]
@@ -165,6 +167,7 @@ impl Model {
                     iter_start: 0,
                     iter_left: 0,
                     budget_wait_since: None,
+                    turn_wait: false,
                 });
             }
             let records: Vec<ProcRecord> = spec.procs.iter().map(|_| ProcRecord::default()).collect();
@@ -202,6 +205,7 @@ impl Model {
     fn wake_at(&mut self, p: usize, t: u64) {
         let pr = &mut self.procs[p];
         pr.wake_gen += 1;
+        pr.turn_wait = false;
         pr.blocked = Blocked::Sleep;
         let wake_gen = pr.wake_gen;
         self.push(t, Ev::Wake(p, wake_gen));
@@ -347,15 +351,15 @@ impl Model {
                 self.procs[p].budget_wait_since = Some(now);
                 self.wake_at(p, t.max(now + 1));
             }
-            Decision::Yield { until, ring } => {
-                self.procs[p].budget_wait_since = Some(now);
+            Decision::Yield { until, ring, .. } => {
                 self.wake_at(p, until.max(now + 1));
+                self.procs[p].turn_wait = true;
                 // The rung waiter, asleep on its bell, wakes now (after the
                 // ringer's futex call).
                 let slice = self.procs[p].slice;
                 if let Some(q) = ring.and_then(|r| self.procs.iter().position(|x| x.slice == slice && x.rec == r))
                     && self.procs[q].blocked == Blocked::Sleep
-                    && self.procs[q].budget_wait_since.is_some()
+                    && self.procs[q].turn_wait
                 {
                     self.wake_at(q, now + self.cfg.launch_cpu_ns);
                 }

@@ -133,9 +133,10 @@ fn sleep_until(t: u64) {
 /// Sleeps until `t` (CLOCK_MONOTONIC ns), or until another process rings
 /// `bell` ([`futex_wake`]) after it held `seen`. The bell lives in the
 /// slice's usage file, mapped shared by every process of the slice, so the
-/// futex is a shared one (no `FUTEX_PRIVATE_FLAG`). A bell rung between the
-/// caller's load and the wait returns at once (`EAGAIN`); a signal or a
-/// spurious wake-up returns early: the caller asks the gate again either way.
+/// futex is a shared one (no `FUTEX_PRIVATE_FLAG`). `seen` is what the gate
+/// read before it decided, so a ring after that (by a peer that saw this
+/// process waiting) returns at once (`EAGAIN`); a signal or a spurious
+/// wake-up returns early: the caller asks the gate again either way.
 fn futex_wait_until(bell: &AtomicU32, seen: u32, t: u64) {
     let left = t.saturating_sub(monotonic_ns());
     if left == 0 {
@@ -147,11 +148,12 @@ fn futex_wait_until(bell: &AtomicU32, seen: u32, t: u64) {
     unsafe { libc::syscall(libc::SYS_futex, bell.as_ptr(), libc::FUTEX_WAIT, seen, &ts as *const libc::timespec, std::ptr::null::<u32>(), 0) };
 }
 
-/// Wakes a process asleep on `bell` in [`futex_wait_until`] (the gate has
-/// already changed the bell's value).
+/// Wakes the threads asleep on `bell` in [`futex_wait_until`] (the gate
+/// has already changed the bell's value): all of them, as threads of one
+/// process share the bell and one may wait on another device.
 fn futex_wake(bell: &AtomicU32) {
     // SAFETY: as in futex_wait_until; FUTEX_WAKE reads nothing through the pointer but its address.
-    unsafe { libc::syscall(libc::SYS_futex, bell.as_ptr(), libc::FUTEX_WAKE, 1, std::ptr::null::<libc::timespec>(), std::ptr::null::<u32>(), 0) };
+    unsafe { libc::syscall(libc::SYS_futex, bell.as_ptr(), libc::FUTEX_WAKE, i32::MAX, std::ptr::null::<libc::timespec>(), std::ptr::null::<u32>(), 0) };
 }
 
 fn every() -> u32 {
@@ -353,22 +355,23 @@ pub fn admit(stream: CUstream, ptsz: bool) -> Result<Option<Ticket>, CUresult> {
                     // thread is gated as one with nothing to drain.
                     none_own |= !t.drain(dev, now, &mut complete);
                 }
-                Decision::Yield { until, ring } => {
+                Decision::Yield { until, ring, bell } => {
                     // Another process of the slice has its one launch, or
                     // waited for it longer. Wake the waiter whose turn it
                     // is (the gate rang its bell), then sleep on this
                     // process's own bell: a peer that finds the launch free
                     // rings it, else look again soon (the gate says when).
+                    // Not a wait for the allowance: the slice's
+                    // throttle_waits (the arbiter's demand signal) are not
+                    // counted, the process's throttled time is.
                     if let (Some(i), Some(p)) = (ring, v.peers.as_ref()) {
                         futex_wake(&p.records[i].turn_bell);
                     }
                     let until = until.min(now.saturating_add((v.period_ns.load(Relaxed) / 20).max(100_000)));
-                    match own_record(&v) {
-                        Some(r) => futex_wait_until(&r.turn_bell, r.turn_bell.load(Relaxed), until),
-                        None => sleep_until(until),
+                    if let Some(r) = own_record(&v) {
+                        futex_wait_until(&r.turn_bell, bell, until);
+                        r.throttled_ns[dev].fetch_add(monotonic_ns().saturating_sub(now), Relaxed);
                     }
-                    let waited = monotonic_ns().saturating_sub(now);
-                    g.waited(&v, waited, own_record(&v).map(|r| &r.throttled_ns[dev]));
                 }
                 Decision::WaitUntil(at) => {
                     // Wake at least every 1/20 period: a tick that comes late
