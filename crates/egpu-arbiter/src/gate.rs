@@ -1062,11 +1062,34 @@ mod tests {
         assert_eq!(v.peers_ns(p, 7 * p + 1), 0);
     }
 
-    /// Two processes of one slice with a bound of one launch (a best-effort
-    /// slice beside an active high one), 10 ms period, 200 µs launches.
-    fn turn_takers(recs: &[ProcRecord]) {
-        for r in recs {
-            r.caps.store(CAP_PEER_INFLIGHT | CAP_TURNS, Relaxed);
+    /// Two processes of one slice that take turns, with a bound of one
+    /// launch (a best-effort slice beside an active high one), 10 ms period.
+    struct TurnPair {
+        w: GateWords,
+        recs: Vec<ProcRecord>,
+        hw: AtomicU32,
+    }
+
+    impl TurnPair {
+        fn new() -> TurnPair {
+            let w = words(10_000_000, u64::MAX / 2, 0);
+            w.queue_launches.store(1, Relaxed);
+            let (recs, hw) = records(2);
+            for r in &recs {
+                r.caps.store(CAP_PEER_INFLIGHT | CAP_TURNS, Relaxed);
+            }
+            TurnPair { w, recs, hw }
+        }
+
+        /// Both processes' views and gates, each gate's mean cost 200 µs (not tiny).
+        fn gates(&self) -> [(GateView<'_>, ProcGate); 2] {
+            [0, 1].map(|own| {
+                let v = GateView { peers: Some(Peers { records: &self.recs, high_water: &self.hw, own: Some(own), dev: 0, publish: true }), ..self.w.view(10_000) };
+                let g = ProcGate::new();
+                let e = g.launched(&v);
+                g.completed(&v, e, 200_000, None);
+                (v, g)
+            })
         }
     }
 
@@ -1074,18 +1097,9 @@ mod tests {
     fn under_a_bound_of_one_launch_the_slice_takes_turns() {
         // One launch in flight for the whole slice, and a process that
         // relaunches the moment its kernel is done yields to a peer that waited.
-        let p = 10_000_000;
-        let w = words(p, u64::MAX / 2, 0);
-        w.queue_launches.store(1, Relaxed);
-        let (recs, hw) = records(2);
-        turn_takers(&recs);
-        let peers = |own| Some(Peers { records: &recs, high_water: &hw, own: Some(own), dev: 0, publish: true });
-        let (va, vb) = (GateView { peers: peers(0), ..w.view(10_000) }, GateView { peers: peers(1), ..w.view(10_000) });
-        let (a, b) = (ProcGate::new(), ProcGate::new());
-        for (g, v) in [(&a, &va), (&b, &vb)] {
-            let e = g.launched(v);
-            g.completed(v, e, 200_000, None); // 200 µs launches: not tiny
-        }
+        let pair = TurnPair::new();
+        let (p, w, recs) = (10_000_000, &pair.w, &pair.recs);
+        let [(va, a), (vb, b)] = pair.gates();
         assert_eq!(a.before_launch(&va, 1_000), Decision::Go);
         let e = a.launched(&va);
         assert_eq!(recs[0].turn_since.load(Relaxed), TURN_HOLDING | 992, "a holds the turn on device 0 since ~1 µs");
@@ -1136,18 +1150,9 @@ mod tests {
 
     #[test]
     fn launches_not_made_on_a_turn_hold_nobody_back() {
-        let p = 10_000_000;
-        let w = words(p, u64::MAX / 2, 0);
-        w.queue_launches.store(1, Relaxed);
-        let (recs, hw) = records(2);
-        turn_takers(&recs);
-        let peers = |own| Some(Peers { records: &recs, high_water: &hw, own: Some(own), dev: 0, publish: true });
-        let (va, vb) = (GateView { peers: peers(0), ..w.view(10_000) }, GateView { peers: peers(1), ..w.view(10_000) });
-        let (a, b) = (ProcGate::new(), ProcGate::new());
-        for (g, v) in [(&a, &va), (&b, &vb)] {
-            let e = g.launched(v);
-            g.completed(v, e, 200_000, None);
-        }
+        let pair = TurnPair::new();
+        let recs = &pair.recs;
+        let [(va, a), (vb, b)] = pair.gates();
         let eb = b.launched(&vb);
         // An older hook's launch (no CAP_TURNS): it relaunches at once and
         // would never leave the launch free.
@@ -1180,18 +1185,8 @@ mod tests {
         // unfinished. Its threads must still yield to b's older wait, or a
         // would keep the turn as long as it runs (a review: b got 0 of
         // 1,000 looks in 200 ms).
-        let p = 10_000_000;
-        let w = words(p, u64::MAX / 2, 0);
-        w.queue_launches.store(1, Relaxed);
-        let (recs, hw) = records(2);
-        turn_takers(&recs);
-        let peers = |own| Some(Peers { records: &recs, high_water: &hw, own: Some(own), dev: 0, publish: true });
-        let (va, vb) = (GateView { peers: peers(0), ..w.view(10_000) }, GateView { peers: peers(1), ..w.view(10_000) });
-        let (a, b) = (ProcGate::new(), ProcGate::new());
-        for (g, v) in [(&a, &va), (&b, &vb)] {
-            let e = g.launched(v);
-            g.completed(v, e, 200_000, None);
-        }
+        let pair = TurnPair::new();
+        let [(va, a), (vb, b)] = pair.gates();
         assert_eq!(a.before_launch_by(&va, 1_000, 0), Decision::Go, "thread 1");
         let e1 = a.launched(&va);
         assert!(matches!(b.before_launch(&vb, 2_000), Decision::Yield { .. }), "b waits since 2 µs");
