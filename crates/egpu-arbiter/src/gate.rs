@@ -279,9 +279,7 @@ impl<'a> Peers<'a> {
             // Not waiting here: announce it, unless this process still holds
             // the turn here (another thread's launch: the turn passes when
             // that is done) or waits on another device (another thread).
-            let w = me.turn_since.load(Relaxed);
-            let waits_elsewhere = w != 0 && w & TURN_HOLDING == 0 && (w & 0xF) as usize != self.dev && fresh(now_ns, me.turn_poll_ns.load(Relaxed), live);
-            if mine_held == 0 && !waits_elsewhere {
+            if mine_held == 0 && !waits_elsewhere(me, self.dev, now_ns, period) {
                 me.turn_since.store((now_ns.max(16) & !0xF) | self.dev as u64, Relaxed);
             }
         }
@@ -302,22 +300,27 @@ impl<'a> Peers<'a> {
     /// of another of its threads on another device is left alone (this
     /// launch then holds nobody back, as before turns).
     #[cold]
-    fn turn_taken(&self, now_ns: u64) {
-        if let Some(me) = self.own_record() {
-            let w = me.turn_since.load(Relaxed);
-            if !(w != 0 && w & TURN_HOLDING == 0 && (w & 0xF) as usize != self.dev) {
-                me.turn_since.store(TURN_HOLDING | (now_ns & !0xF) | self.dev as u64, Relaxed);
-            }
+    fn turn_taken(&self, now_ns: u64, period: u64) {
+        if let Some(me) = self.own_record()
+            && !waits_elsewhere(me, self.dev, now_ns, period)
+        {
+            me.turn_since.store(TURN_HOLDING | (now_ns & !0xF) | self.dev as u64, Relaxed);
         }
     }
 
-    /// This process launches without turns on this device (its launches are
-    /// tiny): whatever it held or waited for here ends.
+    /// This process's wait on this device ends without a launch, and with
+    /// `hold` its hold there too: it launches without turns (its launches
+    /// are tiny), or its turn came but the allowance is spent. A waiter
+    /// parked on the allowance until the next period must not hold up its
+    /// peers' turns meanwhile: a peer's thread may still launch where it may
+    /// not (the allowance less another thread's unreaped launches, see
+    /// `slow_path`), and the others would look again, and ring it, every
+    /// [`TURN_MIN_DIV`]th of a period for nothing.
     #[cold]
-    fn turn_dropped(&self) {
+    fn turn_dropped(&self, hold: bool) {
         if let Some(me) = self.own_record() {
             let w = me.turn_since.load(Relaxed);
-            if w != 0 && (w & 0xF) as usize == self.dev {
+            if w != 0 && (w & 0xF) as usize == self.dev && (hold || w & TURN_HOLDING == 0) {
                 me.turn_since.store(0, Relaxed);
             }
         }
@@ -357,6 +360,15 @@ fn held_on(r: &ProcRecord, dev: usize, now_ns: u64, min_ns: u64) -> u64 {
     }
     let ns = u64::from(r.inflight_us[dev].load(Relaxed)) * 1000;
     if now_ns.saturating_sub(w & !(TURN_HOLDING | 0xF)) <= ns.saturating_mul(TURN_HOLD_FACTOR).max(min_ns) { ns } else { 0 }
+}
+
+/// Whether record `r` waits for its turn on a device other than `dev`, and
+/// looked within a [`TURN_FRESH_DIV`]th of `period` (another thread's wait:
+/// the one word is left to it).
+#[inline]
+fn waits_elsewhere(r: &ProcRecord, dev: usize, now_ns: u64, period: u64) -> bool {
+    let w = r.turn_since.load(Relaxed);
+    w != 0 && w & TURN_HOLDING == 0 && (w & 0xF) as usize != dev && fresh(now_ns, r.turn_poll_ns.load(Relaxed), (period / TURN_FRESH_DIV).max(1))
 }
 
 /// When record `r` began to wait for its turn on device `dev` (low 4 bits
@@ -521,15 +533,17 @@ impl ProcGate {
     fn one_launch(&self, v: &GateView<'_>, period: u64, now_ns: u64, own: u64, peers_ns: u64, queue_full: bool, inflight: u64, inflight_ns: u64, tiny: bool) -> Decision {
         let Some(p) = &v.peers else { return self.decide(v, period, now_ns, own, peers_ns, queue_full, inflight, inflight_ns) };
         if tiny {
-            p.turn_dropped();
+            p.turn_dropped(true);
             return self.decide(v, period, now_ns, own, peers_ns, queue_full, inflight, inflight_ns);
         }
         if let Some(y) = p.turn(now_ns, period) {
             return y;
         }
         let d = self.decide(v, period, now_ns, own, peers_ns, queue_full, inflight, inflight_ns);
-        if d == Decision::Go {
-            p.turn_taken(now_ns);
+        match d {
+            Decision::Go => p.turn_taken(now_ns, period),
+            Decision::WaitUntil(_) => p.turn_dropped(false),
+            _ => {}
         }
         d
     }
@@ -1198,5 +1212,38 @@ mod tests {
         a.completed(&va, e1, 200_000, None);
         assert!(matches!(a.before_launch_by(&va, 201_000, 0), Decision::Yield { ring: Some(1), .. }), "thread 1 yields too");
         assert_eq!(b.before_launch(&vb, 202_000), Decision::Go, "b's turn");
+    }
+
+    #[test]
+    fn a_waiter_parked_on_the_allowance_holds_up_no_turn() {
+        // a's side thread left 4 ms unreaped (published, as the hook does,
+        // until a scan leaves the silent thread out); the allowance is
+        // consumed + 3 ms. b, the oldest waiter, is refused by the allowance
+        // (it counts a's 4 ms). a's main thread, with nothing of its own,
+        // may still launch beside its own unreaped work (the allowance less
+        // it); had b's wait stayed, a yielded to b and b to the allowance,
+        // for as long as a's word stayed high (a review: 0 launches in 50
+        // periods, the hook not rescanning while a yields).
+        let pair = TurnPair::new();
+        let [(va, a), (vb, b)] = pair.gates();
+        pair.w.allowance_ns.store(3_000_000, Relaxed);
+        pair.w.consumed_ns.store(0, Relaxed);
+        pair.w.epoch_start_ns.store(1_000, Relaxed);
+        assert_eq!(b.before_launch(&vb, 1_000), Decision::Go);
+        let eb = b.launched(&vb);
+        // a waits for b's launch; then a's side thread's 4 ms (one launch a never reaps).
+        assert!(matches!(a.before_launch_by(&va, 2_000, 0), Decision::Yield { .. }));
+        b.completed(&vb, eb, 0, None);
+        pair.recs[0].turn_since.store(0, Relaxed); // a's thread took its turn and launched:
+        a.inflight.store(1, Relaxed);
+        a.inflight_ns.store(4_000_000, Relaxed);
+        pair.recs[0].inflight_us[0].store(4_000, Relaxed);
+        pair.recs[0].turn_since.store(TURN_HOLDING | 2_000, Relaxed);
+        // b waits for a's hold (8 ms at most), and is then the oldest waiter.
+        assert!(matches!(b.before_launch(&vb, 3_000), Decision::Yield { .. }));
+        let t = 2_000 + 8_000_016;
+        assert_eq!(b.before_launch(&vb, t), Decision::WaitUntil(1_000 + 10_000_000), "b's turn, but a's 4 ms fill the allowance");
+        assert_eq!(pair.recs[1].turn_since.load(Relaxed), 0, "b parks on the allowance: its wait ends");
+        assert_eq!(a.before_launch_by(&va, t + 1, 0), Decision::Go, "a's main thread launches beside its side thread's work");
     }
 }

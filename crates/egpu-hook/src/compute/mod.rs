@@ -367,6 +367,10 @@ pub fn admit(stream: CUstream, ptsz: bool) -> Result<Option<Ticket>, CUresult> {
                     if let (Some(i), Some(p)) = (ring, v.peers.as_ref()) {
                         futex_wake(&p.records[i].turn_bell);
                     }
+                    // As while waiting for the allowance: a word left too
+                    // high (a silent thread's launches, racing stores) is
+                    // stored right again while the process only yields.
+                    publish::maybe_scan(v.peers.as_ref(), now, fresh);
                     let until = until.min(now.saturating_add((v.period_ns.load(Relaxed) / 20).max(100_000)));
                     if let Some(r) = own_record(&v) {
                         futex_wait_until(&r.turn_bell, bell, until);
