@@ -30,9 +30,10 @@
 //! *Turns.* The bound of one launch that a best-effort slice gets while a
 //! high-priority slice is active holds for the slice, not per process (per
 //! process, a high kernel waited behind one best-effort kernel per process).
-//! A process with nothing unfinished takes its turn (`Peers::turn`): it
-//! yields ([`Decision::Yield`]) while a peer holds the turn with a launch
-//! unfinished, or a peer has waited longer, so the oldest waiter goes next.
+//! A caller with nothing of its own unfinished takes its turn
+//! (`Peers::turn`): it yields ([`Decision::Yield`]) while a peer holds the
+//! turn with a launch unfinished, or a peer has waited longer, so the oldest
+//! waiter goes next.
 //! Handing the launch to whoever looks first starves: a process that
 //! relaunches the moment its kernel is done always looks first. Waits and
 //! holds are the records' `turn_since` words; a waiter sleeps on its
@@ -89,9 +90,10 @@ pub const TURN_MIN_DIV: u64 = 200;
 pub const TURN_MAX_DIV: u64 = 20;
 /// A wait for a turn counts while its process looked within a
 /// `TURN_FRESH_DIV`th of a period (2.5 ms): a waiter looks at least every
-/// [`TURN_MAX_DIV`]th, or every 20th plus a 40th while the allowance is
-/// spent, so only a wait that was never withdrawn (the bound went back to
-/// several launches before it launched) or a stalled process expires.
+/// [`TURN_MAX_DIV`]th (plus its wake-up), and gives its wait up when it
+/// parks on the allowance, so only a wait that was never withdrawn (the
+/// bound went back to several launches before it launched) or a stalled
+/// process expires.
 pub const TURN_FRESH_DIV: u64 = 4;
 
 /// How long a peer's record (or, in the hook, a thread) may stay silent and
@@ -227,12 +229,13 @@ impl<'a> Peers<'a> {
 
     /// Whether this process must let another of the slice launch first,
     /// under a queue bound of one launch (a best-effort slice while a high
-    /// slice is active): a peer has a launch unfinished, or a peer has
+    /// slice is active): a peer holds the turn with a launch unfinished
+    /// (for at most [`TURN_HOLD_FACTOR`] times its estimate), or a peer has
     /// waited for its turn longer than this process (ties: the lower
     /// record). Then it says it waits (since when, unless it already does)
     /// and gets when to look again, and which waiter's bell it rang: the
     /// oldest's, when the launch is free ([`Decision::Yield`]). It looks
-    /// again after half the peers' unfinished estimate, between a
+    /// again after half the holders' unfinished estimate, between a
     /// [`TURN_MIN_DIV`]th and a [`TURN_MAX_DIV`]th of a period, or at once
     /// when rung. `None`: its turn (a wait it announced stays until
     /// [`Peers::turn_taken`]).

@@ -372,9 +372,13 @@ pub fn admit(stream: CUstream, ptsz: bool) -> Result<Option<Ticket>, CUresult> {
                     // stored right again while the process only yields.
                     publish::maybe_scan(v.peers.as_ref(), now, fresh);
                     let until = until.min(now.saturating_add((v.period_ns.load(Relaxed) / 20).max(100_000)));
-                    if let Some(r) = own_record(&v) {
-                        futex_wait_until(&r.turn_bell, bell, until);
-                        r.throttled_ns[dev].fetch_add(monotonic_ns().saturating_sub(now), Relaxed);
+                    match own_record(&v) {
+                        Some(r) => {
+                            futex_wait_until(&r.turn_bell, bell, until);
+                            r.throttled_ns[dev].fetch_add(monotonic_ns().saturating_sub(now), Relaxed);
+                        }
+                        // The gate yields only with a record; never spin without one.
+                        None => sleep_until(until),
                     }
                 }
                 Decision::WaitUntil(at) => {
