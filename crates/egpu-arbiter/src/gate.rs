@@ -253,7 +253,7 @@ impl<'a> Peers<'a> {
         // Read before anything else: a peer that rings after this (it saw
         // this process waiting) makes the futex wait return at once.
         let bell = me.turn_bell.load(Relaxed);
-        let (live, fresh_ns, lo) = ((period / TURN_FRESH_DIV).max(1), peer_fresh_ns(period), (period / TURN_MIN_DIV).max(1));
+        let (live, fresh_ns, lo) = (turn_fresh_ns(period), peer_fresh_ns(period), (period / TURN_MIN_DIV).max(1));
         let mine = waiting_on(me, self.dev, now_ns, live);
         // Another thread's launch of this process on its turn (then the
         // waiter it yields to cannot go yet either: no need to ring).
@@ -282,7 +282,7 @@ impl<'a> Peers<'a> {
             // Not waiting here: announce it, unless this process still holds
             // the turn here (another thread's launch: the turn passes when
             // that is done) or waits on another device (another thread).
-            if mine_held == 0 && !waits_elsewhere(me, self.dev, now_ns, period) {
+            if mine_held == 0 && !waits_elsewhere(me, self.dev, now_ns, live) {
                 me.turn_since.store((now_ns.max(16) & !0xF) | self.dev as u64, Relaxed);
             }
         }
@@ -305,7 +305,7 @@ impl<'a> Peers<'a> {
     #[cold]
     fn turn_taken(&self, now_ns: u64, period: u64) {
         if let Some(me) = self.own_record()
-            && !waits_elsewhere(me, self.dev, now_ns, period)
+            && !waits_elsewhere(me, self.dev, now_ns, turn_fresh_ns(period))
         {
             me.turn_since.store(TURN_HOLDING | (now_ns & !0xF) | self.dev as u64, Relaxed);
         }
@@ -365,21 +365,33 @@ fn held_on(r: &ProcRecord, dev: usize, now_ns: u64, min_ns: u64) -> u64 {
     if now_ns.saturating_sub(w & !(TURN_HOLDING | 0xF)) <= ns.saturating_mul(TURN_HOLD_FACTOR).max(min_ns) { ns } else { 0 }
 }
 
-/// Whether record `r` waits for its turn on a device other than `dev`, and
-/// looked within a [`TURN_FRESH_DIV`]th of `period` (another thread's wait:
-/// the one word is left to it).
+/// How long a wait for a turn counts after its process last looked, at
+/// arbiter period `period_ns`: a [`TURN_FRESH_DIV`]th of it.
 #[inline]
-fn waits_elsewhere(r: &ProcRecord, dev: usize, now_ns: u64, period: u64) -> bool {
-    let w = r.turn_since.load(Relaxed);
-    w != 0 && w & TURN_HOLDING == 0 && (w & 0xF) as usize != dev && fresh(now_ns, r.turn_poll_ns.load(Relaxed), (period / TURN_FRESH_DIV).max(1))
+fn turn_fresh_ns(period_ns: u64) -> u64 {
+    (period_ns / TURN_FRESH_DIV).max(1)
 }
 
-/// When record `r` began to wait for its turn on device `dev` (low 4 bits
-/// cleared), if it waits there and looked within `live_ns`.
+/// Record `r`'s wait for its turn, if it waits and looked within `live_ns`:
+/// since when (low 4 bits cleared), and on which device.
+#[inline]
+fn live_wait(r: &ProcRecord, now_ns: u64, live_ns: u64) -> Option<(u64, usize)> {
+    let w = r.turn_since.load(Relaxed);
+    (w != 0 && w & TURN_HOLDING == 0 && fresh(now_ns, r.turn_poll_ns.load(Relaxed), live_ns)).then_some((w & !0xF, (w & 0xF) as usize))
+}
+
+/// When record `r` began to wait for its turn on device `dev`, if it waits
+/// there ([`live_wait`]).
 #[inline]
 fn waiting_on(r: &ProcRecord, dev: usize, now_ns: u64, live_ns: u64) -> Option<u64> {
-    let w = r.turn_since.load(Relaxed);
-    (w != 0 && w & TURN_HOLDING == 0 && (w & 0xF) as usize == dev && fresh(now_ns, r.turn_poll_ns.load(Relaxed), live_ns)).then_some(w & !0xF)
+    live_wait(r, now_ns, live_ns).and_then(|(since, d)| (d == dev).then_some(since))
+}
+
+/// Whether record `r` waits for its turn on a device other than `dev`
+/// ([`live_wait`]; another thread's wait: the one word is left to it).
+#[inline]
+fn waits_elsewhere(r: &ProcRecord, dev: usize, now_ns: u64, live_ns: u64) -> bool {
+    live_wait(r, now_ns, live_ns).is_some_and(|(_, d)| d != dev)
 }
 
 /// Whether a record whose gate last decided at `at` is fresh at `now`: at

@@ -65,7 +65,7 @@ fn conservation(window: f64) {
 
 fn latency_p99(b: Burn) -> f64 {
     let (_, lines, _) = b.finish();
-    lines.iter().rev().find(|v| v["mode"] == "latency-total").and_then(|v| v["latency_p99_us"].as_f64()).unwrap_or(f64::NAN)
+    latency_total(&lines).map_or(f64::NAN, |(_, p99)| p99)
 }
 
 fn priority(window: f64) {

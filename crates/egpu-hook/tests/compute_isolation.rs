@@ -344,8 +344,7 @@ fn high_beside_four_best_effort(turns: bool) -> (f64, f64, Vec<f64>) {
     let f = fractions(&m, &bes.iter().collect::<Vec<_>>(), Duration::from_millis(2000));
     let (code, lines, stderr) = lat.finish();
     assert_eq!(code, 0, "{stderr}");
-    let total = lines.iter().rev().find(|v| v["mode"] == "latency-total").unwrap_or_else(|| panic!("no latency total: {lines:?}"));
-    let (p50, p99) = (total["latency_p50_us"].as_f64().unwrap(), total["latency_p99_us"].as_f64().unwrap());
+    let (p50, p99) = latency_total(&lines).unwrap_or_else(|| panic!("no latency total: {lines:?}"));
     for b in bes {
         let (code, _, stderr) = b.finish();
         assert_eq!(code, 0, "{stderr}");

@@ -87,20 +87,34 @@ pub fn priority(cfg: ModelConfig, be_kernel_ns: u64, window_s: u64) -> PriorityR
     priority_beside(cfg, be_kernel_ns, 1, window_s)
 }
 
+/// The high slice of the priority runs: 25% share, 100% limit, a latency
+/// loop of 4 kernels of 250 µs, a synchronise and 3 ms of think time.
+fn high_loop() -> SliceSpec {
+    SliceSpec::one(25, 100, Priority::High, Pattern::Latency { kernels: 4, kernel_ns: 250 * US, think_ns: 3 * MS })
+}
+
+/// Runs `specs` for one second of warm-up, then `window_s` seconds: the
+/// model, and what each slice's latency-pattern processes recorded in the
+/// window.
+fn windowed(cfg: ModelConfig, specs: Vec<SliceSpec>, window_s: u64) -> (Model, Vec<Vec<u64>>) {
+    let n = specs.len();
+    let mut m = Model::new(cfg, specs);
+    m.run_until(SEC);
+    let skip: Vec<usize> = (0..n).map(|s| m.latencies(s).len()).collect();
+    m.run_until((1 + window_s) * SEC);
+    let lat = skip.iter().enumerate().map(|(s, &k)| m.latencies(s)[k..].to_vec()).collect();
+    (m, lat)
+}
+
 /// [`priority`] with `be_procs` saturating processes in each best-effort slice.
 pub fn priority_beside(cfg: ModelConfig, be_kernel_ns: u64, be_procs: usize, window_s: u64) -> PriorityResult {
-    let high = || SliceSpec::one(25, 100, Priority::High, Pattern::Latency { kernels: 4, kernel_ns: 250 * US, think_ns: 3 * MS });
     let run = |specs: Vec<SliceSpec>| {
-        let mut m = Model::new(cfg, specs);
-        m.run_until(SEC);
-        let skip = m.latencies(0).len();
-        m.run_until((1 + window_s) * SEC);
-        let lat = m.latencies(0)[skip..].to_vec();
+        let (m, mut lat) = windowed(cfg, specs, window_s);
         let f = fractions(&m, SEC, (1 + window_s) * SEC);
-        (lat, f[1..].iter().sum::<f64>())
+        (lat.swap_remove(0), f[1..].iter().sum::<f64>())
     };
-    let (alone, _) = run(vec![high()]);
-    let mut specs = vec![high()];
+    let (alone, _) = run(vec![high_loop()]);
+    let mut specs = vec![high_loop()];
     for _ in 0..3 {
         let be = Pattern::Saturate { kernel_ns: be_kernel_ns, ahead: 64 };
         specs.push(SliceSpec { share_bps: 0, limit_bps: 10_000, priority: Priority::BestEffort, procs: vec![be; be_procs] });
@@ -134,29 +148,18 @@ pub struct TurnsResult {
 /// after warm-up, can the loop get its turns beside a process that
 /// relaunches the moment its kernel is done?
 pub fn turns(cfg: ModelConfig, be_kernel_ns: u64, window_s: u64) -> TurnsResult {
-    let high = SliceSpec::one(25, 100, Priority::High, Pattern::Latency { kernels: 4, kernel_ns: 250 * US, think_ns: 3 * MS });
     let be = SliceSpec {
         share_bps: 0,
         limit_bps: 10_000,
         priority: Priority::BestEffort,
         procs: vec![Pattern::Saturate { kernel_ns: be_kernel_ns, ahead: 64 }, Pattern::Latency { kernels: 1, kernel_ns: 50 * US, think_ns: MS }],
     };
-    let p99_alone = {
-        let mut m = Model::new(cfg, vec![high.clone()]);
-        m.run_until(SEC);
-        let skip = m.latencies(0).len();
-        m.run_until((1 + window_s) * SEC);
-        percentile(&m.latencies(0)[skip..], 99.0)
-    };
-    let mut m = Model::new(cfg, vec![high, be]);
-    m.run_until(SEC);
-    let (skip_high, skip_loop) = (m.latencies(0).len(), m.latencies(1).len());
-    m.run_until((1 + window_s) * SEC);
-    let lat = &m.latencies(1)[skip_loop..];
+    let p99_alone = percentile(&windowed(cfg, vec![high_loop()], window_s).1[0], 99.0);
+    let (m, lat) = windowed(cfg, vec![high_loop(), be], window_s);
     TurnsResult {
-        high_p99_ratio: percentile(&m.latencies(0)[skip_high..], 99.0) as f64 / p99_alone.max(1) as f64,
-        loop_iterations: lat.len(),
-        loop_p99_ns: percentile(lat, 99.0),
+        high_p99_ratio: percentile(&lat[0], 99.0) as f64 / p99_alone.max(1) as f64,
+        loop_iterations: lat[1].len(),
+        loop_p99_ns: percentile(&lat[1], 99.0),
         best_effort_pct: fractions(&m, SEC, (1 + window_s) * SEC)[1],
     }
 }

@@ -371,7 +371,7 @@ pub fn admit(stream: CUstream, ptsz: bool) -> Result<Option<Ticket>, CUresult> {
                     // high (a silent thread's launches, racing stores) is
                     // stored right again while the process only yields.
                     publish::maybe_scan(v.peers.as_ref(), now, fresh);
-                    let until = until.min(now.saturating_add((v.period_ns.load(Relaxed) / 20).max(100_000)));
+                    let until = until.min(look_by(&v, now));
                     match own_record(&v) {
                         Some(r) => {
                             futex_wait_until(&r.turn_bell, bell, until);
@@ -382,9 +382,9 @@ pub fn admit(stream: CUstream, ptsz: bool) -> Result<Option<Ticket>, CUresult> {
                     }
                 }
                 Decision::WaitUntil(at) => {
-                    // Wake at least every 1/20 period: a tick that comes late
-                    // (the gate then says "a quarter period from now") or a
-                    // resize is seen within half a millisecond. Beside other
+                    // Wake by `look_by`: a tick that comes late (the gate
+                    // then says "a quarter period from now") or a resize is
+                    // seen within half a millisecond. Beside other
                     // active processes of the slice, a little later, by a
                     // random part of a 40th of a period: they would all
                     // wake at the tick together, and each see the others
@@ -393,9 +393,8 @@ pub fn admit(stream: CUstream, ptsz: bool) -> Result<Option<Ticket>, CUresult> {
                     // is stored right again while the process only waits.
                     publish::maybe_scan(v.peers.as_ref(), now, fresh);
                     let period = v.period_ns.load(Relaxed);
-                    let step = (period / 20).max(100_000);
                     let jitter = if v.peers.is_some_and(|p| p.others_active(now, fresh)) { spread(now) % (period / 40).max(1) } else { 0 };
-                    sleep_until(at.min(now.saturating_add(step)).saturating_add(jitter));
+                    sleep_until(at.min(look_by(&v, now)).saturating_add(jitter));
                     let waited = monotonic_ns().saturating_sub(now);
                     g.waited(&v, waited, own_record(&v).map(|r| &r.throttled_ns[dev]));
                 }
@@ -406,6 +405,12 @@ pub fn admit(stream: CUstream, ptsz: bool) -> Result<Option<Ticket>, CUresult> {
         publish::add(v.peers.as_ref(), dev, est, now, fresh, g.inflight_ns());
         Ok(Some(Ticket { dev, key, submit: now, est, peers }))
     })
+}
+
+/// The latest moment a launch held back at `now` looks at the gate again:
+/// a 20th of a period later (at least 100 µs).
+fn look_by(v: &GateView<'_>, now: u64) -> u64 {
+    now.saturating_add((v.period_ns.load(Relaxed) / 20).max(100_000))
 }
 
 /// A well-mixed number from `x` (SplitMix64's finaliser), for the wake-up spread.

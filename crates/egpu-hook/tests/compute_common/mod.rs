@@ -155,6 +155,13 @@ impl Burn {
     }
 }
 
+/// The (p50, p99) latency, µs, of a `--mode latency` burn's whole run (its
+/// `latency-total` report among the JSON lines `Burn::finish` returns).
+pub fn latency_total(lines: &[Value]) -> Option<(f64, f64)> {
+    let t = lines.iter().rev().find(|v| v["mode"] == "latency-total")?;
+    Some((t["latency_p50_us"].as_f64()?, t["latency_p99_us"].as_f64()?))
+}
+
 /// The arbiter loop `egpud` runs, in a thread: every period, true GPU time
 /// per slice from the simulated GPU (what has run, as NVML accounting
 /// reports it), then `tick_tables`; woken by [`TestSlice::set_compute`]
